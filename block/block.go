@@ -1,0 +1,107 @@
+// Package block is the one contract every layer of iser-blk speaks.
+//
+// A frontend (NBD, ublk) turns client requests into calls on a Device; the cache is a Device that
+// wraps a Device; the backend is a Device over iSCSI sessions. Nothing above a Device knows what is
+// below it, and nothing below knows who is above.
+//
+// Invariants every implementation keeps:
+//   - Offsets and lengths are in bytes and are multiples of BlockSize(); a request outside
+//     [0, Size()) fails with ErrInvalid (wrapped) before anything is sent anywhere.
+//   - Every method is safe for concurrent use; concurrency comes from many goroutines calling it.
+//   - A Device never keeps a caller's buffer after the call returns. A layer that needs the bytes
+//     later (the write-back cache) copies them. Buffers normally come from the pool package so that
+//     an RDMA transport can hand them to the device without a copy, but any []byte is accepted.
+//   - A write is acknowledged (returns nil) only when it is at least in a volatile cache that a
+//     later Flush makes durable; with FUA it is durable when the call returns.
+//   - Errors are never swallowed: every failure returns an error that errors.Is one of the
+//     sentinels below, so each frontend can map it to its own wire code (see Errno).
+package block
+
+import "context"
+
+// WriteFlags modify WriteAt.
+type WriteFlags uint32
+
+const (
+	// FUA (force unit access): the data is on stable storage when WriteAt returns.
+	FUA WriteFlags = 1 << iota
+)
+
+// ZeroFlags modify WriteZeroes.
+type ZeroFlags uint32
+
+const (
+	// NoHole asks that the range stay allocated: zeroes are written, not unmapped
+	// (NBD_CMD_FLAG_NO_HOLE; WRITE SAME without the UNMAP bit).
+	NoHole ZeroFlags = 1 << iota
+	// FastOnly asks to fail with ErrNotSupported unless zeroing is faster than writing zeroes
+	// (NBD_CMD_FLAG_FAST_ZERO).
+	FastOnly
+	// ZeroFUA makes the zeroes durable before the call returns.
+	ZeroFUA
+)
+
+// Limits describes what a Device can do and how large its requests may be. Capabilities are
+// negotiated, never assumed: a frontend advertises exactly what Limits says, and a wrapping layer
+// derives its own Limits from the layer below.
+type Limits struct {
+	LogicalBlockSize  uint32 // bytes; every offset and length is a multiple of it
+	PhysicalBlockSize uint32 // bytes; preferred alignment (>= LogicalBlockSize)
+	MaxTransfer       int64  // largest ReadAt/WriteAt in bytes (0: no limit)
+	OptimalTransfer   int64  // preferred request size in bytes (0: unknown)
+	MaxDiscard        int64  // largest Discard in bytes (0: no limit)
+	MaxWriteZeroes    int64  // largest WriteZeroes in bytes (0: no limit)
+	DiscardAlignment  int64  // discard granularity in bytes (0: LogicalBlockSize)
+
+	ReadOnly       bool // writes, discards and zeroing fail with ErrReadOnly
+	VolatileCache  bool // acknowledged writes may be lost until Flush returns
+	CanFlush       bool // Flush does something (false: it is a no-op that returns nil)
+	CanFUA         bool // the FUA flag is honoured natively (else the layer emulates it with Flush)
+	CanDiscard     bool // Discard is supported
+	CanWriteZeroes bool // WriteZeroes is supported (possibly emulated by writing zeroes)
+	CanFastZero    bool // WriteZeroes with FastOnly can succeed
+	DiscardZeroes  bool // a discarded range reads back as zeroes (SCSI LBPRZ)
+	Rotational     bool
+	MultiConn      bool // every connection sees the same data and a Flush on one covers all (NBD CAN_MULTI_CONN)
+}
+
+// Device is a block device: the contract between frontends, the cache and backends.
+// See the package comment for the invariants.
+type Device interface {
+	// Size is the capacity in bytes.
+	Size() int64
+	// BlockSize is the logical block size in bytes.
+	BlockSize() int
+	// Limits reports capabilities and request size limits. It does not change while the
+	// Device is open.
+	Limits() Limits
+	// ReadAt fills p with the bytes at off. It returns nil only when all of p was read.
+	ReadAt(ctx context.Context, p []byte, off int64) error
+	// WriteAt writes p at off. p is not retained after the call returns.
+	WriteAt(ctx context.Context, p []byte, off int64, flags WriteFlags) error
+	// Flush returns when every write acknowledged before the call is on stable storage.
+	Flush(ctx context.Context) error
+	// Discard tells the device that the range is no longer needed (TRIM / UNMAP).
+	Discard(ctx context.Context, off, length int64) error
+	// WriteZeroes makes the range read back as zeroes.
+	WriteZeroes(ctx context.Context, off, length int64, flags ZeroFlags) error
+	// Close releases the device. Callers drain their own in-flight requests first; Close on a
+	// layer that holds dirty data flushes it (or returns the error that prevented it).
+	Close() error
+}
+
+// CheckRange validates a request against a device's size and block size, returning an error that
+// wraps ErrInvalid when it is misaligned or out of range. Every layer calls it at its entry.
+func CheckRange(d Device, off, length int64) error {
+	bs := int64(d.BlockSize())
+	size := d.Size()
+	switch {
+	case off < 0 || length < 0:
+		return &RangeError{Off: off, Len: length, Size: size, Reason: "negative"}
+	case bs > 0 && (off%bs != 0 || length%bs != 0):
+		return &RangeError{Off: off, Len: length, Size: size, Reason: "not aligned to the block size"}
+	case off > size || length > size-off:
+		return &RangeError{Off: off, Len: length, Size: size, Reason: "past the end of the device"}
+	}
+	return nil
+}
