@@ -1,0 +1,63 @@
+// Command iser-blk makes a remote iSCSI LUN (over iSER or TCP) a local block device: an NBD export
+// on a socket, a kernel /dev/nbdX, or a ublk /dev/ublkbN.
+//
+// Each subcommand lives in its own file and registers itself from init(); main only dispatches,
+// sets up logging and turns SIGINT/SIGTERM into context cancellation.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+)
+
+// command is one subcommand. run returns the process exit code (see exitcodes.go).
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string) int
+}
+
+var commands = map[string]*command{}
+
+func register(c *command) {
+	if _, dup := commands[c.name]; dup {
+		panic("iser-blk: duplicate subcommand " + c.name)
+	}
+	commands[c.name] = c
+}
+
+func usage() {
+	fmt.Fprintf(os.Stderr, "usage: iser-blk <command> [flags]\n\ncommands:\n")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(os.Stderr, "  %-10s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintf(os.Stderr, "\nRun 'iser-blk <command> --help' for a command's flags.\n")
+}
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+		os.Exit(exitUsage)
+	}
+	name := os.Args[1]
+	if name == "-h" || name == "--help" || name == "help" {
+		usage()
+		os.Exit(exitOK)
+	}
+	c, ok := commands[name]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "iser-blk: unknown command %q\n", name)
+		usage()
+		os.Exit(exitUsage)
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	os.Exit(c.run(ctx, os.Args[2:]))
+}
