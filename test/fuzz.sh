@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs every `go test -fuzz` target in the module for FUZZTIME (default 5s) each. A target that
+# finds a crasher fails the run; go writes the reproducer under testdata/fuzz/ of its package.
+# Prints "fuzz: N passed, M failed" at the end.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+FUZZTIME=${FUZZTIME:-5s}
+pass=0; fail=0; failed=()
+while IFS= read -r file; do
+  dir=$(dirname "$file")
+  tags=""
+  head -3 "$file" | grep -q '^//go:build' && continue   # fuzz targets live in untagged files
+  for fn in $(grep -oE '^func (Fuzz[A-Za-z0-9_]+)\(' "$file" | sed -E 's/^func (Fuzz[A-Za-z0-9_]+)\(/\1/'); do
+    if go test $tags -run='^$' -fuzz="^${fn}\$" -fuzztime="$FUZZTIME" "./$dir" >/tmp/fuzz.$$.log 2>&1; then
+      echo "ok   ./$dir $fn ($FUZZTIME)"; pass=$((pass+1))
+    else
+      echo "FAIL ./$dir $fn"; tail -30 /tmp/fuzz.$$.log; fail=$((fail+1)); failed+=("./$dir $fn")
+    fi
+  done
+done < <(git ls-files --cached --others --exclude-standard '*_test.go' | xargs grep -l '^func Fuzz' 2>/dev/null | sort)
+rm -f /tmp/fuzz.$$.log
+[ -n "${TALLY:-}" ] && echo "fuzz $pass $fail 0" >> "$TALLY"
+echo "fuzz: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
