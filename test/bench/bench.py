@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""make bench: iser-blk side by side with its peers, the way storage people measure.
+
+One tgtd on 127.0.0.1 serves one LUN backed by a file on /dev/shm (bstype rdwr), with
+MaxRecvDataSegmentLength / MaxBurstLength raised from tgt's small defaults. For each repetition
+(the outer loop) every system (the inner loop) starts an NBD server on a unix socket in front of
+that LUN and the same fio jobs run against it with ioengine=nbd (one connection per fio job):
+
+  systems   iser-blk --cache off, iser-blk --cache writeback (cold, then warm), qemu-nbd + libiscsi,
+            nbdkit memory (the cost of the NBD protocol alone), and libiscsi straight to tgtd
+            (iscsi-perf; the target's ceiling, random 4 KiB reads only)
+  jobs      4k randread QD1 (p50/p99), 4k randread QD32, 4k randwrite QD32, 1M seq read QD8,
+            1M seq write QD8, 70/30 4k randrw with 2 jobs
+
+CPU seconds per I/O of the gateway process and of tgtd come from /proc/PID/stat around each job.
+Ratios to qemu-nbd are computed per repetition; the report gives median and min-max. Results go
+to docs/bench/ (markdown table, JSON, PNG chart) with machine, kernel, package versions, load and
+date. Never part of `make test`.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.environ.get("ISERBLK_BIN", os.path.join(ROOT, "bin", "iser-blk"))
+IQN = "iqn.2025-01.io.iser-blk:bench"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+JOBS = [
+    # name, fio args, what to report
+    ("randread-4k-qd1", dict(rw="randread", bs="4k", iodepth=1, numjobs=1), "lat"),
+    ("randread-4k-qd32", dict(rw="randread", bs="4k", iodepth=32, numjobs=1), "iops"),
+    ("randwrite-4k-qd32", dict(rw="randwrite", bs="4k", iodepth=32, numjobs=1), "iops"),
+    ("seqread-1m-qd8", dict(rw="read", bs="1m", iodepth=8, numjobs=1), "bw"),
+    ("seqwrite-1m-qd8", dict(rw="write", bs="1m", iodepth=8, numjobs=1), "bw"),
+    ("randrw70-4k-2jobs", dict(rw="randrw", rwmixread=70, bs="4k", iodepth=16, numjobs=2), "iops"),
+]
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
+
+
+def cpu_seconds(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        # fields[11], fields[12] are utime and stime (14th and 15th of the full line)
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return 0.0
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred, what, timeout=20.0, proc=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: process exited with {proc.returncode}")
+        time.sleep(0.05)  # polling a readiness condition, bounded by timeout
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+class Tgtd:
+    def __init__(self, work, size_mb):
+        self.port = free_port()
+        self.ctl = 7400 + os.getpid() % 500
+        self.img = f"/dev/shm/iser-blk-bench-{os.getpid()}.img"
+        self.size = size_mb << 20
+        with open(self.img, "wb") as f:  # filled, so reads are real reads, not holes
+            chunk = os.urandom(1 << 20)
+            for _ in range(size_mb):
+                f.write(chunk)
+        self.logf = open(os.path.join(work, "tgtd.log"), "w")
+        self.proc = subprocess.Popen(["tgtd", "-f", "-C", str(self.ctl), "--iscsi",
+                                      f"portal=127.0.0.1:{self.port}"],
+                                     stdout=self.logf, stderr=subprocess.STDOUT)
+        adm = ["tgtadm", "-C", str(self.ctl), "--lld", "iscsi"]
+        wait_for(lambda: subprocess.run(adm + ["--mode", "sys", "--op", "show"],
+                                        capture_output=True).returncode == 0, "tgtd", proc=self.proc)
+        run(adm + ["--mode", "target", "--op", "new", "--tid", "1", "--targetname", IQN])
+        for k, v in (("MaxRecvDataSegmentLength", 262144), ("MaxXmitDataSegmentLength", 262144),
+                     ("MaxBurstLength", 1048576), ("FirstBurstLength", 262144)):
+            run(adm + ["--mode", "target", "--op", "update", "--tid", "1", "--name", k, "--value", str(v)])
+        run(adm + ["--mode", "logicalunit", "--op", "new", "--tid", "1", "--lun", "1",
+                   "--backing-store", self.img, "--bstype", "rdwr"])
+        run(adm + ["--mode", "target", "--op", "bind", "--tid", "1", "--initiator-address", "ALL"])
+        self.url = f"iscsi://127.0.0.1:{self.port}/{IQN}/1"
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.logf.close()
+        os.unlink(self.img)
+
+
+class NBDServer:
+    """One system under test: a process serving an NBD export on a unix socket."""
+
+    def __init__(self, name, argv, sock, work):
+        self.name, self.sock = name, sock
+        self.logf = open(os.path.join(work, f"{name}.log"), "w")
+        self.proc = subprocess.Popen(argv, stdout=self.logf, stderr=subprocess.STDOUT)
+        wait_for(lambda: os.path.exists(sock), f"{name} socket", proc=self.proc)
+        self.uri = f"nbd+unix:///?socket={sock}"
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.logf.close()
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)
+
+
+def fio(uri, job, args, runtime, size, work):
+    out = os.path.join(work, f"fio-{job}.json")
+    argv = ["fio", "--name", job, "--ioengine=nbd", f"--uri={uri}", f"--runtime={runtime}",
+            "--time_based", f"--size={size}", "--group_reporting", "--output-format=json",
+            f"--output={out}", "--randrepeat=0"]
+    argv += [f"--{k}={v}" for k, v in args.items()]
+    run(argv)
+    with open(out) as f:
+        j = json.load(f)["jobs"][0]
+    ios = j["read"]["total_ios"] + j["write"]["total_ios"]
+    res = {
+        "iops": j["read"]["iops"] + j["write"]["iops"],
+        "bw_mib": (j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / (1 << 20),
+        "ios": ios,
+        "errors": j["error"],
+    }
+    side = j["read"] if j["read"]["total_ios"] else j["write"]
+    pct = side["clat_ns"].get("percentile", {})
+    res["p50_us"] = pct.get("50.000000", 0) / 1000
+    res["p99_us"] = pct.get("99.000000", 0) / 1000
+    return res
+
+
+def iscsi_perf(url, runtime):
+    p = subprocess.run(["iscsi-perf", "-t", str(runtime), "-m", "32", "-b", "8", "-r", url],
+                       capture_output=True, text=True)
+    last = [l for l in p.stdout.replace("\r", "\n").splitlines() if "iops average" in l]
+    if not last:
+        raise RuntimeError("iscsi-perf printed no average: " + p.stdout[-300:] + p.stderr[-300:])
+    return float(last[-1].split("iops average")[1].split()[0])
+
+
+def systems(tgt, work):
+    """name -> function starting the server; the warm variant reuses the cold process."""
+    def iserblk(cache):
+        def start(sock):
+            return NBDServer(f"iser-blk-{cache}", [BIN, "serve", "--target", tgt.url, "--listen",
+                                                   f"unix://{sock}", "--cache", cache], sock, work)
+        return start
+
+    def qemu(sock):
+        return NBDServer("qemu-nbd", ["qemu-nbd", "-f", "raw", "--cache=none", "-e", "8", "-t",
+                                      "-k", sock, tgt.url], sock, work)
+
+    def nbdkit(sock):
+        return NBDServer("nbdkit-memory", ["nbdkit", "-f", "-U", sock, "memory",
+                                           str(tgt.size)], sock, work)
+    return [("qemu-nbd", qemu, False), ("iser-blk-nocache", iserblk("off"), False),
+            ("iser-blk-wb-cold", iserblk("writeback"), True), ("nbdkit-memory", nbdkit, False)]
+
+
+def median_range(xs):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=int(os.environ.get("BENCH_REPS", 3)))
+    ap.add_argument("--runtime", type=int, default=int(os.environ.get("BENCH_RUNTIME", 10)))
+    ap.add_argument("--lun-mb", type=int, default=1024)
+    ap.add_argument("--size", default="512m", help="fio working set")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench"))
+    ap.add_argument("--jobs", default="", help="comma-separated subset of job names")
+    a = ap.parse_args()
+    jobs = [j for j in JOBS if not a.jobs or j[0] in a.jobs.split(",")]
+    work = tempfile.mkdtemp(prefix="iser-blk-bench.")
+    load_before = os.getloadavg()
+    started = datetime.datetime.now(datetime.timezone.utc)
+    tgt = Tgtd(work, a.lun_mb)
+    results = []  # dicts: rep, system, job, metrics, cpu
+    try:
+        for rep in range(a.reps):
+            log(f"== repetition {rep + 1}/{a.reps}")
+            ceiling = iscsi_perf(tgt.url, a.runtime)
+            results.append(dict(rep=rep, system="libiscsi-direct", job="randread-4k-qd32",
+                                iops=ceiling, ios=None))
+            log(f"   libiscsi-direct randread-4k-qd32: {ceiling:.0f} IOPS")
+            for name, start, has_warm in systems(tgt, work):
+                sock = os.path.join(work, f"{name}.sock")
+                srv = start(sock)
+                try:
+                    variants = [(name, False)] + ([(name.replace("-cold", "-warm"), True)] if has_warm else [])
+                    for vname, warm in variants:
+                        if warm:
+                            # warm the cache: read the working set once
+                            fio(srv.uri, "warmup", dict(rw="read", bs="1m", iodepth=8, numjobs=1),
+                                max(a.runtime, 5), a.size, work)
+                        for job, args, _ in jobs:
+                            c0, t0 = cpu_seconds(srv.proc.pid), cpu_seconds(tgt.proc.pid)
+                            m = fio(srv.uri, job, args, a.runtime, a.size, work)
+                            c1, t1 = cpu_seconds(srv.proc.pid), cpu_seconds(tgt.proc.pid)
+                            m.update(rep=rep, system=vname, job=job,
+                                     gw_cpu_us_per_io=(c1 - c0) * 1e6 / max(m["ios"], 1),
+                                     tgt_cpu_us_per_io=(t1 - t0) * 1e6 / max(m["ios"], 1))
+                            results.append(m)
+                            log(f"   {vname:18s} {job:20s} {m['iops']:9.0f} IOPS {m['bw_mib']:8.1f} MiB/s "
+                                f"p50 {m['p50_us']:8.1f} us  gw {m['gw_cpu_us_per_io']:6.1f} cpu-us/io "
+                                f"errors {m['errors']}")
+                finally:
+                    srv.stop()
+    finally:
+        tgt.stop()
+    report(a, jobs, results, started, load_before, work)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def versions():
+    v = {}
+    for pkg in ("tgt", "qemu-utils", "nbdkit", "fio", "libiscsi7", "libnbd-bin"):
+        p = subprocess.run(["dpkg-query", "-W", "-f=${Version}", pkg], capture_output=True, text=True)
+        v[pkg] = p.stdout.strip() or "?"
+    v["go"] = subprocess.run(["go", "version"], capture_output=True, text=True).stdout.strip()
+    v["iser-blk"] = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                   capture_output=True, text=True).stdout.strip()
+    return v
+
+
+def metric_of(job):
+    return {"lat": "p50_us", "iops": "iops", "bw": "bw_mib"}[[j for j in JOBS if j[0] == job][0][2]]
+
+
+def report(a, jobs, results, started, load_before, work):
+    os.makedirs(a.out, exist_ok=True)
+    sysnames = []
+    for r in results:
+        if r["system"] not in sysnames:
+            sysnames.append(r["system"])
+    by = {}
+    for r in results:
+        by.setdefault((r["system"], r["job"]), []).append(r)
+    lines = []
+    lines.append(f"# iser-blk benchmark, {started:%Y-%m-%d %H:%M} UTC\n")
+    lines.append(f"Machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
+                 f"kernel {platform.release()}; load average before {load_before[0]:.2f}, "
+                 f"after {os.getloadavg()[0]:.2f}. Repetitions: {a.reps}, {a.runtime} s per job, "
+                 f"working set {a.size} of a {a.lun_mb} MiB tgtd LUN on /dev/shm.\n")
+    lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()) + "\n")
+    lines.append("Each cell: median (min–max) over repetitions. Ratio columns are computed per "
+                 "repetition against qemu-nbd + libiscsi, then summarised.\n")
+    for job, _, kind in jobs:
+        key = metric_of(job)
+        unit = {"p50_us": "p50 µs", "iops": "IOPS", "bw_mib": "MiB/s"}[key]
+        lines.append(f"\n## {job} ({unit}{', lower is better' if key == 'p50_us' else ''})\n")
+        lines.append("| system | " + unit + " | p99 µs | ratio to qemu-nbd | gateway CPU µs/IO | tgtd CPU µs/IO |")
+        lines.append("|---|---|---|---|---|---|")
+        base = {r["rep"]: r[key] for r in by.get(("qemu-nbd", job), [])}
+        for s in sysnames:
+            rs = by.get((s, job))
+            if not rs:
+                continue
+
+            def fmt(vals, prec=0):
+                mr = median_range(vals)
+                if mr is None:
+                    return "–"
+                return f"{mr[0]:.{prec}f} ({mr[1]:.{prec}f}–{mr[2]:.{prec}f})"
+            ratios = [r[key] / base[r["rep"]] for r in rs if base.get(r["rep"])]
+            lines.append(f"| {s} | {fmt([r[key] for r in rs], 1 if key != 'iops' else 0)} | "
+                         f"{fmt([r.get('p99_us') for r in rs], 0)} | {fmt(ratios, 2)} | "
+                         f"{fmt([r.get('gw_cpu_us_per_io') for r in rs], 1)} | "
+                         f"{fmt([r.get('tgt_cpu_us_per_io') for r in rs], 1)} |")
+    md = "\n".join(lines) + "\n"
+    stamp = started.strftime("%Y%m%d-%H%M")
+    with open(os.path.join(a.out, "latest.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(a.out, f"results-{stamp}.json"), "w") as f:
+        json.dump(dict(started=started.isoformat(), results=results), f, indent=1)
+    chart(a, jobs, sysnames, by, work)
+    print(md)
+
+
+def chart(a, jobs, sysnames, by, work):
+    """A grouped bar chart of ratios to qemu-nbd (median), one group per job."""
+    if not shutil.which("gnuplot"):
+        return
+    dat = os.path.join(work, "chart.dat")
+    systems_ = [s for s in sysnames if s != "libiscsi-direct"]
+    with open(dat, "w") as f:
+        f.write("job " + " ".join(systems_) + "\n")
+        for job, _, _ in jobs:
+            key = metric_of(job)
+            base = {r["rep"]: r[key] for r in by.get(("qemu-nbd", job), [])}
+            row = [job]
+            for s in systems_:
+                rs = by.get((s, job), [])
+                ratios = [r[key] / base[r["rep"]] for r in rs if base.get(r["rep"])]
+                if key == "p50_us":  # latency: show qemu-nbd/x so that higher is better everywhere
+                    ratios = [1 / x for x in ratios if x]
+                row.append(f"{statistics.median(ratios):.3f}" if ratios else "0")
+            f.write(" ".join(row) + "\n")
+    png = os.path.join(a.out, "latest.png")
+    script = f"""
+set terminal pngcairo size 1100,520 noenhanced
+set output '{png}'
+set title 'iser-blk vs peers on one tgtd LUN (median ratio to qemu-nbd + libiscsi; higher is better; QD1 is 1/latency)'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set ylabel 'ratio to qemu-nbd'
+set xtics rotate by -20
+set key outside right
+set grid ytics
+plot for [i=2:{len(systems_) + 1}] '{dat}' using i:xtic(1) title columnhead(i)
+"""
+    subprocess.run(["gnuplot"], input=script, text=True, check=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
