@@ -1,0 +1,287 @@
+#!/usr/bin/env bash
+# test/vm/run.sh — run one command as root inside a throw-away QEMU (TCG) guest that boots Debian's
+# 6.12 kernel on top of THIS host's userland, and exit with the command's status.
+#
+#   test/vm/run.sh [--] CMD [ARGS...]          run CMD in the guest (cwd = the caller's cwd)
+#   test/vm/run.sh go-test [PKG...] [-- FLAGS] build vm-tagged Go tests on the host, run them in
+#                                              one guest (see test/vm/gotest.sh)
+#
+# Why this shape: the host kernel has no modules, nbd, ublk, RDMA or LIO, so those paths need a
+# guest kernel; the host has no /dev/kvm, so QEMU emulates (TCG). The guest mounts the host's root
+# read-only over 9p with a tmpfs overlay (every host tool and every binary built on the host runs
+# inside, the project tree is at the same path), so nothing needs installing into an image.
+#
+# Exit status: the command's own status; 124 = the guest did not finish within VM_TIMEOUT and was
+# killed; 125 = the VM itself failed (boot, mounts, QEMU) — both with a "run.sh:" line on stderr.
+# stdout and stderr of the command arrive merged on our stdout through the serial console.
+#
+# Environment (all optional):
+#   VM_TIMEOUT   seconds the whole guest may live (boot included)       default 1200
+#   VM_CACHE     cache for the kernel .deb, its unpacked tree, initramfs default /var/tmp/iser-blk-vm
+#   VM_MEM       guest RAM in MiB                                       default 1024
+#   VM_SMP       guest vCPUs                                            default 2
+#   VM_RESULTS   host dir shared read-write at the same path (ISERBLK_VM_RESULTS in the guest);
+#                default: a fresh directory per run, removed afterwards unless the run failed
+#   VM_RW        more host dirs shared read-write, ':'-separated
+#   VM_ENV       names of more variables to pass into the guest (space-separated)
+#   VM_KERNEL_PKG Debian kernel package                                 default linux-image-6.12-amd64
+#   VM_TB_MB     TCG translation cache MiB (QEMU's own default, 1 GiB, shows up as host RSS)  256
+#   VM_RUN_ID    a name for this VM (QEMU's -name; lets a caller find its own QEMU with pgrep -f)
+#   VM_VERBOSE   1 = show kernel messages on the console
+# In the guest: ISERBLK_IN_VM=1, ISERBLK_VM_GUEST_DIR (the guest helper scripts),
+# ISERBLK_VM_RESULTS, ISERBLK_ROOT (the module root), ISERBLK_BIN if set on the host.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+root=$(cd "$here/../.." && pwd -P)
+
+usage() { sed -n '2,7s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+case "${1:-}" in
+go-test) shift; exec "$here/gotest.sh" "$@" ;;
+-h | --help) usage; exit 0 ;;
+--) shift ;;
+esac
+[ $# -gt 0 ] || { usage >&2; exit 2; }
+
+VM_TIMEOUT=${VM_TIMEOUT:-1200}
+VM_CACHE=${VM_CACHE:-/var/tmp/iser-blk-vm}
+VM_MEM=${VM_MEM:-1024}
+VM_SMP=${VM_SMP:-2}
+VM_RW=${VM_RW:-}
+VM_ENV=${VM_ENV:-}
+VM_KERNEL_PKG=${VM_KERNEL_PKG:-linux-image-6.12-amd64}
+VM_TB_MB=${VM_TB_MB:-256}
+VM_VERBOSE=${VM_VERBOSE:-0}
+
+log() { echo "run.sh: $*" >&2; }
+die() { log "VM failure: $*"; exit 125; }
+case "$VM_TIMEOUT" in '' | *[!0-9]*) die "VM_TIMEOUT must be a number of seconds" ;; esac
+[ "$(id -u)" = 0 ] || die "must run as root (apt-get, 9p export of /)"
+
+# Host packages: QEMU and the initramfs tools, plus everything the guest helpers run (the guest
+# uses the host's userland, so this is how tools get into the guest).
+host_pkgs=(qemu-system-x86 busybox-static cpio kmod xz-utils iproute2 util-linux
+	open-iscsi rdma-core ibverbs-providers ibverbs-utils rdmacm-utils
+	e2fsprogs fio nbd-client nbdkit tgt)
+
+mkdir -p "$VM_CACHE/debs" "$VM_CACHE/kernels" "$VM_CACHE/jobs"
+
+# --- prepare (serialised between concurrent runs; everything after it runs in parallel) --------
+exec 9>"$VM_CACHE/.prepare.lock"
+flock -w 1200 9 || die "waited 20 min for $VM_CACHE/.prepare.lock"
+
+apt_updated=0
+apt_update() {
+	[ $apt_updated = 1 ] && return 0
+	apt-get update -qq >&2 || log "apt-get update failed (continuing with the lists we have)"
+	apt_updated=1
+}
+missing=()
+for p in "${host_pkgs[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+# busybox must be the static one: it runs from the initramfs, without the host's libraries
+if [ -x /bin/busybox ] && ldd /bin/busybox >/dev/null 2>&1; then missing+=(busybox-static); fi
+if [ ${#missing[@]} -gt 0 ]; then
+	log "installing ${missing[*]}"
+	apt_update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		-o DPkg::Lock::Timeout=300 "${missing[@]}" >&2 || die "apt-get install ${missing[*]} failed"
+fi
+
+# Kernel: resolve the meta package once (apt-cache costs ~1 s), download the .deb, unpack it with
+# dpkg-deb -x — never installed on the host — and build modules.dep (dpkg-deb runs no postinst).
+resolved_file=$VM_CACHE/kernels/$VM_KERNEL_PKG.resolved
+pkg=$(cat "$resolved_file" 2>/dev/null || true)
+if [ -z "$pkg" ] || [ ! -e "$VM_CACHE/kernels/$pkg/.ready" ]; then
+	resolve() {
+		local p=$1 dep
+		for _ in 1 2 3; do
+			dep=$(apt-cache depends "$p" 2>/dev/null |
+				awk '$1=="Depends:" && $2 ~ /^linux-image-/ {print $2; exit}')
+			[ -n "$dep" ] || break
+			p=$dep
+		done
+		echo "$p"
+	}
+	pkg=$(resolve "$VM_KERNEL_PKG")
+	if [ "$pkg" = "$VM_KERNEL_PKG" ] && ! apt-cache show "$pkg" >/dev/null 2>&1; then
+		apt_update
+		pkg=$(resolve "$VM_KERNEL_PKG")
+	fi
+	echo "$pkg" >"$resolved_file"
+fi
+kroot=$VM_CACHE/kernels/$pkg
+if [ ! -e "$kroot/.ready" ]; then
+	deb=$(ls "$VM_CACHE/debs/${pkg}_"*.deb 2>/dev/null | head -1 || true)
+	if [ -z "$deb" ]; then
+		log "downloading $pkg"
+		(cd "$VM_CACHE/debs" && { apt-get download -q "$pkg" >&2 ||
+			{ apt_update && apt-get download -q "$pkg" >&2; }; }) || die "cannot download $pkg"
+		deb=$(ls "$VM_CACHE/debs/${pkg}_"*.deb | head -1)
+	fi
+	log "unpacking $(basename "$deb")"
+	rm -rf "$kroot"
+	mkdir -p "$kroot"
+	dpkg-deb -x "$deb" "$kroot" || die "dpkg-deb -x $deb"
+	kv=$(ls "$kroot/lib/modules")
+	depmod -b "$kroot" "$kv" || die "depmod"
+	touch "$kroot/.ready"
+fi
+kv=$(ls "$kroot/lib/modules")
+vmlinuz=$kroot/boot/vmlinuz-$kv
+[ -r "$vmlinuz" ] || die "no kernel image $vmlinuz"
+
+# Initramfs: static busybox, the modules that 9p and overlay need (decompressed, for busybox
+# insmod), and init.sh as /init. Rebuilt when init.sh or the module list changes.
+initrd_mods=(virtio_pci 9pnet_virtio 9p overlay)
+initrd=$kroot/initrd-iserblk.cpio.gz
+want_sum=$( { cat "$here/init.sh"; echo "${initrd_mods[*]}"; sha256sum /bin/busybox; } | sha256sum | cut -c1-16)
+if [ ! -e "$initrd" ] || [ "$(cat "$kroot/.initrd-sum" 2>/dev/null)" != "$want_sum" ]; then
+	log "building initramfs for $kv"
+	t=$(mktemp -d "$VM_CACHE/initrd.XXXXXX")
+	mkdir -p "$t"/{bin,dev,proc,sys,lower,rw,newroot,mods}
+	cp /bin/busybox "$t/bin/busybox"
+	for m in "${initrd_mods[@]}"; do
+		modprobe -d "$kroot" -S "$kv" --show-depends "$m" || die "module $m not in $pkg"
+	done | awk '$1=="insmod" && !seen[$2]++ {print $2}' | while read -r ko; do
+		name=$(basename "$ko")
+		name=${name%.xz}; name=${name%.zst}; name=${name%.gz}
+		case "$ko" in
+		*.xz) xz -dc "$ko" >"$t/mods/$name" ;;
+		*.zst) zstd -dcq "$ko" >"$t/mods/$name" ;;
+		*.gz) gzip -dc "$ko" >"$t/mods/$name" ;;
+		*) cp "$ko" "$t/mods/$name" ;;
+		esac
+		echo "$name" >>"$t/mods/order"
+	done
+	install -m 755 "$here/init.sh" "$t/init"
+	(cd "$t" && find . | cpio -o -H newc --quiet | gzip -1) >"$initrd.tmp"
+	mv "$initrd.tmp" "$initrd"
+	echo "$want_sum" >"$kroot/.initrd-sum"
+	rm -rf "$t"
+fi
+exec 9>&- # release the prepare lock (and keep it away from QEMU)
+
+# runs killed with SIGKILL cannot clean up after themselves: drop their leftovers after a day
+find "$VM_CACHE/jobs" -mindepth 1 -maxdepth 1 -mmin +1440 -exec rm -rf {} + 2>/dev/null || true
+
+# --- the job: environment, cwd, the command quoted for bash -----------------------------------
+job=$(mktemp -d "$VM_CACHE/jobs/job.XXXXXX")
+run_id=${VM_RUN_ID:-iserblk-vm-$(basename "$job")}
+own_results=0
+if [ -z "${VM_RESULTS:-}" ]; then
+	VM_RESULTS=$(mktemp -d "$VM_CACHE/jobs/results.XXXXXX")
+	own_results=1
+fi
+mkdir -p "$VM_RESULTS"
+VM_RESULTS=$(cd "$VM_RESULTS" && pwd -P)
+
+qpid=
+cleanup() {
+	local rc=$?
+	# the supervisor below leads QEMU's process group: kill the whole group, whatever happened
+	set +e
+	if [ -n "$qpid" ]; then
+		kill -KILL -- "-$qpid" 2>/dev/null
+		wait "$qpid" 2>/dev/null
+	fi
+	rm -rf "$job"
+	if [ $own_results = 1 ]; then
+		if [ $rc = 0 ]; then rm -rf "$VM_RESULTS"; else log "guest results kept in $VM_RESULTS"; fi
+	fi
+	return $rc
+}
+trap cleanup EXIT
+trap 'log "interrupted: killing the VM"; exit 130' INT
+trap 'log "terminated: killing the VM"; exit 143' TERM HUP
+
+{
+	echo '#!/bin/bash'
+	echo '# stage 2: PID 1 in the host userland; run the command, record its status, leave QEMU'
+	printf 'export PATH=%q HOME=/root TERM=dumb LANG=C.UTF-8 TMPDIR=/tmp\n' \
+		"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin"
+	printf 'export ISERBLK_IN_VM=1 ISERBLK_VM_GUEST_DIR=%q ISERBLK_VM_RESULTS=%q ISERBLK_ROOT=%q\n' \
+		"$here/guest" "$VM_RESULTS" "$root"
+	for v in $VM_ENV ISERBLK_BIN GOFLAGS GOTRACEBACK; do
+		if [ -n "${!v+x}" ]; then printf 'export %s=%q\n' "$v" "${!v}"; fi
+	done
+	# configfs (LIO) exists only once its module is loaded
+	echo 'modprobe configfs && mount -t configfs none /sys/kernel/config'
+	printf 'cd %q 2>/dev/null || cd /\n' "$PWD"
+	printf '('
+	printf ' %q' "$@"
+	echo ' ) </dev/null'
+	cat <<'EOS'
+echo $? >/run/vm/rc
+dmesg >/run/vm/dmesg 2>/dev/null
+sync
+# leave through QEMU's isa-debug-exit port 0xf4 (no "reboot: Power down" line); sysrq is the fallback
+printf '\001' | dd of=/dev/port bs=1 seek=244 count=1 2>/dev/null
+echo o >/proc/sysrq-trigger
+sleep 30
+EOS
+} >"$job/job.sh"
+
+# 9p shares: host root read-only, the job dir, and the read-write dirs at their host paths
+qargs=(-fsdev "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap"
+	-device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot
+	-fsdev "local,id=vmjob,path=$job,security_model=none"
+	-device virtio-9p-pci,fsdev=vmjob,mount_tag=vmjob)
+: >"$job/shares"
+i=0
+IFS=: read -r -a rwdirs <<<"$VM_RESULTS${VM_RW:+:$VM_RW}"
+for d in "${rwdirs[@]}"; do
+	[ -n "$d" ] || continue
+	mkdir -p "$d"
+	d=$(cd "$d" && pwd -P)
+	case "$d" in *[[:space:],]*) die "read-write dir must not contain spaces or commas: $d" ;; esac
+	i=$((i + 1))
+	qargs+=(-fsdev "local,id=rw$i,path=$d,security_model=none" -device "virtio-9p-pci,fsdev=rw$i,mount_tag=rw$i")
+	echo "rw$i $d" >>"$job/shares"
+done
+append="console=ttyS0 panic=-1 net.ifnames=0 iserblk.kdir=$kroot"
+[ "$VM_VERBOSE" = 1 ] || append+=" quiet loglevel=3"
+
+# --- boot -------------------------------------------------------------------------------------
+# QEMU runs under a small supervisor that leads a new session (setsid), so QEMU never shares our
+# process group and can always be killed as a group. The supervisor enforces VM_TIMEOUT and kills
+# the group when this script disappears without running its trap (SIGKILL).
+supervise='
+runner=$1 timeout=$2 flag=$3; shift 3
+"$@" </dev/null &
+q=$!
+while :; do
+	sleep 1 &
+	s=$!
+	wait -n -p done_pid "$q" "$s"
+	st=$?
+	if [ "$done_pid" = "$q" ]; then kill "$s" 2>/dev/null; exit "$st"; fi
+	if ! kill -0 "$runner" 2>/dev/null; then kill -KILL "$q"; exit 137; fi
+	if [ "$SECONDS" -ge "$timeout" ]; then
+		echo timeout >"$flag"
+		kill -TERM "$q" 2>/dev/null
+		for _ in 1 2 3 4 5 6; do kill -0 "$q" 2>/dev/null || exit 124; sleep 0.5; done
+		kill -KILL "$q" 2>/dev/null
+		exit 124
+	fi
+done'
+set +e
+setsid bash -c "$supervise" supervise $$ "$VM_TIMEOUT" "$job/timedout" \
+	qemu-system-x86_64 -name "$run_id" \
+	-machine q35 -accel "tcg,tb-size=$VM_TB_MB" -cpu max -smp "$VM_SMP" -m "$VM_MEM" \
+	-kernel "$vmlinuz" -initrd "$initrd" -append "$append" \
+	-display none -serial stdio -monitor none -no-reboot -nic none \
+	-device isa-debug-exit,iobase=0xf4,iosize=0x04 \
+	"${qargs[@]}" &
+qpid=$!
+wait "$qpid"
+qrc=$?
+set -e
+if [ -s "$job/dmesg" ]; then cp "$job/dmesg" "$VM_RESULTS/vm-dmesg.log"; fi
+if [ -e "$job/timedout" ]; then
+	log "TIMEOUT: the guest did not finish within VM_TIMEOUT=${VM_TIMEOUT}s; QEMU killed"
+	exit 124
+fi
+[ -s "$job/rc" ] || die "the guest ended without the command's exit status (QEMU exit status $qrc)"
+exit "$(cat "$job/rc")"
