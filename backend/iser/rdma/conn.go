@@ -1,0 +1,745 @@
+//go:build cgo && linux && !nordma
+
+package rdma
+
+/*
+#cgo LDFLAGS: -libverbs -lrdmacm
+#include <stdlib.h>
+#include "cverbs.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Config sizes a connection's queues and says how its events are delivered.
+type Config struct {
+	SendDepth int // send-queue work requests (default 128)
+	RecvDepth int // receive-queue work requests (default 128)
+	SendSGE   int // SGEs per send work request (1 or 2; default 2)
+	// ResponderResources is how many RDMA Reads the peer may have in flight against us (an iSER
+	// initiator is the responder for the target's RDMA Reads of write data). 0: the device maximum.
+	ResponderResources int
+	// InitiatorDepth is how many RDMA Reads we may have in flight (iSER initiators issue none).
+	InitiatorDepth int
+	// PrivateData is sent with the connect request or the accept (at most 56 bytes for RC).
+	PrivateData []byte
+	// OnCompletion receives each batch of work completions, on the connection's poller goroutine.
+	// The slice is reused after the call returns. It must not block for long nor call Close.
+	OnCompletion func(batch []Completion)
+	// OnDisconnect is called once, from the CM event goroutine, when the peer disconnects or the
+	// device goes away. It must not call Close (it may signal another goroutine to).
+	OnDisconnect func(err error)
+	// ResolveTimeout bounds address and route resolution (default 2 s).
+	ResolveTimeout time.Duration
+}
+
+func (c *Config) defaults() {
+	if c.SendDepth <= 0 {
+		c.SendDepth = 128
+	}
+	if c.RecvDepth <= 0 {
+		c.RecvDepth = 128
+	}
+	if c.SendSGE <= 0 || c.SendSGE > 2 {
+		c.SendSGE = 2
+	}
+	if c.ResolveTimeout <= 0 {
+		c.ResolveTimeout = 2 * time.Second
+	}
+}
+
+// Counters are process-wide resource counters: live objects (for leak checks) and registration
+// totals (to prove that memory is registered per region, not per I/O).
+type Counters struct {
+	LiveConns, LiveQPs, LiveCQs, LivePDs, LiveMRs int64
+	MRRegistrations                               int64 // ibv_reg_mr calls that succeeded, ever
+}
+
+var counters struct {
+	conns, qps, cqs, pds, mrs, regs atomic.Int64
+}
+
+// Stats returns a snapshot of the process-wide counters.
+func Stats() Counters {
+	return Counters{
+		LiveConns: counters.conns.Load(), LiveQPs: counters.qps.Load(), LiveCQs: counters.cqs.Load(),
+		LivePDs: counters.pds.Load(), LiveMRs: counters.mrs.Load(), MRRegistrations: counters.regs.Load(),
+	}
+}
+
+// pollFD parks a non-blocking rdma-core file descriptor (CM event channel or completion channel)
+// on Go's netpoller. The os.File holds a dup of the descriptor, so closing it (to wake a waiter)
+// never closes the descriptor rdma-core owns; O_NONBLOCK is shared by both.
+type pollFD struct {
+	f  *os.File
+	rc syscall.RawConn
+}
+
+func newPollFD(fd C.int, name string) (*pollFD, error) {
+	if r := C.isb_set_nonblock(fd); r < 0 {
+		return nil, fmt.Errorf("%s: set O_NONBLOCK: %w", name, syscall.Errno(-r))
+	}
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%s: dup: %w", name, err)
+	}
+	f := os.NewFile(uintptr(dup), name)
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return &pollFD{f: f, rc: rc}, nil
+}
+
+// wait calls try until it reports done, parking on the netpoller in between. It returns an error
+// when the deadline passes or the pollFD is closed.
+func (p *pollFD) wait(try func() bool) error {
+	return p.rc.Read(func(uintptr) bool { return try() })
+}
+
+func (p *pollFD) close() {
+	if p != nil {
+		p.f.Close()
+	}
+}
+
+// cmEvent is a copied rdma_cm event.
+type cmEvent struct {
+	typ      int
+	status   int
+	id       *C.struct_rdma_cm_id
+	private  []byte
+	respRes  int
+	initDep  int
+	listenID *C.struct_rdma_cm_id
+}
+
+var cmEventNames = map[int]string{
+	C.RDMA_CM_EVENT_ADDR_RESOLVED: "ADDR_RESOLVED", C.RDMA_CM_EVENT_ADDR_ERROR: "ADDR_ERROR",
+	C.RDMA_CM_EVENT_ROUTE_RESOLVED: "ROUTE_RESOLVED", C.RDMA_CM_EVENT_ROUTE_ERROR: "ROUTE_ERROR",
+	C.RDMA_CM_EVENT_CONNECT_REQUEST: "CONNECT_REQUEST", C.RDMA_CM_EVENT_CONNECT_RESPONSE: "CONNECT_RESPONSE",
+	C.RDMA_CM_EVENT_CONNECT_ERROR: "CONNECT_ERROR", C.RDMA_CM_EVENT_UNREACHABLE: "UNREACHABLE",
+	C.RDMA_CM_EVENT_REJECTED: "REJECTED", C.RDMA_CM_EVENT_ESTABLISHED: "ESTABLISHED",
+	C.RDMA_CM_EVENT_DISCONNECTED: "DISCONNECTED", C.RDMA_CM_EVENT_DEVICE_REMOVAL: "DEVICE_REMOVAL",
+	C.RDMA_CM_EVENT_TIMEWAIT_EXIT: "TIMEWAIT_EXIT", C.RDMA_CM_EVENT_ADDR_CHANGE: "ADDR_CHANGE",
+}
+
+func cmEventName(t int) string {
+	if n, ok := cmEventNames[t]; ok {
+		return n
+	}
+	return "event " + strconv.Itoa(t)
+}
+
+// eventChannel is an rdma_cm event channel on the netpoller.
+type eventChannel struct {
+	ch  *C.struct_rdma_event_channel
+	pfd *pollFD
+	ev  *C.struct_isb_cmev // C scratch for one event
+}
+
+func newEventChannel() (*eventChannel, error) {
+	ch, err := C.rdma_create_event_channel()
+	if ch == nil {
+		return nil, fmt.Errorf("rdma_create_event_channel: %w (is rdma_ucm loaded and an RDMA device present?)", err)
+	}
+	pfd, err := newPollFD(ch.fd, "rdma_cm event channel")
+	if err != nil {
+		C.rdma_destroy_event_channel(ch)
+		return nil, err
+	}
+	ev := (*C.struct_isb_cmev)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_isb_cmev{}))))
+	return &eventChannel{ch: ch, pfd: pfd, ev: ev}, nil
+}
+
+// next waits for the next CM event. The caller must not call next concurrently.
+func (e *eventChannel) next(ctx context.Context) (cmEvent, error) {
+	if dl, ok := ctx.Deadline(); ok {
+		e.pfd.f.SetReadDeadline(dl)
+		defer e.pfd.f.SetReadDeadline(time.Time{})
+	}
+	stop := context.AfterFunc(ctx, func() { e.pfd.f.SetReadDeadline(time.Unix(1, 0)) })
+	defer stop()
+	var r C.int
+	err := e.pfd.wait(func() bool {
+		r = C.isb_get_cm_event(e.ch, e.ev)
+		return r != 0
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return cmEvent{}, ctx.Err()
+		}
+		return cmEvent{}, err
+	}
+	if r < 0 {
+		return cmEvent{}, fmt.Errorf("rdma_get_cm_event: %w", syscall.Errno(-r))
+	}
+	ev := cmEvent{
+		typ: int(e.ev._type), status: int(e.ev.status), id: e.ev.id, listenID: e.ev.listen_id,
+		respRes: int(e.ev.responder_resources), initDep: int(e.ev.initiator_depth),
+	}
+	if n := int(e.ev.pdlen); n > 0 {
+		ev.private = C.GoBytes(unsafe.Pointer(&e.ev.pd[0]), C.int(n))
+	}
+	return ev, nil
+}
+
+// close destroys the channel; every cm_id on it must be gone. Closing the pollFD twice is harmless.
+func (e *eventChannel) close() {
+	if e == nil {
+		return
+	}
+	e.pfd.close()
+	C.rdma_destroy_event_channel(e.ch)
+	C.free(unsafe.Pointer(e.ev))
+}
+
+// Conn is one reliable-connected queue pair set up through rdma_cm, with its own protection
+// domain, completion queue and completion channel.
+type Conn struct {
+	cfg  Config
+	ec   *eventChannel
+	id   *C.struct_rdma_cm_id
+	pd   *C.struct_ibv_pd
+	cch  *C.struct_ibv_comp_channel
+	cpfd *pollFD
+	cq   *C.struct_ibv_cq
+	qp   bool
+
+	// C scratch arrays: work requests are marshalled here, completions copied out here.
+	sendMu      sync.Mutex
+	sendScratch *C.struct_isb_send
+	recvMu      sync.Mutex
+	recvScratch *C.struct_isb_recv
+	wcScratch   *C.struct_isb_wc
+
+	mrMu sync.Mutex
+	mrs  map[*MR]struct{}
+
+	// PeerPrivateData is what the peer sent with its connect request or accept.
+	PeerPrivateData []byte
+	// PeerResponderResources and PeerInitiatorDepth come from the peer's connection parameters.
+	PeerResponderResources, PeerInitiatorDepth int
+
+	closing      atomic.Bool
+	disconnected atomic.Bool
+	pollDone     chan struct{}
+	cmDone       chan struct{}
+	closeOnce    sync.Once
+	closeErr     error
+}
+
+func resolveIP(ctx context.Context, host string) (netip.Addr, error) {
+	if a, err := netip.ParseAddr(host); err == nil {
+		return a.Unmap(), nil
+	}
+	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("resolve %q: %w", host, err)
+	}
+	if len(addrs) == 0 {
+		return netip.Addr{}, fmt.Errorf("resolve %q: no addresses", host)
+	}
+	return addrs[0].Unmap(), nil
+}
+
+func ipBytes(a netip.Addr) ([16]byte, int) {
+	var b [16]byte
+	if a.Is4() {
+		v := a.As4()
+		copy(b[:], v[:])
+		return b, 4
+	}
+	return a.As16(), 16
+}
+
+// Dial connects to host:port over rdma_cm (RDMA_PS_TCP), creating the queue pair.
+func Dial(ctx context.Context, host string, port int, cfg Config) (_ *Conn, err error) {
+	cfg.defaults()
+	ip, err := resolveIP(ctx, host)
+	if err != nil {
+		return nil, fmt.Errorf("rdma dial: %w: %w", ErrUnreachable, err)
+	}
+	c := &Conn{cfg: cfg, mrs: map[*MR]struct{}{}}
+	defer func() {
+		if err != nil {
+			c.destroy()
+		}
+	}()
+	if c.ec, err = newEventChannel(); err != nil {
+		return nil, err
+	}
+	var id *C.struct_rdma_cm_id
+	if r, errno := C.rdma_create_id(c.ec.ch, &id, nil, C.RDMA_PS_TCP); r != 0 {
+		return nil, fmt.Errorf("rdma_create_id: %w", errno)
+	}
+	c.id = id
+	ipb, iplen := ipBytes(ip)
+	tmo := C.int(cfg.ResolveTimeout.Milliseconds())
+	if r := C.isb_resolve_addr(c.id, (*C.uint8_t)(unsafe.Pointer(&ipb[0])), C.int(iplen), C.int(port), tmo); r < 0 {
+		return nil, &CMError{Step: "resolve address " + netip.AddrPortFrom(ip, uint16(port)).String(),
+			Event: "rdma_resolve_addr: " + syscall.Errno(-r).Error(), Status: int(r), Kind: ErrUnreachable}
+	}
+	if err = c.expect(ctx, "resolve address "+ip.String(), C.RDMA_CM_EVENT_ADDR_RESOLVED); err != nil {
+		return nil, err
+	}
+	if r, errno := C.rdma_resolve_route(c.id, tmo); r != 0 {
+		return nil, &CMError{Step: "resolve route", Event: "rdma_resolve_route: " + errno.Error(), Kind: ErrUnreachable}
+	}
+	if err = c.expect(ctx, "resolve route", C.RDMA_CM_EVENT_ROUTE_RESOLVED); err != nil {
+		return nil, err
+	}
+	if err = c.setupQP(); err != nil {
+		return nil, err
+	}
+	if err = c.connect(false); err != nil {
+		return nil, err
+	}
+	ev, err := c.expectEvent(ctx, "connect to "+netip.AddrPortFrom(ip, uint16(port)).String(), C.RDMA_CM_EVENT_ESTABLISHED)
+	if err != nil {
+		return nil, err
+	}
+	c.PeerPrivateData, c.PeerResponderResources, c.PeerInitiatorDepth = ev.private, ev.respRes, ev.initDep
+	c.start()
+	return c, nil
+}
+
+func (c *Conn) expect(ctx context.Context, step string, want int) error {
+	_, err := c.expectEvent(ctx, step, want)
+	return err
+}
+
+func (c *Conn) expectEvent(ctx context.Context, step string, want int) (cmEvent, error) {
+	ev, err := c.ec.next(ctx)
+	if err != nil {
+		return ev, fmt.Errorf("rdma_cm %s: %w", step, err)
+	}
+	if ev.typ == want {
+		return ev, nil
+	}
+	kind := ErrUnreachable
+	switch ev.typ {
+	case C.RDMA_CM_EVENT_REJECTED:
+		kind = ErrRefused
+	case C.RDMA_CM_EVENT_DISCONNECTED, C.RDMA_CM_EVENT_DEVICE_REMOVAL:
+		kind = ErrDisconnected
+	}
+	return ev, &CMError{Step: step, Event: cmEventName(ev.typ), Status: ev.status, Kind: kind}
+}
+
+// setupQP creates the PD, completion channel, CQ and RC QP on the cm_id's device.
+func (c *Conn) setupQP() error {
+	verbs := c.id.verbs
+	if verbs == nil {
+		return errors.New("rdma: cm_id has no device after route resolution")
+	}
+	pd, err := C.ibv_alloc_pd(verbs)
+	if pd == nil {
+		return fmt.Errorf("ibv_alloc_pd: %w", err)
+	}
+	c.pd = pd
+	counters.pds.Add(1)
+	cch, err := C.ibv_create_comp_channel(verbs)
+	if cch == nil {
+		return fmt.Errorf("ibv_create_comp_channel: %w", err)
+	}
+	c.cch = cch
+	if c.cpfd, err = newPollFD(cch.fd, "completion channel"); err != nil {
+		return err
+	}
+	cqe := c.cfg.SendDepth + c.cfg.RecvDepth
+	cq, err := C.ibv_create_cq(verbs, C.int(cqe), nil, cch, 0)
+	if cq == nil {
+		return fmt.Errorf("ibv_create_cq(%d): %w", cqe, err)
+	}
+	c.cq = cq
+	counters.cqs.Add(1)
+	if r := C.ibv_req_notify_cq(cq, 0); r != 0 {
+		return fmt.Errorf("ibv_req_notify_cq: %w", syscall.Errno(r))
+	}
+	if r := C.isb_create_qp(c.id, pd, cq, C.int(c.cfg.SendDepth), C.int(c.cfg.RecvDepth), C.int(c.cfg.SendSGE), 1); r < 0 {
+		return fmt.Errorf("rdma_create_qp (send %d, recv %d): %w", c.cfg.SendDepth, c.cfg.RecvDepth, syscall.Errno(-r))
+	}
+	c.qp = true
+	counters.qps.Add(1)
+	c.sendScratch = (*C.struct_isb_send)(C.calloc(C.ISB_MAX_BATCH, C.size_t(unsafe.Sizeof(C.struct_isb_send{}))))
+	c.recvScratch = (*C.struct_isb_recv)(C.calloc(C.ISB_MAX_BATCH, C.size_t(unsafe.Sizeof(C.struct_isb_recv{}))))
+	c.wcScratch = (*C.struct_isb_wc)(C.calloc(C.ISB_MAX_BATCH, C.size_t(unsafe.Sizeof(C.struct_isb_wc{}))))
+	return nil
+}
+
+func (c *Conn) connect(accept bool) error {
+	resp, init := c.cfg.ResponderResources, c.cfg.InitiatorDepth
+	var devInit C.int
+	devResp := int(C.isb_max_qp_rd_atom(c.id.verbs, &devInit))
+	if devResp > 0 && (resp <= 0 || resp > devResp) {
+		resp = devResp
+	}
+	if init > int(devInit) {
+		init = int(devInit)
+	}
+	if resp > 255 {
+		resp = 255
+	}
+	var pd unsafe.Pointer
+	if len(c.cfg.PrivateData) > 0 {
+		pd = unsafe.Pointer(&c.cfg.PrivateData[0])
+	}
+	a := C.int(0)
+	step := "rdma_connect"
+	if accept {
+		a, step = 1, "rdma_accept"
+	}
+	if r := C.isb_connect(c.id, pd, C.int(len(c.cfg.PrivateData)), C.int(resp), C.int(init), a); r < 0 {
+		return fmt.Errorf("%s: %w", step, syscall.Errno(-r))
+	}
+	return nil
+}
+
+// start launches the completion poller and the CM event watcher.
+func (c *Conn) start() {
+	counters.conns.Add(1)
+	c.pollDone = make(chan struct{})
+	c.cmDone = make(chan struct{})
+	go c.pollLoop()
+	go c.cmLoop()
+}
+
+// pollLoop drains the CQ in batches and parks on the completion channel when it is empty.
+func (c *Conn) pollLoop() {
+	defer close(c.pollDone)
+	batch := make([]Completion, C.ISB_MAX_BATCH)
+	wcs := unsafe.Slice(c.wcScratch, C.ISB_MAX_BATCH)
+	armed := true // setupQP armed it
+	for {
+		n := int(C.isb_poll_cq(c.cq, c.wcScratch, C.ISB_MAX_BATCH))
+		if n < 0 {
+			c.fail(fmt.Errorf("ibv_poll_cq: %d", n))
+			return
+		}
+		if n > 0 {
+			for i := 0; i < n; i++ {
+				w := &wcs[i]
+				batch[i] = Completion{ID: uint64(w.wr_id), Status: int(w.status), Op: compOp(w.opcode),
+					ByteLen: uint32(w.byte_len), VendorErr: uint32(w.vendor_err)}
+			}
+			if c.cfg.OnCompletion != nil {
+				c.cfg.OnCompletion(batch[:n])
+			}
+			continue
+		}
+		if !armed {
+			// Arm, then poll once more: a completion that arrived between the empty poll and the
+			// arming would raise no event.
+			if r := C.ibv_req_notify_cq(c.cq, 0); r != 0 {
+				c.fail(fmt.Errorf("ibv_req_notify_cq: %w", syscall.Errno(r)))
+				return
+			}
+			armed = true
+			continue
+		}
+		var r C.int
+		err := c.cpfd.wait(func() bool {
+			r = C.isb_get_cq_event(c.cch)
+			return r != 0
+		})
+		if err != nil || c.closing.Load() {
+			return // closed
+		}
+		if r < 0 {
+			c.fail(fmt.Errorf("ibv_get_cq_event: %w", syscall.Errno(-r)))
+			return
+		}
+		armed = false
+	}
+}
+
+func compOp(op C.uint32_t) CompletionOp {
+	switch op {
+	case C.IBV_WC_SEND:
+		return CompSend
+	case C.IBV_WC_RDMA_WRITE:
+		return CompRDMAWrite
+	case C.IBV_WC_RDMA_READ:
+		return CompRDMARead
+	case C.IBV_WC_RECV:
+		return CompRecv
+	}
+	return CompOther
+}
+
+// cmLoop watches for the peer's disconnect and device removal.
+func (c *Conn) cmLoop() {
+	defer close(c.cmDone)
+	for {
+		ev, err := c.ec.next(context.Background())
+		if err != nil {
+			if !c.closing.Load() {
+				c.fail(fmt.Errorf("rdma_cm events: %w", err))
+			}
+			return
+		}
+		switch ev.typ {
+		case C.RDMA_CM_EVENT_DISCONNECTED, C.RDMA_CM_EVENT_DEVICE_REMOVAL:
+			c.fail(&CMError{Step: "connection", Event: cmEventName(ev.typ), Status: ev.status, Kind: ErrDisconnected})
+			if c.closing.Load() {
+				return
+			}
+		case C.RDMA_CM_EVENT_TIMEWAIT_EXIT:
+		}
+	}
+}
+
+// fail reports the loss of the connection once.
+func (c *Conn) fail(err error) {
+	if c.disconnected.Swap(true) {
+		return
+	}
+	if c.cfg.OnDisconnect != nil && !c.closing.Load() {
+		c.cfg.OnDisconnect(err)
+	}
+}
+
+// PostSend posts work requests as one chain per 64 (ISB_MAX_BATCH). Safe for concurrent use.
+func (c *Conn) PostSend(wrs ...SendWR) error {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	if c.closing.Load() {
+		return ErrClosed
+	}
+	s := unsafe.Slice(c.sendScratch, C.ISB_MAX_BATCH)
+	for len(wrs) > 0 {
+		n := min(len(wrs), C.ISB_MAX_BATCH)
+		for i := 0; i < n; i++ {
+			w := &wrs[i]
+			d := &s[i]
+			d.wr_id = C.uint64_t(w.ID)
+			d.remote_addr = C.uint64_t(w.RemoteAddr)
+			d.rkey = C.uint32_t(w.RKey)
+			d.signaled = 0
+			if w.Signaled {
+				d.signaled = 1
+			}
+			switch w.Op {
+			case OpRDMAWrite:
+				d.opcode = C.IBV_WR_RDMA_WRITE
+			case OpRDMARead:
+				d.opcode = C.IBV_WR_RDMA_READ
+			default:
+				d.opcode = C.IBV_WR_SEND
+			}
+			d.nsge = C.uint32_t(w.NSGE)
+			for j := 0; j < w.NSGE && j < 2; j++ {
+				d.sge[j] = C.struct_isb_sge{addr: C.uint64_t(w.SGE[j].Addr), length: C.uint32_t(w.SGE[j].Len), lkey: C.uint32_t(w.SGE[j].LKey)}
+			}
+		}
+		if r := C.isb_post_send(c.id.qp, c.sendScratch, C.int(n)); r < 0 {
+			return fmt.Errorf("ibv_post_send (%d work requests): %w", n, syscall.Errno(-r))
+		}
+		wrs = wrs[n:]
+	}
+	return nil
+}
+
+// PostRecv posts receive work requests, chained. Safe for concurrent use.
+func (c *Conn) PostRecv(wrs ...RecvWR) error {
+	c.recvMu.Lock()
+	defer c.recvMu.Unlock()
+	if c.closing.Load() {
+		return ErrClosed
+	}
+	s := unsafe.Slice(c.recvScratch, C.ISB_MAX_BATCH)
+	for len(wrs) > 0 {
+		n := min(len(wrs), C.ISB_MAX_BATCH)
+		for i := 0; i < n; i++ {
+			s[i] = C.struct_isb_recv{wr_id: C.uint64_t(wrs[i].ID), sge: C.struct_isb_sge{
+				addr: C.uint64_t(wrs[i].SGE.Addr), length: C.uint32_t(wrs[i].SGE.Len), lkey: C.uint32_t(wrs[i].SGE.LKey)}}
+		}
+		if r := C.isb_post_recv(c.id.qp, c.recvScratch, C.int(n)); r < 0 {
+			return fmt.Errorf("ibv_post_recv (%d work requests): %w", n, syscall.Errno(-r))
+		}
+		wrs = wrs[n:]
+	}
+	return nil
+}
+
+// MR is a memory region registered with a connection's protection domain.
+type MR struct {
+	c    *Conn
+	mr   *C.struct_ibv_mr
+	Addr uint64
+	Len  int
+	LKey uint32
+	RKey uint32
+}
+
+// Register registers b, which must not be Go-heap memory (use mmap), with the given access.
+func (c *Conn) Register(b []byte, access Access) (*MR, error) {
+	if len(b) == 0 {
+		return nil, errors.New("rdma: register an empty buffer")
+	}
+	var flags C.int
+	if access&AccessLocalWrite != 0 {
+		flags |= C.IBV_ACCESS_LOCAL_WRITE
+	}
+	if access&AccessRemoteWrite != 0 {
+		flags |= C.IBV_ACCESS_REMOTE_WRITE
+	}
+	if access&AccessRemoteRead != 0 {
+		flags |= C.IBV_ACCESS_REMOTE_READ
+	}
+	c.mrMu.Lock()
+	defer c.mrMu.Unlock()
+	if c.pd == nil || c.closing.Load() {
+		return nil, ErrClosed
+	}
+	addr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
+	var e C.int
+	mr := C.isb_reg_mr(c.pd, C.uint64_t(addr), C.size_t(len(b)), flags, &e)
+	if mr == nil {
+		return nil, fmt.Errorf("ibv_reg_mr(%d bytes): %w", len(b), syscall.Errno(e))
+	}
+	counters.mrs.Add(1)
+	counters.regs.Add(1)
+	m := &MR{c: c, mr: mr, Addr: addr, Len: len(b), LKey: uint32(mr.lkey), RKey: uint32(mr.rkey)}
+	c.mrs[m] = struct{}{}
+	return m, nil
+}
+
+// Deregister releases the region. Idempotent.
+func (m *MR) Deregister() error {
+	c := m.c
+	c.mrMu.Lock()
+	defer c.mrMu.Unlock()
+	return m.deregLocked()
+}
+
+func (m *MR) deregLocked() error {
+	if m.mr == nil {
+		return nil
+	}
+	delete(m.c.mrs, m)
+	r := C.ibv_dereg_mr(m.mr)
+	m.mr = nil
+	counters.mrs.Add(-1)
+	if r != 0 {
+		return fmt.Errorf("ibv_dereg_mr: %w", syscall.Errno(r))
+	}
+	return nil
+}
+
+// SGE returns the scatter/gather element for b, which must lie inside the region.
+func (m *MR) SGE(b []byte) SGE {
+	return SGE{Addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))), Len: uint32(len(b)), LKey: m.LKey}
+}
+
+// Contains reports whether b lies inside the region.
+func (m *MR) Contains(b []byte) bool {
+	a := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
+	return a >= m.Addr && a+uint64(len(b)) <= m.Addr+uint64(m.Len)
+}
+
+// AddrOf returns the virtual address of b's first byte (what an iSER header carries when ZBVA is
+// not used).
+func AddrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
+
+// Disconnected reports whether the peer went away (or a CM error ended the connection).
+func (c *Conn) Disconnected() bool { return c.disconnected.Load() }
+
+// Close disconnects, stops the poller and the event watcher, and releases every C resource.
+// The queue pair is destroyed before Close returns, so the device touches no registered memory
+// afterwards. Idempotent.
+func (c *Conn) Close() error {
+	c.closeOnce.Do(func() {
+		c.closing.Store(true)
+		// Serialise with posters and registrations: after this nothing new reaches the QP.
+		c.sendMu.Lock()
+		c.recvMu.Lock()
+		if c.qp {
+			C.rdma_disconnect(c.id) // moves the QP to the error state; pending WRs flush
+		}
+		c.recvMu.Unlock()
+		c.sendMu.Unlock()
+		c.closeErr = c.destroy()
+	})
+	return c.closeErr
+}
+
+// destroy releases resources in dependency order; it copes with a partially built Conn.
+func (c *Conn) destroy() error {
+	c.closing.Store(true)
+	if c.pollDone != nil {
+		c.cpfd.close() // wakes the poller
+		<-c.pollDone
+	}
+	if c.cmDone != nil {
+		c.ec.pfd.close() // wakes the CM watcher
+		<-c.cmDone
+	}
+	var errs []error
+	if c.qp {
+		C.rdma_destroy_qp(c.id)
+		c.qp = false
+		counters.qps.Add(-1)
+	}
+	if c.cq != nil {
+		if r := C.ibv_destroy_cq(c.cq); r != 0 {
+			errs = append(errs, fmt.Errorf("ibv_destroy_cq: %w", syscall.Errno(r)))
+		}
+		c.cq = nil
+		counters.cqs.Add(-1)
+	}
+	c.cpfd.close()
+	if c.cch != nil {
+		if r := C.ibv_destroy_comp_channel(c.cch); r != 0 {
+			errs = append(errs, fmt.Errorf("ibv_destroy_comp_channel: %w", syscall.Errno(r)))
+		}
+		c.cch = nil
+	}
+	c.mrMu.Lock()
+	for m := range c.mrs {
+		if err := m.deregLocked(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.pd != nil {
+		if r := C.ibv_dealloc_pd(c.pd); r != 0 {
+			errs = append(errs, fmt.Errorf("ibv_dealloc_pd: %w", syscall.Errno(r)))
+		}
+		c.pd = nil
+		counters.pds.Add(-1)
+	}
+	c.mrMu.Unlock()
+	if c.id != nil {
+		C.rdma_destroy_id(c.id)
+		c.id = nil
+	}
+	c.ec.close()
+	c.ec = nil
+	for _, p := range []unsafe.Pointer{unsafe.Pointer(c.sendScratch), unsafe.Pointer(c.recvScratch), unsafe.Pointer(c.wcScratch)} {
+		if p != nil {
+			C.free(p)
+		}
+	}
+	c.sendScratch, c.recvScratch, c.wcScratch = nil, nil, nil
+	if c.pollDone != nil {
+		counters.conns.Add(-1)
+	}
+	return errors.Join(errs...)
+}
