@@ -1,0 +1,113 @@
+package iser
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+)
+
+// DefaultPort is the IANA iSCSI port (RFC 7143 §13.1); iSER uses the same port number.
+const DefaultPort = 3260
+
+// Target is a parsed target URL: iscsi://[user@]host[:port]/IQN/LUN or iser://... The scheme
+// selects the transport. A secret is never part of a URL: it would end up in shell history,
+// process listings and logs, so ParseURL rejects user:password@.
+type Target struct {
+	Transport string // "iscsi" (TCP) or "iser" (RDMA)
+	User      string // CHAP user name, "" for none
+	Host      string // host name or address, without brackets
+	Port      int
+	IQN       string // target name
+	LUN       uint16
+}
+
+// Portal is host:port, with brackets for IPv6.
+func (t Target) Portal() string { return net.JoinHostPort(t.Host, strconv.Itoa(t.Port)) }
+
+// String renders the URL (never with a secret).
+func (t Target) String() string {
+	u := t.Transport + "://"
+	if t.User != "" {
+		u += url.User(t.User).String() + "@"
+	}
+	return u + t.Portal() + "/" + t.IQN + "/" + strconv.Itoa(int(t.LUN))
+}
+
+// ErrBadURL is wrapped by every ParseURL error.
+var ErrBadURL = errors.New("invalid target URL")
+
+// ParseURL parses a target URL. The LUN is required: LUN 0 of many targets (tgt among them) is
+// the array controller, not a disk, so defaulting to it would be a trap.
+func ParseURL(s string) (Target, error) {
+	bad := func(format string, a ...any) (Target, error) {
+		return Target{}, fmt.Errorf("%w %q: %s", ErrBadURL, redactURL(s), fmt.Sprintf(format, a...))
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return bad("%v", errors.Unwrap(err))
+	}
+	t := Target{Transport: strings.ToLower(u.Scheme), Port: DefaultPort}
+	switch t.Transport {
+	case "iscsi", "iser":
+	case "":
+		return bad("missing scheme (want iscsi:// or iser://)")
+	default:
+		return bad("unknown scheme %q (want iscsi:// or iser://)", u.Scheme)
+	}
+	if u.User != nil {
+		if _, has := u.User.Password(); has {
+			return bad("a CHAP secret must not be in the URL; use --chap-secret-file or ISERBLK_CHAP_SECRET")
+		}
+		t.User = u.User.Username()
+	}
+	t.Host = u.Hostname()
+	if t.Host == "" {
+		return bad("missing host")
+	}
+	if p := u.Port(); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > 65535 {
+			return bad("bad port %q", p)
+		}
+		t.Port = n
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return bad("unexpected query or fragment")
+	}
+	path := strings.TrimPrefix(u.Path, "/")
+	i := strings.LastIndexByte(path, '/')
+	if i < 0 {
+		return bad("want /IQN/LUN after the host")
+	}
+	t.IQN, path = path[:i], path[i+1:]
+	if t.IQN == "" || strings.ContainsAny(t.IQN, "/ ") {
+		return bad("bad target name %q", t.IQN)
+	}
+	lun, err := strconv.ParseUint(path, 10, 16)
+	if err != nil || lun > 16383 {
+		return bad("bad LUN %q (want a number 0..16383)", path)
+	}
+	t.LUN = uint16(lun)
+	return t, nil
+}
+
+// redactURL drops anything after "user:" in the authority so that an error about a URL that
+// (wrongly) carries a password does not print it.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		if i := strings.Index(s, "@"); i >= 0 {
+			if j := strings.Index(s, "://"); j >= 0 && j < i {
+				return s[:j+3] + "REDACTED" + s[i:]
+			}
+		}
+		return s
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "REDACTED")
+	}
+	return u.String()
+}
