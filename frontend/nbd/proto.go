@@ -1,0 +1,375 @@
+package nbd
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"syscall"
+
+	"github.com/iser-blk/iser-blk/block"
+)
+
+// Wire constants of the NBD protocol (NetworkBlockDevice/nbd doc/proto.md, "Values"). They are
+// defined here rather than taken from github.com/pojntfx/go-nbd because that package lacks most of
+// the transmission-phase values (FLUSH, TRIM, WRITE_ZEROES, CACHE, structured replies).
+const (
+	magicNBD        = 0x4e42444d41474943 // "NBDMAGIC" (INIT_PASSWD)
+	magicOption     = 0x49484156454F5054 // "IHAVEOPT"
+	magicOptReply   = 0x3e889045565a9    // option reply magic
+	magicRequest    = 0x25609513         // NBD_REQUEST_MAGIC
+	magicSimple     = 0x67446698         // NBD_SIMPLE_REPLY_MAGIC
+	magicStructured = 0x668e33ef         // NBD_STRUCTURED_REPLY_MAGIC
+)
+
+// Handshake flags (server) and client flags ("Handshake flags", "Client flags").
+const (
+	flagFixedNewstyle  = 1 << 0
+	flagNoZeroes       = 1 << 1
+	cflagFixedNewstyle = 1 << 0
+	cflagNoZeroes      = 1 << 1
+)
+
+// Transmission flags ("Transmission flags").
+const (
+	FlagHasFlags        = 1 << 0
+	FlagReadOnly        = 1 << 1
+	FlagSendFlush       = 1 << 2
+	FlagSendFUA         = 1 << 3
+	FlagRotational      = 1 << 4
+	FlagSendTrim        = 1 << 5
+	FlagSendWriteZeroes = 1 << 6
+	FlagSendDF          = 1 << 7
+	FlagCanMultiConn    = 1 << 8
+	FlagSendResize      = 1 << 9
+	FlagSendCache       = 1 << 10
+	FlagSendFastZero    = 1 << 11
+)
+
+// Options ("Option types").
+const (
+	optExportName      = 1
+	optAbort           = 2
+	optList            = 3
+	optPeekExport      = 4
+	optStartTLS        = 5
+	optInfo            = 6
+	optGo              = 7
+	optStructuredReply = 8
+	optListMetaContext = 9
+	optSetMetaContext  = 10
+	optExtendedHeaders = 11
+)
+
+// Option replies ("Option reply types"); errors have bit 31 set.
+const (
+	repAck           = 1
+	repServer        = 2
+	repInfo          = 3
+	repErrUnsup      = 1<<31 + 1
+	repErrPolicy     = 1<<31 + 2
+	repErrInvalid    = 1<<31 + 3
+	repErrPlatform   = 1<<31 + 4
+	repErrTLSReqd    = 1<<31 + 5
+	repErrUnknown    = 1<<31 + 6
+	repErrShutdown   = 1<<31 + 7
+	repErrBlockSzReq = 1<<31 + 8
+	repErrTooBig     = 1<<31 + 9
+)
+
+// Information types of NBD_REP_INFO (NBD_OPT_INFO / NBD_OPT_GO).
+const (
+	infoExport      = 0
+	infoName        = 1
+	infoDescription = 2
+	infoBlockSize   = 3
+)
+
+// Commands ("Request types").
+const (
+	CmdRead        = 0
+	CmdWrite       = 1
+	CmdDisc        = 2
+	CmdFlush       = 3
+	CmdTrim        = 4
+	CmdCache       = 5
+	CmdWriteZeroes = 6
+	CmdBlockStatus = 7
+	CmdResize      = 8
+)
+
+// Command flags ("Command flags").
+const (
+	CmdFlagFUA      = 1 << 0
+	CmdFlagNoHole   = 1 << 1
+	CmdFlagDF       = 1 << 2
+	CmdFlagReqOne   = 1 << 3
+	CmdFlagFastZero = 1 << 4
+)
+
+// Structured reply flags and chunk types ("Structured reply flags", "Structured reply types").
+const (
+	replyFlagDone        = 1 << 0
+	replyTypeNone        = 0
+	replyTypeOffsetData  = 1
+	replyTypeError       = 1<<15 + 1
+	replyTypeErrorOffset = 1<<15 + 2
+)
+
+// Error values ("Error values"). Only these may appear on the wire.
+const (
+	EPERM     = 1
+	EIO       = 5
+	ENOMEM    = 12
+	EINVAL    = 22
+	ENOSPC    = 28
+	EOVERFLOW = 75
+	ENOTSUP   = 95
+	ESHUTDOWN = 108
+)
+
+// Sizes of fixed wire structures.
+const (
+	requestHeaderLen  = 28 // magic, flags, type, handle, offset, length
+	simpleReplyLen    = 16 // magic, error, handle
+	structuredHdrLen  = 20 // magic, flags, type, handle, length
+	optionHeaderLen   = 16 // magic, option, length
+	optReplyHeaderLen = 20 // magic, option, type, length
+)
+
+// MaxPayload is the largest READ/WRITE this server accepts and advertises (2^25 bytes). The spec
+// ("Block size constraints") says lengths below 2^25 SHOULD NOT be treated as a denial of service
+// and that the maximum SHOULD be at least 2^25 when the export is that large; the Linux client
+// sends requests up to 32 MiB (max_hw_sectors 65536).
+const MaxPayload = 1 << 25
+
+// maxOptionLen bounds the data of one handshake option. The largest legitimate one is NBD_OPT_GO
+// with a 4096-byte name and a list of info requests; anything far larger is a denial of service
+// and ends the connection.
+const maxOptionLen = 64 << 10
+
+// maxStringLen is the spec's hard limit on names ("Conventions": strings MUST be no longer than
+// 4096 bytes).
+const maxStringLen = 4096
+
+// Request is one decoded transmission-phase request header ("Request message").
+type Request struct {
+	Flags  uint16
+	Type   uint16
+	Handle uint64
+	Offset uint64
+	Length uint32
+}
+
+// errBadMagic reports a request header without NBD_REQUEST_MAGIC: the stream is out of sync and
+// the connection must end.
+var errBadMagic = errors.New("nbd: bad request magic")
+
+// parseRequest decodes a request header. A wrong magic is the only error: every other field is
+// validated against the export by validate.
+func parseRequest(b *[requestHeaderLen]byte) (Request, error) {
+	if m := binary.BigEndian.Uint32(b[0:4]); m != magicRequest {
+		return Request{}, fmt.Errorf("%w %#08x", errBadMagic, m)
+	}
+	return Request{
+		Flags:  binary.BigEndian.Uint16(b[4:6]),
+		Type:   binary.BigEndian.Uint16(b[6:8]),
+		Handle: binary.BigEndian.Uint64(b[8:16]),
+		Offset: binary.BigEndian.Uint64(b[16:24]),
+		Length: binary.BigEndian.Uint32(b[24:28]),
+	}, nil
+}
+
+// putRequest encodes a request header (used by tests and the fuzz corpus).
+func putRequest(b []byte, r Request) {
+	binary.BigEndian.PutUint32(b[0:4], magicRequest)
+	binary.BigEndian.PutUint16(b[4:6], r.Flags)
+	binary.BigEndian.PutUint16(b[6:8], r.Type)
+	binary.BigEndian.PutUint64(b[8:16], r.Handle)
+	binary.BigEndian.PutUint64(b[16:24], r.Offset)
+	binary.BigEndian.PutUint32(b[24:28], r.Length)
+}
+
+// export is what validation needs to know about the negotiated export.
+type export struct {
+	size       uint64
+	minBlock   uint32
+	tflags     uint16 // transmission flags sent to the client
+	structured bool
+}
+
+// verdict is the outcome of validating a request header.
+type verdict int
+
+const (
+	verdictOK         verdict = iota
+	verdictReply              // answer with errno, the connection continues (payload, if any, consumed)
+	verdictDisconnect         // the request cannot be answered without risking the stream: hard disconnect
+)
+
+// allowedFlags lists the command flags valid for each command under the negotiated flags
+// ("Command flags": FUA is valid on every command once SEND_FUA is negotiated; NO_HOLE and
+// FAST_ZERO only on WRITE_ZEROES; DF only on READ with structured replies).
+func (e *export) allowedFlags(cmd uint16) uint16 {
+	var f uint16
+	if e.tflags&FlagSendFUA != 0 {
+		f |= CmdFlagFUA
+	}
+	switch cmd {
+	case CmdRead:
+		if e.structured && e.tflags&FlagSendDF != 0 {
+			f |= CmdFlagDF
+		}
+	case CmdWriteZeroes:
+		f |= CmdFlagNoHole
+		if e.tflags&FlagSendFastZero != 0 {
+			f |= CmdFlagFastZero
+		}
+	}
+	return f
+}
+
+// hasPayload reports whether a request of this type carries length bytes of data after its header.
+func hasPayload(r *Request) bool { return r.Type == CmdWrite }
+
+// validate checks a request against the export. It returns the NBD error to reply with, and
+// whether the connection must end instead. Its rules follow proto.md "Error values" and "Block size
+// constraints": unknown commands and flags -> EINVAL; writes on a read-only export -> EPERM; a
+// write past the end -> ENOSPC, any other request past the end or misaligned -> EINVAL; READ over
+// the maximum -> EINVAL (EOVERFLOW with DF); a WRITE payload over the maximum is a denial of
+// service, so the connection ends rather than buffering it.
+func (e *export) validate(r *Request) (verdict, uint32) {
+	switch r.Type {
+	case CmdRead, CmdWrite, CmdFlush, CmdTrim, CmdCache, CmdWriteZeroes:
+	default:
+		return verdictReply, EINVAL
+	}
+	if r.Type == CmdWrite && r.Length > MaxPayload {
+		return verdictDisconnect, EINVAL
+	}
+	if r.Flags&^e.allowedFlags(r.Type) != 0 {
+		return verdictReply, EINVAL
+	}
+	ro := e.tflags&FlagReadOnly != 0
+	switch r.Type {
+	case CmdFlush:
+		return verdictOK, 0 // offset and length are reserved; tolerate garbage in them
+	case CmdWrite, CmdTrim, CmdWriteZeroes:
+		if ro {
+			return verdictReply, EPERM
+		}
+	}
+	switch r.Type {
+	case CmdTrim:
+		if e.tflags&FlagSendTrim == 0 {
+			return verdictReply, EINVAL
+		}
+	case CmdWriteZeroes:
+		if e.tflags&FlagSendWriteZeroes == 0 {
+			return verdictReply, EINVAL
+		}
+	}
+	if r.Length == 0 {
+		return verdictReply, EINVAL
+	}
+	if r.Type == CmdRead && r.Length > MaxPayload {
+		if r.Flags&CmdFlagDF != 0 {
+			return verdictReply, EOVERFLOW
+		}
+		return verdictReply, EINVAL
+	}
+	if r.Type == CmdCache && r.Length > MaxPayload {
+		return verdictReply, EINVAL
+	}
+	bs := uint64(e.minBlock)
+	if bs > 1 && (r.Offset%bs != 0 || uint64(r.Length)%bs != 0) {
+		return verdictReply, EINVAL
+	}
+	if r.Offset > e.size || uint64(r.Length) > e.size-r.Offset {
+		if r.Type == CmdWrite || r.Type == CmdWriteZeroes {
+			return verdictReply, ENOSPC
+		}
+		return verdictReply, EINVAL
+	}
+	return verdictOK, 0
+}
+
+// wireErrno maps a Device error to an NBD error value (block.Errno, then narrowed to the values
+// proto.md allows; EROFS becomes EPERM as the spec asks for writes on a read-only export).
+func wireErrno(err error) uint32 {
+	switch block.Errno(err) {
+	case 0:
+		return 0
+	case syscall.EINVAL:
+		return EINVAL
+	case syscall.EROFS, syscall.EPERM:
+		return EPERM
+	case syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG:
+		return ENOSPC
+	case syscall.EOPNOTSUPP:
+		return ENOTSUP
+	case syscall.ESHUTDOWN:
+		return ESHUTDOWN
+	case syscall.EOVERFLOW:
+		return EOVERFLOW
+	default:
+		return EIO
+	}
+}
+
+// errnoText is the human-readable message sent in structured error chunks. Static strings keep
+// the error path free of allocations.
+func errnoText(e uint32) string {
+	switch e {
+	case EPERM:
+		return "operation not permitted (read-only export)"
+	case EIO:
+		return "input/output error"
+	case ENOMEM:
+		return "out of memory"
+	case EINVAL:
+		return "invalid request"
+	case ENOSPC:
+		return "no space left on device"
+	case EOVERFLOW:
+		return "request too large"
+	case ENOTSUP:
+		return "operation not supported"
+	case ESHUTDOWN:
+		return "server is shutting down"
+	default:
+		return "error"
+	}
+}
+
+// goRequest is the decoded data of NBD_OPT_INFO / NBD_OPT_GO: the export name and the
+// information types the client asked for.
+type goRequest struct {
+	name  string
+	infos []uint16
+}
+
+var errOptionInvalid = errors.New("nbd: malformed option data")
+
+// parseGoRequest decodes NBD_OPT_INFO/NBD_OPT_GO data: 32-bit name length, name, 16-bit count,
+// count 16-bit information types (proto.md, "NBD_OPT_INFO").
+func parseGoRequest(data []byte) (goRequest, error) {
+	if len(data) < 6 {
+		return goRequest{}, errOptionInvalid
+	}
+	nl := binary.BigEndian.Uint32(data[0:4])
+	if nl > maxStringLen || uint64(nl)+6 > uint64(len(data)) {
+		return goRequest{}, errOptionInvalid
+	}
+	name := string(data[4 : 4+nl])
+	rest := data[4+nl:]
+	n := int(binary.BigEndian.Uint16(rest[0:2]))
+	rest = rest[2:]
+	if len(rest) != 2*n {
+		return goRequest{}, errOptionInvalid
+	}
+	infos := make([]uint16, n)
+	for i := range infos {
+		infos[i] = binary.BigEndian.Uint16(rest[2*i:])
+	}
+	return goRequest{name: name, infos: infos}, nil
+}

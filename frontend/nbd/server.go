@@ -1,0 +1,531 @@
+// Package nbd is iser-blk's NBD frontend: a concurrent, flush-correct server for the Network Block
+// Device protocol (NetworkBlockDevice/nbd doc/proto.md) over any block.Device, and the attach code
+// that binds such a server to the kernel's /dev/nbdX through generic netlink (or the ioctl path).
+//
+// Role: the server speaks fixed newstyle negotiation (NBD_OPT_GO/INFO/LIST/ABORT/EXPORT_NAME/
+// STRUCTURED_REPLY) and the transmission phase (READ, WRITE+FUA, FLUSH, TRIM, WRITE_ZEROES with
+// NO_HOLE/FAST_ZERO, CACHE, DISC). It advertises exactly what the device's Limits say it can do:
+// capabilities are negotiated, never assumed.
+//
+// Invariants:
+//   - Requests on one connection execute concurrently (at most Options.MaxInflight at a time) and
+//     are answered out of order; one writer goroutine per connection batches replies into vectored
+//     writes. Steady state allocates nothing per request: request slots, header scratch and the
+//     iovec array are per connection, payloads live in BufferPool buffers.
+//   - A reply is sent only after the device call it reports on has returned, so a FLUSH (which calls
+//     Device.Flush, covering every write acknowledged before it) covers every write whose reply the
+//     client had received before sending the FLUSH, on this or any other connection. That is the
+//     ordering rule of proto.md "Ordering of messages and writes", and the reason CAN_MULTI_CONN may
+//     be advertised when the device says MultiConn.
+//   - A malformed request that can be answered is answered (EINVAL, EPERM, ENOSPC, ...) and the
+//     connection continues; one that leaves the stream out of sync (bad magic, an oversize WRITE
+//     payload) ends that connection only. No input panics the server.
+//   - Shutdown stops accepting, lets in-flight requests finish and their replies go out, and only
+//     then closes connections; requests that arrive meanwhile get ESHUTDOWN.
+package nbd
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/iser-blk/iser-blk/block"
+)
+
+// Options configure a Server.
+type Options struct {
+	// ExportName is the name of the one export (NBD_OPT_LIST shows it; the empty "default" name
+	// also selects it). Default "iser-blk".
+	ExportName string
+	// Description is sent as NBD_INFO_DESCRIPTION when a client asks for it.
+	Description string
+	// Pool supplies payload buffers. Default: a heap pool (see BufferPool).
+	Pool BufferPool
+	// MaxInflight bounds concurrently executing requests per connection. Default 128.
+	MaxInflight int
+	// HandshakeTimeout bounds the negotiation phase of a connection. Default 30 s.
+	HandshakeTimeout time.Duration
+	// Logger receives connection-level events. Default: no logging.
+	Logger *zap.Logger
+	// ForceReadOnly exports the device read-only even if it is writable.
+	ForceReadOnly bool
+}
+
+// Server serves one block.Device as one NBD export to any number of connections.
+type Server struct {
+	dev    block.Device
+	opts   Options
+	log    *zap.Logger
+	pool   BufferPool
+	tflags uint16 // transmission flags, without the per-connection SEND_DF
+	seg    int    // payload segment size: min(pool class, device max transfer), block aligned
+
+	ioCtx    context.Context // device calls; cancelled only by Close (forced stop)
+	ioCancel context.CancelFunc
+
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	conns     map[*conn]struct{}
+	shutting  atomic.Bool
+	wg        sync.WaitGroup // connection goroutines
+}
+
+// NewServer returns a server for dev. It does not take ownership of dev: closing the device is the
+// caller's job, after Shutdown.
+func NewServer(dev block.Device, opts Options) (*Server, error) {
+	if opts.ExportName == "" {
+		opts.ExportName = "iser-blk"
+	}
+	if len(opts.ExportName) > maxStringLen || len(opts.Description) > maxStringLen {
+		return nil, fmt.Errorf("nbd: export name or description longer than %d bytes", maxStringLen)
+	}
+	if opts.Pool == nil {
+		opts.Pool = newHeapPool()
+	}
+	if opts.MaxInflight <= 0 {
+		opts.MaxInflight = 128
+	}
+	if opts.HandshakeTimeout <= 0 {
+		opts.HandshakeTimeout = 30 * time.Second
+	}
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	bs := dev.BlockSize()
+	if bs <= 0 || bs&(bs-1) != 0 || bs > 65536 {
+		return nil, fmt.Errorf("nbd: device block size %d is not a power of two <= 64 KiB", bs)
+	}
+	lim := dev.Limits()
+	seg := opts.Pool.MaxClass()
+	if lim.MaxTransfer > 0 && lim.MaxTransfer < int64(seg) {
+		seg = int(lim.MaxTransfer)
+	}
+	seg -= seg % bs
+	if seg <= 0 {
+		return nil, fmt.Errorf("nbd: buffer pool class %d or device max transfer %d below the block size %d",
+			opts.Pool.MaxClass(), lim.MaxTransfer, bs)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		dev: dev, opts: opts, log: log, pool: opts.Pool, seg: seg,
+		ioCtx: ctx, ioCancel: cancel,
+		listeners: map[net.Listener]struct{}{},
+		conns:     map[*conn]struct{}{},
+	}
+	s.tflags = TransmissionFlags(lim, opts.ForceReadOnly)
+	return s, nil
+}
+
+// TransmissionFlags derives the NBD transmission flags from a device's Limits. Everything is
+// negotiated from what the device reports; FUA is advertised when the device honours it natively
+// or can emulate it with a flush.
+func TransmissionFlags(lim block.Limits, forceReadOnly bool) uint16 {
+	f := uint16(FlagHasFlags | FlagSendCache)
+	ro := lim.ReadOnly || forceReadOnly
+	if ro {
+		f |= FlagReadOnly
+	}
+	if lim.CanFlush {
+		f |= FlagSendFlush
+	}
+	if !ro && (lim.CanFUA || lim.CanFlush) {
+		f |= FlagSendFUA
+	}
+	if lim.Rotational {
+		f |= FlagRotational
+	}
+	if !ro && lim.CanDiscard {
+		f |= FlagSendTrim
+	}
+	if !ro && lim.CanWriteZeroes {
+		f |= FlagSendWriteZeroes
+		if lim.CanFastZero {
+			f |= FlagSendFastZero
+		}
+	}
+	if lim.MultiConn {
+		f |= FlagCanMultiConn
+	}
+	return f
+}
+
+// Flags returns the transmission flags the server advertises (SEND_DF is added per connection
+// when structured replies are negotiated). The kernel attach passes them as NBD_ATTR_SERVER_FLAGS.
+func (s *Server) Flags() uint16 { return s.tflags }
+
+// Device returns the exported device.
+func (s *Server) Device() block.Device { return s.dev }
+
+// ErrServerClosed is returned by Serve after Shutdown.
+var ErrServerClosed = errors.New("nbd: server closed")
+
+// Serve accepts connections on l until Shutdown. Each connection negotiates and then serves
+// requests on its own goroutines.
+func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if s.shutting.Load() {
+		s.mu.Unlock()
+		return ErrServerClosed
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+	}()
+	var backoff time.Duration
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			if s.shutting.Load() {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				time.Sleep(backoff)
+				continue
+			}
+			return fmt.Errorf("nbd: accept: %w", err)
+		}
+		backoff = 0
+		if !s.startConn(nc) {
+			nc.Close()
+		}
+	}
+}
+
+// ServeConn serves one already-connected client (negotiation, then transmission) and returns when
+// the connection ends.
+func (s *Server) ServeConn(nc net.Conn) {
+	done := make(chan struct{})
+	if !s.startConnFunc(nc, func(c *conn) { c.runNegotiated(); close(done) }) {
+		nc.Close()
+		return
+	}
+	<-done
+}
+
+// ServeTransmission serves a connection that is already in the transmission phase with the
+// server's flags and simple replies: the kernel's end of an NBD socket, which never negotiates
+// (the flags travel in NBD_ATTR_SERVER_FLAGS or NBD_SET_FLAGS instead). It returns when the
+// connection ends.
+func (s *Server) ServeTransmission(nc net.Conn) {
+	done := make(chan struct{})
+	if !s.startConnFunc(nc, func(c *conn) {
+		c.exp = s.export(false)
+		c.transmit()
+		close(done)
+	}) {
+		nc.Close()
+		return
+	}
+	<-done
+}
+
+func (s *Server) startConn(nc net.Conn) bool {
+	return s.startConnFunc(nc, func(c *conn) { c.runNegotiated() })
+}
+
+func (s *Server) startConnFunc(nc net.Conn, run func(*conn)) bool {
+	s.mu.Lock()
+	if s.shutting.Load() {
+		s.mu.Unlock()
+		return false
+	}
+	c := newConn(s, nc)
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		defer func() {
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+		}()
+		run(c)
+	}()
+	return true
+}
+
+func (s *Server) export(structured bool) export {
+	f := s.tflags
+	if structured {
+		f |= FlagSendDF // we never fragment a read reply: one OFFSET_DATA chunk per request
+	}
+	return export{size: uint64(s.dev.Size()), minBlock: uint32(s.dev.BlockSize()), tflags: f, structured: structured}
+}
+
+// Shutdown stops accepting, answers new requests with ESHUTDOWN, waits for in-flight requests to
+// be answered and then closes every connection. If ctx ends first, the remaining connections are
+// closed at once and device calls in flight are cancelled.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.shutting.Store(true)
+	for l := range s.listeners {
+		l.Close()
+	}
+	for c := range s.conns {
+		c.beginShutdown()
+	}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		s.Close()
+		<-done
+		return fmt.Errorf("nbd: shutdown: %w", ctx.Err())
+	}
+}
+
+// Close closes every listener and connection at once and cancels device calls in flight.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.shutting.Store(true)
+	for l := range s.listeners {
+		l.Close()
+	}
+	for c := range s.conns {
+		c.nc.Close()
+	}
+	s.mu.Unlock()
+	s.ioCancel()
+	return nil
+}
+
+// ---- negotiation (proto.md "Handshake", "Fixed newstyle negotiation", "Option types") ----
+
+var errAbort = errors.New("nbd: client aborted negotiation")
+
+// handshake runs the fixed newstyle negotiation on br/bw. It returns the negotiated export when
+// the client enters transmission, or an error when the connection must end.
+func (s *Server) handshake(br *bufio.Reader, bw *bufio.Writer) (export, error) {
+	var b [18]byte
+	binary.BigEndian.PutUint64(b[0:8], magicNBD)
+	binary.BigEndian.PutUint64(b[8:16], magicOption)
+	binary.BigEndian.PutUint16(b[16:18], flagFixedNewstyle|flagNoZeroes)
+	if _, err := bw.Write(b[:18]); err != nil {
+		return export{}, err
+	}
+	if err := bw.Flush(); err != nil {
+		return export{}, err
+	}
+	if _, err := io.ReadFull(br, b[:4]); err != nil {
+		return export{}, fmt.Errorf("nbd: reading client flags: %w", err)
+	}
+	cflags := binary.BigEndian.Uint32(b[:4])
+	if cflags&^(cflagFixedNewstyle|cflagNoZeroes) != 0 {
+		// "the server MUST drop the TCP connection if the client sets an unknown flag"
+		return export{}, fmt.Errorf("nbd: unknown client flags %#x", cflags)
+	}
+	noZeroes := cflags&cflagNoZeroes != 0
+	structured := false
+	var hdr [optionHeaderLen]byte
+	for {
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			return export{}, fmt.Errorf("nbd: reading option: %w", err)
+		}
+		if binary.BigEndian.Uint64(hdr[0:8]) != magicOption {
+			return export{}, errors.New("nbd: bad option magic")
+		}
+		opt := binary.BigEndian.Uint32(hdr[8:12])
+		n := binary.BigEndian.Uint32(hdr[12:16])
+		if n > maxOptionLen {
+			return export{}, fmt.Errorf("nbd: option %d carries %d bytes (limit %d)", opt, n, maxOptionLen)
+		}
+		data := make([]byte, n)
+		if _, err := io.ReadFull(br, data); err != nil {
+			return export{}, fmt.Errorf("nbd: reading option %d data: %w", opt, err)
+		}
+		if s.shutting.Load() && opt != optAbort {
+			if opt == optExportName {
+				return export{}, errors.New("nbd: shutting down")
+			}
+			if err := optReply(bw, opt, repErrShutdown, []byte("server is shutting down")); err != nil {
+				return export{}, err
+			}
+			continue
+		}
+		switch opt {
+		case optExportName:
+			if !s.nameMatches(string(data)) {
+				// "If the chosen export does not exist ... the server MUST terminate the session"
+				return export{}, fmt.Errorf("nbd: unknown export %q", data)
+			}
+			e := s.export(structured)
+			var r [10 + 124]byte
+			binary.BigEndian.PutUint64(r[0:8], e.size)
+			binary.BigEndian.PutUint16(r[8:10], e.tflags)
+			w := r[:]
+			if noZeroes {
+				w = r[:10]
+			}
+			if _, err := bw.Write(w); err != nil {
+				return export{}, err
+			}
+			return e, bw.Flush()
+		case optAbort:
+			_ = optReply(bw, opt, repAck, nil)
+			return export{}, errAbort
+		case optList:
+			if n != 0 {
+				if err := optReply(bw, opt, repErrInvalid, []byte("NBD_OPT_LIST takes no data")); err != nil {
+					return export{}, err
+				}
+				continue
+			}
+			name := []byte(s.opts.ExportName)
+			p := make([]byte, 4+len(name))
+			binary.BigEndian.PutUint32(p, uint32(len(name)))
+			copy(p[4:], name)
+			if err := optReply(bw, opt, repServer, p); err != nil {
+				return export{}, err
+			}
+			if err := optReply(bw, opt, repAck, nil); err != nil {
+				return export{}, err
+			}
+		case optInfo, optGo:
+			req, err := parseGoRequest(data)
+			if err != nil {
+				if err := optReply(bw, opt, repErrInvalid, []byte("malformed NBD_OPT_INFO/GO data")); err != nil {
+					return export{}, err
+				}
+				continue
+			}
+			if !s.nameMatches(req.name) {
+				if err := optReply(bw, opt, repErrUnknown, []byte("no such export")); err != nil {
+					return export{}, err
+				}
+				continue
+			}
+			e := s.export(structured)
+			if err := s.sendInfo(bw, opt, e, req); err != nil {
+				return export{}, err
+			}
+			if err := optReply(bw, opt, repAck, nil); err != nil {
+				return export{}, err
+			}
+			if opt == optGo {
+				return e, nil
+			}
+		case optStructuredReply:
+			if n != 0 {
+				if err := optReply(bw, opt, repErrInvalid, []byte("NBD_OPT_STRUCTURED_REPLY takes no data")); err != nil {
+					return export{}, err
+				}
+				continue
+			}
+			structured = true
+			if err := optReply(bw, opt, repAck, nil); err != nil {
+				return export{}, err
+			}
+		default:
+			// STARTTLS (we run NOTLS), meta contexts, extended headers and anything unknown.
+			if err := optReply(bw, opt, repErrUnsup, nil); err != nil {
+				return export{}, err
+			}
+		}
+	}
+}
+
+func (s *Server) nameMatches(name string) bool { return name == "" || name == s.opts.ExportName }
+
+// sendInfo sends the NBD_REP_INFO replies of NBD_OPT_INFO/GO: always NBD_INFO_EXPORT and
+// NBD_INFO_BLOCK_SIZE (the server MAY send it unasked, and our constraints are not the defaults),
+// NAME and DESCRIPTION when asked for.
+func (s *Server) sendInfo(bw *bufio.Writer, opt uint32, e export, req goRequest) error {
+	var p [14]byte
+	binary.BigEndian.PutUint16(p[0:2], infoExport)
+	binary.BigEndian.PutUint64(p[2:10], e.size)
+	binary.BigEndian.PutUint16(p[10:12], e.tflags)
+	if err := optReply(bw, opt, repInfo, p[:12]); err != nil {
+		return err
+	}
+	min, pref, maxb := s.blockSizes()
+	binary.BigEndian.PutUint16(p[0:2], infoBlockSize)
+	binary.BigEndian.PutUint32(p[2:6], min)
+	binary.BigEndian.PutUint32(p[6:10], pref)
+	binary.BigEndian.PutUint32(p[10:14], maxb)
+	if err := optReply(bw, opt, repInfo, p[:14]); err != nil {
+		return err
+	}
+	for _, t := range req.infos {
+		var text string
+		switch t {
+		case infoName:
+			text = s.opts.ExportName
+		case infoDescription:
+			if s.opts.Description == "" {
+				continue
+			}
+			text = s.opts.Description
+		default:
+			continue
+		}
+		q := make([]byte, 2+len(text))
+		binary.BigEndian.PutUint16(q, t)
+		copy(q[2:], text)
+		if err := optReply(bw, opt, repInfo, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// blockSizes returns the NBD_INFO_BLOCK_SIZE triple: minimum = logical block size; preferred =
+// the physical block size, at least 4096 (a power of two >= max(minimum, 512) as the spec asks);
+// maximum = MaxPayload (larger device requests are split into segments by the server).
+func (s *Server) blockSizes() (min, pref, max uint32) {
+	lim := s.dev.Limits()
+	min = uint32(s.dev.BlockSize())
+	pref = max32(4096, min)
+	if p := lim.PhysicalBlockSize; p > pref && p&(p-1) == 0 && p <= 1<<20 {
+		pref = p
+	}
+	max = MaxPayload
+	if sz := s.dev.Size(); sz < int64(max) {
+		max = uint32(sz - sz%int64(min))
+		if max < min {
+			max = min
+		}
+	}
+	return min, pref, max
+}
+
+func max32(a, b uint32) uint32 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// optReply writes one option reply ("Fixed newstyle negotiation") and flushes it.
+func optReply(bw *bufio.Writer, opt, typ uint32, data []byte) error {
+	var h [optReplyHeaderLen]byte
+	binary.BigEndian.PutUint64(h[0:8], magicOptReply)
+	binary.BigEndian.PutUint32(h[8:12], opt)
+	binary.BigEndian.PutUint32(h[12:16], typ)
+	binary.BigEndian.PutUint32(h[16:20], uint32(len(data)))
+	if _, err := bw.Write(h[:]); err != nil {
+		return err
+	}
+	if _, err := bw.Write(data); err != nil {
+		return err
+	}
+	return bw.Flush()
+}
