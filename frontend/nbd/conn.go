@@ -144,7 +144,6 @@ func (c *conn) transmit() {
 	}
 }
 
-
 // readLoop reads requests until the connection must stop reading. It returns nil for a clean end
 // (DISC, EOF between requests, shutdown) and the reason otherwise.
 func (c *conn) readLoop() error {
@@ -421,4 +420,3 @@ func errnoBytes(e uint32) []byte {
 	}
 	return genericErrMsg
 }
-
