@@ -1,0 +1,311 @@
+package ublk
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/iser-blk/iser-blk/frontend/ublk/uring"
+)
+
+// wakeUserData marks the CQE of the eventfd read; FETCH/COMMIT CQEs carry their tag (< 4096).
+const wakeUserData = 1 << 32
+
+var eventOne = func() (b [8]byte) { binary.NativeEndian.PutUint64(b[:], 1); return }()
+
+// completion is a served request's result, passed from a worker goroutine to the ring thread.
+type completion struct {
+	tag    uint16
+	result int32
+}
+
+// tag is the per-tag state of a queue: its buffer, the request being served and its worker.
+type tag struct {
+	q    *queue
+	id   uint16
+	buf  []byte // per-tag data buffer; its address goes in every FETCH/COMMIT
+	addr uint64
+
+	// The request, copied from the descriptor by the ring thread before the worker is woken.
+	opFlags     uint32
+	nrSectors   uint32
+	startSector uint64
+
+	work chan struct{} // ring thread → worker: a request is ready
+}
+
+// queue is one ublk hardware queue: one io_uring on one locked OS thread (the driver requires
+// every command of a queue to come from the same task, ublk_cmd.h "ubq_daemon"), plus one worker
+// goroutine per tag. The ring thread never calls the Device: it hands a request to the tag's
+// worker and goes back to the ring; workers report results through done + the eventfd, which
+// the ring keeps a READ armed on. So a slow request holds only its own tag.
+type queue struct {
+	srv   *Server
+	id    uint16
+	depth int
+	log   *zap.Logger
+
+	ring  *uring.Ring
+	descs []byte // read-only mmap of the driver's ublksrv_io_desc array for this queue
+	tags  []tag
+	efd   int
+	efdRd [8]byte // target of the armed eventfd READ
+
+	mu          sync.Mutex
+	done        []completion // filled by workers; cap depth
+	batch       []completion // ring thread's swap buffer; cap depth
+	wakePending bool         // an eventfd write is outstanding since the last swap
+
+	stopping atomic.Bool
+	workers  sync.WaitGroup
+	exited   chan struct{}
+	err      error // why the ring loop ended (nil after a clean stop); read after exited
+
+	// Ring-thread-only counters.
+	inflight int // requests handed to workers and not committed yet
+	dead     int // tags the driver will not hand out again (aborted or failed)
+}
+
+func newQueue(s *Server, id uint16, depth int, bufs [][]byte) (*queue, error) {
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("ublk queue %d: eventfd: %w", id, err)
+	}
+	q := &queue{
+		srv: s, id: id, depth: depth, efd: efd,
+		log:    s.log.With(zap.Uint16("queue", id)),
+		tags:   make([]tag, depth),
+		done:   make([]completion, 0, depth),
+		batch:  make([]completion, 0, depth),
+		exited: make(chan struct{}),
+	}
+	for i := range q.tags {
+		t := &q.tags[i]
+		t.q, t.id, t.buf = q, uint16(i), bufs[i]
+		t.addr = uint64(uintptr(unsafe.Pointer(&t.buf[0])))
+		t.work = make(chan struct{}, 1)
+	}
+	return q, nil
+}
+
+// start runs the queue's ring thread. ready receives nil once every tag's FETCH_REQ is with the
+// driver (START_DEV may then be issued), or the error that prevented it.
+func (q *queue) start(ready chan<- error) {
+	for i := range q.tags {
+		q.workers.Add(1)
+		go q.tags[i].serveLoop()
+	}
+	go q.run(ready)
+}
+
+func (q *queue) run(ready chan<- error) {
+	// The thread stays locked until the ring is closed: if the goroutine ended while locked, Go
+	// would kill the thread, and the driver treats its daemon task exiting as a dead server.
+	runtime.LockOSThread()
+	err := q.setup()
+	ready <- err
+	if err == nil {
+		err = q.loop()
+	}
+	// Workers are idle once inflight is 0 (or being abandoned on a fatal error); end them, then
+	// drop the ring, which cancels whatever FETCH is still parked in the driver.
+	for i := range q.tags {
+		close(q.tags[i].work)
+	}
+	q.workers.Wait()
+	if q.ring != nil {
+		q.ring.Close()
+	}
+	if q.descs != nil {
+		unix.Munmap(q.descs)
+	}
+	runtime.UnlockOSThread()
+	q.err = err
+	close(q.exited)
+}
+
+func (q *queue) setup() error {
+	// At most one SQE per tag plus the eventfd read is ever unsubmitted, and at most one CQE per
+	// tag plus one for the eventfd is ever outstanding.
+	ring, err := uring.New(uint32(q.depth+1), uint32(2*(q.depth+1)), uring.SetupSQE128)
+	if err != nil {
+		return fmt.Errorf("ublk queue %d: %w", q.id, err)
+	}
+	q.ring = ring
+	// The descriptor array of queue q lives at q * (room for UBLK_MAX_QUEUE_DEPTH descriptors)
+	// and is exactly depth descriptors, page-rounded, long (ublk_ch_mmap). Read-only.
+	stride := roundUp(ioDescArea, pageSize)
+	size := roundUp(q.depth*sizeofIODesc, pageSize)
+	q.descs, err = unix.Mmap(q.srv.charFd, int64(q.id)*int64(stride), size, unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return fmt.Errorf("ublk queue %d: mmap io descriptors: %w", q.id, err)
+	}
+	for i := range q.tags {
+		q.prepIOCmd(ioFetchReq, &q.tags[i], 0)
+	}
+	q.armWake()
+	if _, err := q.ring.Submit(); err != nil {
+		return fmt.Errorf("ublk queue %d: submit FETCH_REQ: %w", q.id, err)
+	}
+	// A FETCH_REQ completes only when a request arrives, which cannot happen before START_DEV;
+	// a CQE now is the driver refusing the command.
+	if cqe := q.ring.PeekCQE(); cqe != nil {
+		return fmt.Errorf("ublk queue %d: FETCH_REQ for tag %d refused: %w", q.id, cqe.UserData, unix.Errno(-cqe.Res))
+	}
+	return nil
+}
+
+func roundUp(n, to int) int { return (n + to - 1) / to * to }
+
+// sqe returns a free SQE, submitting queued ones if the SQ is full.
+func (q *queue) sqe() (*uring.SQE, error) {
+	for {
+		if s := q.ring.GetSQE(); s != nil {
+			return s, nil
+		}
+		if _, err := q.ring.Submit(); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// prepIOCmd queues a FETCH_REQ or COMMIT_AND_FETCH_REQ for t with result.
+func (q *queue) prepIOCmd(op uint32, t *tag, result int32) error {
+	s, err := q.sqe()
+	if err != nil {
+		return err
+	}
+	uring.PrepUringCmd(s, q.srv.charFd, op, uint64(t.id))
+	*(*ioCmd)(unsafe.Pointer(q.ring.Cmd(s))) = ioCmd{QID: q.id, Tag: t.id, Result: result, Addr: t.addr}
+	return nil
+}
+
+func (q *queue) armWake() error {
+	s, err := q.sqe()
+	if err != nil {
+		return err
+	}
+	uring.PrepRead(s, q.efd, q.efdRd[:], -1, wakeUserData)
+	return nil
+}
+
+// wake makes the ring thread look at done and stopping. A failed write can only be EAGAIN (the
+// counter is saturated), which already guarantees a wake-up.
+func (q *queue) wake() {
+	_, _ = unix.Write(q.efd, eventOne[:])
+}
+
+// complete hands a worker's result to the ring thread. It allocates nothing.
+func (q *queue) complete(id uint16, result int32) {
+	q.mu.Lock()
+	q.done = append(q.done, completion{tag: id, result: result})
+	wake := !q.wakePending
+	q.wakePending = true
+	q.mu.Unlock()
+	if wake {
+		q.wake()
+	}
+}
+
+// stop asks the ring thread to exit once no request is in service.
+func (q *queue) stop() {
+	q.stopping.Store(true)
+	q.wake()
+}
+
+// errQueueAborted is returned when the driver aborted every tag without us stopping (the device
+// was stopped or deleted by someone else, or the driver gave up on us).
+var errQueueAborted = errors.New("the driver aborted every request slot of the queue")
+
+func (q *queue) loop() error {
+	for {
+		if q.stopping.Load() && q.inflight == 0 {
+			_, err := q.ring.Submit() // hand over the last commits
+			return err
+		}
+		if q.dead == q.depth && q.inflight == 0 {
+			if _, err := q.ring.Submit(); err != nil {
+				return err
+			}
+			if q.stopping.Load() || q.srv.stopping.Load() {
+				return nil // STOP_DEV aborted the parked FETCHes, as it does
+			}
+			return errQueueAborted
+		}
+		if _, err := q.ring.SubmitAndWait(1); err != nil {
+			return fmt.Errorf("ublk queue %d: %w", q.id, err)
+		}
+		for cqe := q.ring.PeekCQE(); cqe != nil; cqe = q.ring.PeekCQE() {
+			ud, res := cqe.UserData, cqe.Res
+			q.ring.SeenCQE()
+			var err error
+			if ud == wakeUserData {
+				err = q.takeCompletions(res)
+			} else {
+				err = q.fetched(ud, res)
+			}
+			if err != nil {
+				return fmt.Errorf("ublk queue %d: %w", q.id, err)
+			}
+		}
+	}
+}
+
+// takeCompletions commits every finished request and re-arms the eventfd read.
+func (q *queue) takeCompletions(res int32) error {
+	if res < 0 && res != -int32(unix.EAGAIN) && res != -int32(unix.EINTR) {
+		return fmt.Errorf("eventfd read: %w", unix.Errno(-res))
+	}
+	q.mu.Lock()
+	q.done, q.batch = q.batch[:0], q.done
+	q.wakePending = false
+	q.mu.Unlock()
+	for _, c := range q.batch {
+		q.inflight--
+		if err := q.prepIOCmd(ioCommitAndFetch, &q.tags[c.tag], c.result); err != nil {
+			return err
+		}
+	}
+	return q.armWake()
+}
+
+// fetched handles the CQE of a FETCH_REQ / COMMIT_AND_FETCH_REQ: a new request for the tag, or
+// the driver telling us the tag is finished.
+func (q *queue) fetched(ud uint64, res int32) error {
+	if ud >= uint64(q.depth) {
+		return fmt.Errorf("CQE for unknown tag %d (res %d)", ud, res)
+	}
+	t := &q.tags[ud]
+	switch {
+	case res == ioResOK:
+		d := (*ioDesc)(unsafe.Pointer(&q.descs[int(ud)*sizeofIODesc]))
+		t.opFlags, t.nrSectors, t.startSector = d.OpFlags, d.NrSectors, d.StartSector
+		q.inflight++
+		t.work <- struct{}{} // never blocks: the worker of an idle tag is waiting
+	case res == ioResAbort:
+		q.dead++
+	default:
+		// NEED_GET_DATA was not requested; any other result is a refused command. The tag is
+		// lost (the driver will fail the device's requests on it when the device stops).
+		q.dead++
+		q.log.Error("ublk refused an io command", zap.Uint64("tag", ud), zap.Int32("res", res),
+			zap.String("errno", unix.Errno(-res).Error()))
+	}
+	return nil
+}
+
+// serveLoop is a tag's worker: it serves one request at a time, as the ring thread hands them
+// over, and reports the result.
+func (t *tag) serveLoop() {
+	defer t.q.workers.Done()
+	for range t.work {
+		t.q.complete(t.id, t.q.srv.serve(t))
+	}
+}
