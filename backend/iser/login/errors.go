@@ -7,17 +7,17 @@ import (
 
 // Sentinels for errors.Is on a login failure. Every *Error matches exactly one of them.
 var (
-	ErrAuthFailed        = errors.New("authentication failed")            // class 2 detail 1, or a target that failed mutual CHAP
-	ErrAuthorization     = errors.New("authorization failure")            // class 2 detail 2
-	ErrTargetNotFound    = errors.New("target not found")                 // class 2 detail 3
-	ErrTargetRemoved     = errors.New("target removed")                   // class 2 detail 4
-	ErrPortalUnreachable = errors.New("portal unreachable")               // dial failed
-	ErrTargetUnavailable = errors.New("target temporarily unavailable")   // class 3
-	ErrRejected          = errors.New("login rejected by the target")     // other class 2
-	ErrProtocol          = errors.New("iSCSI login protocol violation")   // malformed or inconsistent responses
-	ErrTooManyRedirects  = errors.New("too many login redirections")      // redirect loop
-	ErrNegotiation       = errors.New("operational negotiation failed")   // a key could not be agreed
-	ErrConfig            = errors.New("invalid login configuration")      // caller's configuration
+	ErrAuthFailed        = errors.New("authentication failed")          // class 2 detail 1, or a target that failed mutual CHAP
+	ErrAuthorization     = errors.New("authorization failure")          // class 2 detail 2
+	ErrTargetNotFound    = errors.New("target not found")               // class 2 detail 3
+	ErrTargetRemoved     = errors.New("target removed")                 // class 2 detail 4
+	ErrPortalUnreachable = errors.New("portal unreachable")             // dial failed
+	ErrTargetUnavailable = errors.New("target temporarily unavailable") // class 3
+	ErrRejected          = errors.New("login rejected by the target")   // other class 2
+	ErrProtocol          = errors.New("iSCSI login protocol violation") // malformed or inconsistent responses
+	ErrTooManyRedirects  = errors.New("too many login redirections")    // redirect loop
+	ErrNegotiation       = errors.New("operational negotiation failed") // a key could not be agreed
+	ErrConfig            = errors.New("invalid login configuration")    // caller's configuration
 )
 
 // Error is a failed login. It names the target and portal, never a secret.

@@ -1,0 +1,267 @@
+package transport
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/iser-blk/iser-blk/backend/iser/login"
+	"github.com/iser-blk/iser-blk/backend/iser/pdu"
+)
+
+// TCP is the iSCSI/TCP transport (RFC 7143 §4, §11): PDUs on one TCP stream, optional CRC32C
+// digests, data moved by the session with R2T/Data-Out/Data-In.
+type TCP struct{}
+
+func init() { Register("iscsi", TCP{}) }
+
+// DefaultPort is the IANA iSCSI port (RFC 7143 §13.8 default for TargetAddress).
+const DefaultPort = 3260
+
+// DefaultPort implements Dialer.
+func (TCP) DefaultPort() int { return DefaultPort }
+
+// Dial connects to portal ("host:port"). TCP_NODELAY is on (Go's default, set explicitly anyway):
+// iSCSI is request/response and Nagle would delay every small PDU.
+func (TCP) Dial(ctx context.Context, portal string, opts DialOptions) (Conn, error) {
+	d := net.Dialer{Timeout: opts.Timeout, KeepAlive: 15 * time.Second}
+	if opts.Source != "" {
+		a, err := net.ResolveTCPAddr("tcp", opts.Source)
+		if err != nil {
+			return nil, fmt.Errorf("transport: source address %q: %w", opts.Source, err)
+		}
+		d.LocalAddr = a
+	}
+	nc, err := d.DialContext(ctx, "tcp", portal)
+	if err != nil {
+		return nil, err
+	}
+	tc := nc.(*net.TCPConn)
+	if err := tc.SetNoDelay(true); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("transport: TCP_NODELAY: %w", err)
+	}
+	return NewTCPConn(tc), nil
+}
+
+// readBufferSize is the bufio size for the receive side. Data segments at least this large are
+// read from the socket straight into the caller's buffer (bufio bypasses its buffer when empty);
+// headers and small segments are batched into one read.
+const readBufferSize = 64 << 10
+
+// TCPConn is a Conn over a net.Conn. Create with NewTCPConn (tests use net.Pipe).
+type TCPConn struct {
+	nc net.Conn
+	br *bufio.Reader
+
+	headerDigest, dataDigest bool
+	maxRecv                  int // bound for DataSegmentLength we accept
+
+	// Receive state (reader goroutine only).
+	remaining int // data segment length of the last header, not yet consumed
+	hasData   bool
+	ahs       [pdu.MaxAHSLength]byte
+	trailer   [3 + pdu.DigestLen]byte
+	scratch   []byte
+
+	// Send state (serialised by the caller).
+	head [pdu.BHSLen + pdu.MaxAHSLength + pdu.DigestLen]byte
+	tail [3 + pdu.DigestLen]byte
+	iov  [3][]byte
+	bufs net.Buffers
+}
+
+// NewTCPConn wraps nc.
+func NewTCPConn(nc net.Conn) *TCPConn {
+	return &TCPConn{nc: nc, br: bufio.NewReaderSize(nc, readBufferSize), maxRecv: 8192 * 2}
+}
+
+// WritePDU implements Conn: header, AHS, header digest, data, padding and data digest go out in
+// one vectored write (writev).
+func (c *TCPConn) WritePDU(bhs *pdu.BHS, ahs, data []byte) error {
+	if len(ahs)%4 != 0 || len(ahs) > pdu.MaxAHSLength {
+		return fmt.Errorf("transport: AHS of %d bytes", len(ahs))
+	}
+	if len(data) > pdu.MaxDataSegmentLength || bhs.DataSegmentLength() != len(data) || bhs.TotalAHSLength() != len(ahs) {
+		return fmt.Errorf("transport: header says AHS %d data %d, got %d and %d",
+			bhs.TotalAHSLength(), bhs.DataSegmentLength(), len(ahs), len(data))
+	}
+	n := copy(c.head[:], bhs[:])
+	n += copy(c.head[n:], ahs)
+	if c.headerDigest {
+		pdu.PutDigest(c.head[n:], pdu.HeaderDigest(bhs, ahs))
+		n += pdu.DigestLen
+	}
+	iov := c.iov[:0]
+	iov = append(iov, c.head[:n])
+	if len(data) > 0 {
+		iov = append(iov, data)
+		pad := pdu.PadLen(len(data))
+		t := copy(c.tail[:], pdu.ZeroPad(pad))
+		if c.dataDigest {
+			pdu.PutDigest(c.tail[t:], pdu.DataDigest(data))
+			t += pdu.DigestLen
+		}
+		if t > 0 {
+			iov = append(iov, c.tail[:t])
+		}
+	}
+	c.bufs = iov
+	_, err := c.bufs.WriteTo(c.nc)
+	c.bufs = nil
+	if err != nil {
+		return fmt.Errorf("transport: write to %s: %w", c.RemoteAddr(), err)
+	}
+	return nil
+}
+
+// WriteCommand implements Conn: over TCP the command PDU simply carries the immediate data.
+func (c *TCPConn) WriteCommand(bhs *pdu.BHS, ahs []byte, t *Task) error {
+	return c.WritePDU(bhs, ahs, t.Buf[:t.Immediate])
+}
+
+// ReadHeader implements Conn.
+func (c *TCPConn) ReadHeader(bhs *pdu.BHS) ([]byte, error) {
+	if c.hasData {
+		return nil, fmt.Errorf("transport: ReadHeader before the previous data segment was consumed")
+	}
+	if _, err := io.ReadFull(c.br, bhs[:]); err != nil {
+		return nil, c.readErr(err)
+	}
+	n := bhs.TotalAHSLength()
+	ahs := c.ahs[:n]
+	if n > 0 {
+		if _, err := io.ReadFull(c.br, ahs); err != nil {
+			return nil, c.readErr(err)
+		}
+	}
+	if c.headerDigest {
+		var d [pdu.DigestLen]byte
+		if _, err := io.ReadFull(c.br, d[:]); err != nil {
+			return nil, c.readErr(err)
+		}
+		if got, want := pdu.GetDigest(d[:]), pdu.HeaderDigest(bhs, ahs); got != want {
+			return nil, &pdu.DigestError{What: "header", Got: got, Want: want}
+		}
+	}
+	if err := bhs.Validate(c.maxRecv); err != nil {
+		return nil, err
+	}
+	c.remaining = bhs.DataSegmentLength()
+	c.hasData = c.remaining > 0
+	return ahs, nil
+}
+
+// ReadData implements Conn: the segment is read from the socket into dst directly.
+func (c *TCPConn) ReadData(dst []byte) error {
+	if !c.hasData || len(dst) != c.remaining {
+		return fmt.Errorf("transport: ReadData of %d bytes, the segment has %d", len(dst), c.remaining)
+	}
+	c.hasData = false
+	if _, err := io.ReadFull(c.br, dst); err != nil {
+		return c.readErr(err)
+	}
+	return c.finishData(pdu.CRC32C(0, dst), len(dst))
+}
+
+// DiscardData implements Conn.
+func (c *TCPConn) DiscardData() error {
+	if !c.hasData {
+		return nil
+	}
+	c.hasData = false
+	n := c.remaining
+	if !c.dataDigest {
+		if _, err := c.br.Discard(pdu.Padded(n)); err != nil {
+			return c.readErr(err)
+		}
+		return nil
+	}
+	if c.scratch == nil {
+		c.scratch = make([]byte, 16<<10)
+	}
+	var crc uint32
+	for left := n; left > 0; {
+		chunk := c.scratch[:min(left, len(c.scratch))]
+		if _, err := io.ReadFull(c.br, chunk); err != nil {
+			return c.readErr(err)
+		}
+		crc = pdu.CRC32C(crc, chunk)
+		left -= len(chunk)
+	}
+	return c.finishData(crc, n)
+}
+
+func (c *TCPConn) finishData(crc uint32, n int) error {
+	pad := pdu.PadLen(n)
+	t := pad
+	if c.dataDigest {
+		t += pdu.DigestLen
+	}
+	if t == 0 {
+		return nil
+	}
+	if _, err := io.ReadFull(c.br, c.trailer[:t]); err != nil {
+		return c.readErr(err)
+	}
+	if c.dataDigest {
+		crc = pdu.CRC32C(crc, c.trailer[:pad])
+		if got := pdu.GetDigest(c.trailer[pad:t]); got != crc {
+			return &pdu.DigestError{What: "data", Got: got, Want: crc}
+		}
+	}
+	return nil
+}
+
+func (c *TCPConn) readErr(err error) error {
+	if err == io.ErrUnexpectedEOF {
+		err = io.EOF
+	}
+	return fmt.Errorf("transport: read from %s: %w", c.RemoteAddr(), err)
+}
+
+// LoginHook implements Conn: TCP negotiates no keys of its own.
+func (c *TCPConn) LoginHook() login.Hook { return nil }
+
+// Start implements Conn: digests and the receive limit take effect for the next PDU.
+func (c *TCPConn) Start(p *login.Params) error {
+	c.headerDigest, c.dataDigest = p.HeaderDigest, p.DataDigest
+	c.maxRecv = int(p.MaxRecvDataSegmentLength)
+	return nil
+}
+
+// MovesData implements Conn: over TCP the session moves the data.
+func (c *TCPConn) MovesData() bool { return false }
+
+// TaskDone implements Conn (nothing to release over TCP).
+func (c *TCPConn) TaskDone(uint32) {}
+
+// SetDeadline implements Conn.
+func (c *TCPConn) SetDeadline(t time.Time) error { return c.nc.SetDeadline(t) }
+
+// RemoteAddr implements Conn.
+func (c *TCPConn) RemoteAddr() string {
+	if a := c.nc.RemoteAddr(); a != nil {
+		return a.String()
+	}
+	return "?"
+}
+
+// Close implements Conn.
+func (c *TCPConn) Close() error { return c.nc.Close() }
+
+// JoinHostPort adds the default port to a portal without one.
+func JoinHostPort(portal string, defaultPort int) string {
+	if _, _, err := net.SplitHostPort(portal); err == nil {
+		return portal
+	}
+	h := portal
+	if len(h) > 1 && h[0] == '[' && h[len(h)-1] == ']' {
+		h = h[1 : len(h)-1]
+	}
+	return net.JoinHostPort(h, strconv.Itoa(defaultPort))
+}
