@@ -194,6 +194,6 @@ func BenchmarkServeRead(b *testing.B) {
 
 type nopDevice struct{ recDevice }
 
-func (nopDevice) Size() int64                                 { return 1 << 30 }
-func (nopDevice) ReadAt(context.Context, []byte, int64) error { return nil }
-func (nopDevice) Flush(context.Context) error                 { return nil }
+func (*nopDevice) Size() int64                                 { return 1 << 30 }
+func (*nopDevice) ReadAt(context.Context, []byte, int64) error { return nil }
+func (*nopDevice) Flush(context.Context) error                 { return nil }
