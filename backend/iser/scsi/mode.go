@@ -25,7 +25,11 @@ func ParseModeSense10(b []byte) (ModeSense, error) {
 	if len(b) < 8 {
 		return m, fmt.Errorf("MODE SENSE(10): %w (%d bytes)", ErrShortData, len(b))
 	}
-	if n := 2 + int(binary.BigEndian.Uint16(b[0:2])); n < len(b) {
+	n := 2 + int(binary.BigEndian.Uint16(b[0:2]))
+	if n < 8 {
+		return m, fmt.Errorf("MODE SENSE(10): mode data length %d is shorter than the header", n-2)
+	}
+	if n < len(b) {
 		b = b[:n]
 	}
 	m.WriteProtect = b[3]&0x80 != 0
