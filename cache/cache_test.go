@@ -1,0 +1,720 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/cache/internal/fakedev"
+)
+
+func stdLimits(bs uint32) block.Limits {
+	return block.Limits{
+		LogicalBlockSize: bs, PhysicalBlockSize: bs, MaxTransfer: 1 << 20,
+		CanFlush: true, CanFUA: true, CanDiscard: true, CanWriteZeroes: true, DiscardZeroes: true,
+		VolatileCache: true,
+	}
+}
+
+func newTest(t testing.TB, devSize int64, lim block.Limits, cfg Config) (*Cache, *fakedev.Dev) {
+	t.Helper()
+	dev := fakedev.New(devSize, lim)
+	c, err := New(dev, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.shutdown() })
+	return c, dev
+}
+
+func fill(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*7)
+	}
+	return b
+}
+
+func TestParseConfig(t *testing.T) {
+	for _, tc := range []struct {
+		mode, size, dirty string
+		want              Config
+		ok                bool
+	}{
+		{"", "", "", Config{Mode: WriteBack, Size: 1 << 30, DirtyLimit: 512 << 20}, true},
+		{"writeback", "1GiB", "50%", Config{Mode: WriteBack, Size: 1 << 30, DirtyLimit: 512 << 20}, true},
+		{"writethrough", "256MiB", "64MiB", Config{Mode: WriteThrough, Size: 256 << 20, DirtyLimit: 64 << 20}, true},
+		{"off", "1G", "10%", Config{Mode: Off, Size: 1e9, DirtyLimit: 1e8}, true},
+		{"bogus", "", "", Config{}, false},
+		{"", "lots", "", Config{}, false},
+		{"", "1GiB", "150%", Config{}, false},
+		{"", "1GiB", "0%", Config{}, false},
+		{"", "1GiB", "2GiB", Config{}, false},
+		{"", "0", "", Config{}, false},
+	} {
+		got, err := ParseConfig(tc.mode, tc.size, tc.dirty)
+		if (err == nil) != tc.ok {
+			t.Errorf("ParseConfig(%q,%q,%q) error %v, want ok=%v", tc.mode, tc.size, tc.dirty, err, tc.ok)
+			continue
+		}
+		if tc.ok && (got.Mode != tc.want.Mode || got.Size != tc.want.Size || got.DirtyLimit != tc.want.DirtyLimit) {
+			t.Errorf("ParseConfig(%q,%q,%q) = %+v, want %+v", tc.mode, tc.size, tc.dirty, got, tc.want)
+		}
+	}
+}
+
+func TestWrapOffReturnsBackend(t *testing.T) {
+	dev := fakedev.New(1<<20, stdLimits(512))
+	got, err := Wrap(dev, Config{Mode: Off}, nil)
+	if err != nil || got != block.Device(dev) {
+		t.Fatalf("Wrap(off) = %v, %v; want the backend itself", got, err)
+	}
+	got, err = Wrap(dev, Config{Size: 1 << 20}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := got.(*Cache); !ok {
+		t.Fatalf("Wrap(writeback) = %T", got)
+	}
+	if err := got.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLimits(t *testing.T) {
+	lim := stdLimits(512)
+	lim.CanFUA = false
+	lim.VolatileCache = false
+	c, _ := newTest(t, 1<<20, lim, Config{Size: 1 << 20})
+	l := c.Limits()
+	if !l.VolatileCache || !l.CanFlush || !l.CanFUA || l.MaxTransfer != lim.MaxTransfer || c.BlockSize() != 512 || c.Size() != 1<<20 {
+		t.Fatalf("limits %+v", l)
+	}
+}
+
+func TestWriteBackBasics(t *testing.T) {
+	ctx := context.Background()
+	c, dev := newTest(t, 4<<20, stdLimits(512), Config{Size: 1 << 20, MaxDirtyAge: time.Hour})
+	data := fill(8192, 1)
+	if err := c.WriteAt(ctx, data, 4096, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := dev.Current(4096, 8192); bytes.Equal(got, data) {
+		t.Fatal("a small write reached the backend at once in write-back mode")
+	}
+	got := make([]byte, 8192)
+	if err := c.ReadAt(ctx, got, 4096); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back: %v", err)
+	}
+	// A read spanning cached and uncached pages merges both.
+	got = make([]byte, 16384)
+	if err := c.ReadAt(ctx, got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[4096:12288], data) || !bytes.Equal(got[:4096], make([]byte, 4096)) {
+		t.Fatal("merged read is wrong")
+	}
+	if c.Stats().DirtyBytes != 8192 {
+		t.Fatalf("dirty %d, want 8192", c.Stats().DirtyBytes)
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := dev.Durable(4096, 8192); !bytes.Equal(got, data) {
+		t.Fatal("data not durable after Flush")
+	}
+	if st := c.Stats(); st.DirtyBytes != 0 || st.Flushes != 1 || st.WriteBackBytes != 8192 {
+		t.Fatalf("stats after flush: %+v", st)
+	}
+	for _, op := range dev.Log() {
+		if op.Kind == fakedev.Write && op.Len != 8192 {
+			t.Fatalf("two adjacent dirty pages were not written back as one request: %+v", op)
+		}
+	}
+}
+
+func TestSubPageWrites(t *testing.T) {
+	ctx := context.Background()
+	c, dev := newTest(t, 1<<20, stdLimits(512), Config{Size: 1 << 20, MaxDirtyAge: time.Hour})
+	base := fill(4096, 9)
+	if err := dev.WriteAt(ctx, base, 8192, 0); err != nil {
+		t.Fatal(err)
+	}
+	dev.ResetLog()
+	// Write sectors 1 and 5 of page 2 without the page being cached.
+	s1, s5 := fill(512, 100), fill(512, 200)
+	if err := c.WriteAt(ctx, s1, 8192+512, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WriteAt(ctx, s5, 8192+5*512, 0); err != nil {
+		t.Fatal(err)
+	}
+	want := append([]byte(nil), base...)
+	copy(want[512:], s1)
+	copy(want[5*512:], s5)
+	got := make([]byte, 4096)
+	if err := c.ReadAt(ctx, got, 8192); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("sub-page merge wrong (%v)", err)
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dev.Durable(8192, 4096), want) {
+		t.Fatal("backend differs after flush")
+	}
+	for _, op := range dev.Log() {
+		if op.Kind == fakedev.Write && op.Len != 512 && op.Off >= 8192 {
+			t.Fatalf("clean sectors were written back: %+v", op)
+		}
+	}
+}
+
+func TestFUADurableAtAck(t *testing.T) {
+	ctx := context.Background()
+	for _, nativeFUA := range []bool{true, false} {
+		t.Run(fmt.Sprint("nativeFUA=", nativeFUA), func(t *testing.T) {
+			lim := stdLimits(4096)
+			lim.CanFUA = nativeFUA
+			c, dev := newTest(t, 1<<20, lim, Config{Size: 1 << 20, MaxDirtyAge: time.Hour})
+			data := fill(4096, 3)
+			if err := c.WriteAt(ctx, data, 4096, block.FUA); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(dev.Durable(4096, 4096), data) {
+				t.Fatal("FUA write not durable at ack")
+			}
+			if c.Stats().DirtyBytes != 0 {
+				t.Fatal("page still dirty after FUA write-back")
+			}
+		})
+	}
+}
+
+func TestWriteThrough(t *testing.T) {
+	ctx := context.Background()
+	c, dev := newTest(t, 1<<20, stdLimits(4096), Config{Mode: WriteThrough, Size: 1 << 20})
+	data := fill(65536, 4)
+	if err := c.WriteAt(ctx, data, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dev.Current(0, 65536), data) {
+		t.Fatal("write-through write not on the backend at ack")
+	}
+	if c.Stats().DirtyBytes != 0 || c.Limits().VolatileCache != true {
+		// VolatileCache follows the backend in write-through mode (the fake has one).
+		t.Fatalf("stats %+v limits %+v", c.Stats(), c.Limits())
+	}
+	got := make([]byte, 65536)
+	before := len(dev.Log())
+	if err := c.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, data) {
+		t.Fatal("read back")
+	}
+	if len(dev.Log()) != before {
+		t.Fatal("read of just-written data missed the cache")
+	}
+}
+
+// blockingWrites makes backend writes that overlap [off, off+n) wait until release is closed.
+func blockingWrites(dev *fakedev.Dev, off, n int64) (started <-chan struct{}, release chan struct{}) {
+	st := make(chan struct{}, 100)
+	rel := make(chan struct{})
+	dev.SetBefore(func(op fakedev.Op) {
+		if op.Kind == fakedev.Write && op.Off < off+n && off < op.Off+op.Len {
+			st <- struct{}{}
+			<-rel
+		}
+	})
+	return st, rel
+}
+
+func TestWriteDuringWriteBackStaysDirty(t *testing.T) {
+	ctx := context.Background()
+	c, dev := newTest(t, 1<<20, stdLimits(4096), Config{Size: 1 << 20, MaxDirtyAge: time.Hour})
+	old, newer := fill(4096, 1), fill(4096, 2)
+	if err := c.WriteAt(ctx, old, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	started, release := blockingWrites(dev, 0, 4096)
+	flushed := make(chan error, 1)
+	go func() { flushed <- c.Flush(ctx) }()
+	<-started // the write-back of "old" is in flight
+	if err := c.WriteAt(ctx, newer, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	dev.SetBefore(nil)
+	close(release)
+	if err := <-flushed; err != nil {
+		t.Fatal(err)
+	}
+	// Had the completing write-back of "old" marked the page clean, "newer" would never reach
+	// the backend.
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dev.Durable(0, 4096), newer) {
+		t.Fatal("newer data lost")
+	}
+	var writes []fakedev.Op
+	for _, op := range dev.Log() {
+		if op.Kind == fakedev.Write {
+			writes = append(writes, op)
+		}
+	}
+	if len(writes) != 2 || writes[1].Start < writes[0].End {
+		t.Fatalf("want two ordered write-backs of the page, got %+v", writes)
+	}
+	if o := dev.Overlaps(); len(o) != 0 {
+		t.Fatalf("overlapping backend writes: %v", o)
+	}
+}
+
+func TestDiscardDoesNotResurrect(t *testing.T) {
+	ctx := context.Background()
+	c, dev := newTest(t, 1<<20, stdLimits(4096), Config{Size: 1 << 20, MaxDirtyAge: time.Hour})
+	if err := c.WriteAt(ctx, fill(8192, 5), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	started, release := blockingWrites(dev, 0, 8192)
+	go func() { _ = c.Flush(ctx) }()
+	<-started
+	discarded := make(chan error, 1)
+	go func() { discarded <- c.Discard(ctx, 0, 8192) }()
+	select {
+	case err := <-discarded:
+		t.Fatalf("discard returned (%v) while an older write-back of its range was in flight", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	dev.SetBefore(nil)
+	close(release)
+	if err := <-discarded; err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dev.Durable(0, 8192), make([]byte, 8192)) {
+		t.Fatal("old data resurrected after discard")
+	}
+	got := make([]byte, 8192)
+	if err := c.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, make([]byte, 8192)) {
+		t.Fatal("cache returns discarded data")
+	}
+	log := dev.Log()
+	var wEnd, dStart uint64
+	for _, op := range log {
+		if op.Kind == fakedev.Write && op.Off == 0 {
+			wEnd = op.End
+		}
+		if op.Kind == fakedev.Discard {
+			dStart = op.Start
+		}
+	}
+	if dStart < wEnd {
+		t.Fatalf("discard started (seq %d) before the write-back ended (seq %d)", dStart, wEnd)
+	}
+}
+
+// TestBackendFailureThenRecovery is acceptance item 2.
+func TestBackendFailureThenRecovery(t *testing.T) {
+	ctx := context.Background()
+	c, dev := newTest(t, 8<<20, stdLimits(4096), Config{Size: 4 << 20, MaxDirtyAge: time.Hour})
+	var failing atomic.Bool
+	failing.Store(true)
+	dev.SetFault(func(op fakedev.Op) error {
+		if op.Kind == fakedev.Write && failing.Load() {
+			return fmt.Errorf("fake target: WRITE failed: %w", block.ErrIO)
+		}
+		return nil
+	})
+	want := map[int64][]byte{}
+	for i := int64(0); i < 64; i++ {
+		d := fill(4096, byte(i))
+		off := i * 3 * 4096
+		if err := c.WriteAt(ctx, d, off, 0); err != nil {
+			t.Fatalf("write acknowledged path failed: %v", err)
+		}
+		want[off] = d
+	}
+	err := c.Flush(ctx)
+	if err == nil || !errors.Is(err, block.ErrIO) {
+		t.Fatalf("Flush with failing backend: %v, want an ErrIO", err)
+	}
+	t.Logf("flush error: %v", err)
+	// Every acknowledged write is still readable while the backend fails.
+	for off, d := range want {
+		got := make([]byte, 4096)
+		if err := c.ReadAt(ctx, got, off); err != nil || !bytes.Equal(got, d) {
+			t.Fatalf("acknowledged data at %d lost while the backend fails", off)
+		}
+	}
+	if c.Stats().WriteBackErrors == 0 || c.Stats().DirtyBytes != 64*4096 {
+		t.Fatalf("stats %+v", c.Stats())
+	}
+	failing.Store(false)
+	if err := c.Flush(ctx); err != nil {
+		t.Fatalf("Flush after recovery: %v", err)
+	}
+	for off, d := range want {
+		if !bytes.Equal(dev.Durable(off, 4096), d) {
+			t.Fatalf("data at %d not durable after recovery", off)
+		}
+	}
+}
+
+func TestFlushFailsWhenBackendFlushFails(t *testing.T) {
+	ctx := context.Background()
+	c, dev := newTest(t, 1<<20, stdLimits(4096), Config{Size: 1 << 20})
+	dev.SetFault(func(op fakedev.Op) error {
+		if op.Kind == fakedev.Flush {
+			return fmt.Errorf("SYNCHRONIZE CACHE failed: %w", block.ErrMedium)
+		}
+		return nil
+	})
+	if err := c.WriteAt(ctx, fill(4096, 1), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(ctx); !errors.Is(err, block.ErrMedium) {
+		t.Fatalf("Flush: %v, want the backend's flush error", err)
+	}
+}
+
+// TestDirtyLimitStorm is acceptance item 3 (first half): many writers, a slow backend, and the
+// dirty bytes never above the limit; writers are slowed down, never failed.
+func TestDirtyLimitStorm(t *testing.T) {
+	ctx := context.Background()
+	const limit = 256 << 10
+	c, dev := newTest(t, 64<<20, stdLimits(4096), Config{Size: 2 << 20, DirtyLimit: limit, Workers: 2, MaxDirtyAge: time.Hour})
+	var slow atomic.Int64
+	dev.SetBefore(func(op fakedev.Op) {
+		if op.Kind == fakedev.Write && slow.Add(1)%4 == 0 {
+			time.Sleep(time.Millisecond) // a slow target, not synchronisation
+		}
+	})
+	stop := make(chan struct{})
+	var maxSeen atomic.Int64
+	var wgMon sync.WaitGroup
+	wgMon.Add(1)
+	go func() {
+		defer wgMon.Done()
+		for {
+			if d := c.Stats().DirtyBytes; d > maxSeen.Load() {
+				maxSeen.Store(d)
+			}
+			if r := c.reserved.Load(); r*c.ps > limit {
+				t.Errorf("reserved dirty %d > limit", r*c.ps)
+			}
+			select {
+			case <-stop:
+				return
+			default:
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			buf := fill(4096, byte(w))
+			for i := 0; i < 200; i++ {
+				off := int64((w*200+i)%(64<<8)) * 4096
+				if err := c.WriteAt(ctx, buf, off, 0); err != nil {
+					t.Errorf("writer %d: %v", w, err)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(stop)
+	wgMon.Wait()
+	st := c.Stats()
+	t.Logf("max dirty seen %d (limit %d), throttled writes %d, write-back bytes %d", maxSeen.Load(), limit, st.ThrottledWrites, st.WriteBackBytes)
+	if maxSeen.Load() > limit {
+		t.Fatalf("dirty bytes reached %d > limit %d", maxSeen.Load(), limit)
+	}
+	if st.ThrottledWrites == 0 {
+		t.Fatal("no writer was throttled: the storm did not reach the limit")
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSequentialWritesCoalesce is acceptance item 3 (second half).
+func TestSequentialWritesCoalesce(t *testing.T) {
+	ctx := context.Background()
+	c, dev := newTest(t, 128<<20, stdLimits(512), Config{Size: 16 << 20, DirtyLimit: 8 << 20, LowWater: 2 << 20, MaxDirtyAge: time.Hour})
+	buf := fill(4096, 7)
+	const total = 32 << 20
+	for off := int64(0); off < total; off += 4096 {
+		if err := c.WriteAt(ctx, buf, off, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := len(dev.Log())
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var small, writes int
+	var bytesW int64
+	for i, op := range dev.Log() {
+		if op.Kind != fakedev.Write {
+			continue
+		}
+		writes++
+		bytesW += op.Len
+		if op.Len < 512<<10 && i < before {
+			small++
+			t.Errorf("write-back of %d bytes before the final flush", op.Len)
+		}
+	}
+	if bytesW != total {
+		t.Fatalf("backend got %d bytes, want %d", bytesW, total)
+	}
+	t.Logf("%d 4 KiB writes reached the backend as %d writes (mean %d KiB); %d before the final flush", total/4096, writes, bytesW/int64(writes)>>10, before)
+	if small > 0 || writes > total/(512<<10)+8 {
+		t.Fatalf("poor coalescing: %d writes, %d small", writes, small)
+	}
+}
+
+func TestReadAheadAndHits(t *testing.T) {
+	ctx := context.Background()
+	c, dev := newTest(t, 16<<20, stdLimits(4096), Config{Size: 8 << 20, ReadAhead: 256 << 10})
+	src := fill(4<<20, 11)
+	for off := 0; off < len(src); off += 1 << 20 {
+		if err := dev.WriteAt(ctx, src[off:off+1<<20], int64(off), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dev.ResetLog()
+	got := make([]byte, 4096)
+	for off := int64(0); off < 4<<20; off += 4096 {
+		if err := c.ReadAt(ctx, got, off); err != nil || !bytes.Equal(got, src[off:off+4096]) {
+			t.Fatalf("read at %d: %v", off, err)
+		}
+	}
+	reads := 0
+	for _, op := range dev.Log() {
+		if op.Kind == fakedev.Read {
+			reads++
+		}
+	}
+	st := c.Stats()
+	t.Logf("1024 sequential 4 KiB reads → %d backend reads; stats %+v", reads, st)
+	if reads > 40 {
+		t.Fatalf("read-ahead ineffective: %d backend reads", reads)
+	}
+	if st.Hits < 900 {
+		t.Fatalf("only %d hits", st.Hits)
+	}
+}
+
+func TestEvictionKeepsDirty(t *testing.T) {
+	ctx := context.Background()
+	// A tiny cache (64 pages), dirty limit = the whole cache, and a backend that cannot write:
+	// nothing dirty may be evicted by reads streaming through.
+	c, dev := newTest(t, 16<<20, stdLimits(4096), Config{Size: 256 << 10, DirtyLimit: 128 << 10, MaxDirtyAge: time.Hour})
+	dev.SetFault(func(op fakedev.Op) error {
+		if op.Kind == fakedev.Write {
+			return block.ErrIO
+		}
+		return nil
+	})
+	for i := int64(0); i < 32; i++ {
+		if err := c.WriteAt(ctx, fill(4096, byte(i)), i*4096, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buf := make([]byte, 64<<10)
+	for off := int64(1 << 20); off < 8<<20; off += int64(len(buf)) {
+		if err := c.ReadAt(ctx, buf, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := int64(0); i < 32; i++ {
+		got := make([]byte, 4096)
+		if err := c.ReadAt(ctx, got, i*4096); err != nil || !bytes.Equal(got, fill(4096, byte(i))) {
+			t.Fatalf("dirty page %d evicted", i)
+		}
+	}
+	if c.Stats().Evictions == 0 {
+		t.Fatal("no evictions happened; the test did not test anything")
+	}
+	dev.SetFault(nil)
+	if err := c.Flush(ctx); err == nil {
+		t.Fatal("the earlier write-back failures were not reported by Flush")
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWriteZeroesAndDiscard(t *testing.T) {
+	ctx := context.Background()
+	for _, native := range []bool{true, false} {
+		t.Run(fmt.Sprint("native=", native), func(t *testing.T) {
+			lim := stdLimits(512)
+			lim.CanWriteZeroes = native
+			c, dev := newTest(t, 1<<20, lim, Config{Size: 1 << 20, MaxDirtyAge: time.Hour})
+			if err := c.WriteAt(ctx, fill(16384, 1), 0, 0); err != nil {
+				t.Fatal(err)
+			}
+			// Zero a range that starts and ends inside pages.
+			if err := c.WriteZeroes(ctx, 1024, 8192, 0); err != nil {
+				t.Fatal(err)
+			}
+			want := fill(16384, 1)
+			copy(want[1024:1024+8192], make([]byte, 8192))
+			got := make([]byte, 16384)
+			if err := c.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("after zeroing: %v", err)
+			}
+			if err := c.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(dev.Durable(0, 16384), want) {
+				t.Fatal("backend wrong after zeroing + flush")
+			}
+			if err := c.WriteZeroes(ctx, 0, 4096, block.FastOnly); native == errors.Is(err, block.ErrNotSupported) && !native {
+				t.Fatalf("fast zero: %v", err)
+			}
+		})
+	}
+}
+
+func TestRangeChecks(t *testing.T) {
+	ctx := context.Background()
+	c, _ := newTest(t, 1<<20, stdLimits(4096), Config{Size: 1 << 20})
+	for _, err := range []error{
+		c.ReadAt(ctx, make([]byte, 4096), 1<<20),
+		c.WriteAt(ctx, make([]byte, 100), 0, 0),
+		c.Discard(ctx, -4096, 4096),
+		c.WriteZeroes(ctx, 4096, 1<<20, 0),
+	} {
+		if !errors.Is(err, block.ErrInvalid) {
+			t.Errorf("got %v, want ErrInvalid", err)
+		}
+	}
+}
+
+func TestCloseFlushesAndReportsFailure(t *testing.T) {
+	ctx := context.Background()
+	dev := fakedev.New(1<<20, stdLimits(4096))
+	c, err := New(dev, Config{Size: 1 << 20, MaxDirtyAge: time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := fill(4096, 8)
+	if err := c.WriteAt(ctx, data, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dev.Durable(0, 4096), data) {
+		t.Fatal("Close did not flush")
+	}
+	if err := c.WriteAt(ctx, data, 0, 0); !errors.Is(err, block.ErrClosed) {
+		t.Fatalf("write after close: %v", err)
+	}
+
+	dev2 := fakedev.New(1<<20, stdLimits(4096))
+	c2, err := New(dev2, Config{Size: 1 << 20, MaxDirtyAge: time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.WriteAt(ctx, data, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	dev2.SetFault(func(op fakedev.Op) error {
+		if op.Kind == fakedev.Write {
+			return block.ErrIO
+		}
+		return nil
+	})
+	if err := c2.Close(); !errors.Is(err, block.ErrIO) {
+		t.Fatalf("Close with a failing backend: %v", err)
+	}
+}
+
+func TestReadHitZeroAllocs(t *testing.T) {
+	ctx := context.Background()
+	c, _ := newTest(t, 4<<20, stdLimits(4096), Config{Size: 4 << 20})
+	buf := make([]byte, 4096)
+	if err := c.ReadAt(ctx, buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ReadAt(ctx, buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	allocs := testing.AllocsPerRun(1000, func() {
+		if err := c.ReadAt(ctx, buf, 0); err != nil {
+			panic(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("read hit allocates %.1f times", allocs)
+	}
+}
+
+func BenchmarkReadHit(b *testing.B) {
+	for _, size := range []int{4096, 65536} {
+		b.Run(fmt.Sprint(size), func(b *testing.B) {
+			ctx := context.Background()
+			c, _ := newTest(b, 64<<20, stdLimits(4096), Config{Size: 64 << 20})
+			const span = 32 << 20
+			warm := make([]byte, 1<<20)
+			for off := int64(0); off < span; off += int64(len(warm)) {
+				if err := c.ReadAt(ctx, warm, off); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			b.ResetTimer()
+			var next atomic.Int64
+			b.RunParallel(func(pb *testing.PB) {
+				buf := make([]byte, size)
+				i := next.Add(7919)
+				for pb.Next() {
+					i = (i*1103515245 + 12345) & (1<<31 - 1)
+					off := (i % (span / int64(size))) * int64(size)
+					if err := c.ReadAt(ctx, buf, off); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			if st := c.Stats(); st.Misses > uint64(span/4096)+16 {
+				b.Fatalf("not steady state: %+v", st)
+			}
+		})
+	}
+}
+
+func BenchmarkWrite4K(b *testing.B) {
+	ctx := context.Background()
+	c, _ := newTest(b, 256<<20, stdLimits(4096), Config{Size: 64 << 20})
+	b.SetBytes(4096)
+	b.ReportAllocs()
+	var next atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		buf := make([]byte, 4096)
+		i := next.Add(7919)
+		for pb.Next() {
+			i = (i*1103515245 + 12345) & (1<<31 - 1)
+			if err := c.WriteAt(ctx, buf, (i%(64<<8))*4096, 0); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}

@@ -1,0 +1,233 @@
+package cache
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dustin/go-humanize"
+
+	"github.com/iser-blk/iser-blk/pool"
+)
+
+// Mode selects how writes are treated.
+type Mode int
+
+const (
+	// WriteBack (the default) acknowledges writes once they are in cache pages; Flush and FUA make
+	// them durable. The cache advertises a volatile write cache.
+	WriteBack Mode = iota
+	// WriteThrough acknowledges a write only after the backend accepted it; reads are cached.
+	WriteThrough
+	// Off removes the cache: Wrap returns the backend itself.
+	Off
+)
+
+func (m Mode) String() string {
+	switch m {
+	case WriteBack:
+		return "writeback"
+	case WriteThrough:
+		return "writethrough"
+	case Off:
+		return "off"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// ParseMode parses the value of --cache.
+func ParseMode(s string) (Mode, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "writeback", "wb":
+		return WriteBack, nil
+	case "writethrough", "wt":
+		return WriteThrough, nil
+	case "off", "none":
+		return Off, nil
+	}
+	return 0, fmt.Errorf("cache mode %q: want writeback, writethrough or off", s)
+}
+
+// Defaults for the fields of Config left zero.
+const (
+	DefaultSize        = 1 << 30
+	DefaultDirtyPct    = 50
+	DefaultPageSize    = 4096
+	DefaultMaxDirtyAge = 10 * time.Second
+	DefaultWorkers     = 4
+	DefaultWriteBack   = 1 << 20 // largest write-back when the backend sets no MaxTransfer
+	maxWriteBackCap    = 8 << 20
+	DefaultReadAhead   = 512 << 10
+)
+
+// Config configures a cache. The zero value of every field means its default.
+type Config struct {
+	Mode Mode
+	// Size is the memory budget for cache pages in bytes (--cache-size). Default 1 GiB.
+	Size int64
+	// DirtyLimit is the most dirty data the cache holds, in bytes (--cache-dirty): writers that
+	// would exceed it wait for write-back (the high watermark). Default 50 % of Size.
+	DirtyLimit int64
+	// LowWater is the dirty level above which the flusher writes back in the background without a
+	// reason (age, Flush, throttled writers). Default: a quarter of DirtyLimit, but at least two
+	// full write-backs so that sequential writes are coalesced.
+	LowWater int64
+	// MaxDirtyAge bounds how long a page stays dirty before it is written back. Default 10 s.
+	MaxDirtyAge time.Duration
+	// Workers is the number of concurrent write-backs. Default 4.
+	Workers int
+	// MaxWriteBack caps one coalesced write-back in bytes. Default: the backend's MaxTransfer
+	// (1 MiB when it has none), at most 8 MiB.
+	MaxWriteBack int64
+	// ReadAhead is the window read past a sequential miss. Default 512 KiB; negative disables.
+	ReadAhead int64
+	// PageSize is the cache page size: a multiple of the backend's block size holding at most
+	// 64 blocks. Default 4 KiB (or the block size if larger).
+	PageSize int
+	// HugePages asks the page pool for MAP_HUGETLB memory.
+	HugePages bool
+	// IOPool, when set, supplies staging buffers for backend I/O (so that an RDMA backend gets
+	// registered memory). Otherwise staging buffers come from the Go heap.
+	IOPool *pool.Pool
+
+	dirtyPct float64 // set by ParseConfig for a percentage; resolved against Size
+}
+
+// ParseConfig turns the strings of --cache, --cache-size and --cache-dirty into a Config.
+// Sizes are humanized ("1GiB", "512M", "1073741824"); the dirty limit is a percentage of the
+// cache size ("50%") or a size. Empty strings mean the defaults.
+func ParseConfig(mode, size, dirty string) (Config, error) {
+	var cfg Config
+	var err error
+	if cfg.Mode, err = ParseMode(mode); err != nil {
+		return Config{}, err
+	}
+	cfg.Size = DefaultSize
+	if strings.TrimSpace(size) != "" {
+		n, err := humanize.ParseBytes(strings.TrimSpace(size))
+		if err != nil {
+			return Config{}, fmt.Errorf("--cache-size %q: %w", size, err)
+		}
+		if n == 0 || n > 1<<50 {
+			return Config{}, fmt.Errorf("--cache-size %q: out of range", size)
+		}
+		cfg.Size = int64(n)
+	}
+	d := strings.TrimSpace(dirty)
+	switch {
+	case d == "":
+		cfg.dirtyPct = DefaultDirtyPct
+	case strings.HasSuffix(d, "%"):
+		pct, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(d, "%")), 64)
+		if err != nil || pct <= 0 || pct > 100 {
+			return Config{}, fmt.Errorf("--cache-dirty %q: want a percentage in (0, 100] or a size", dirty)
+		}
+		cfg.dirtyPct = pct
+	default:
+		n, err := humanize.ParseBytes(d)
+		if err != nil {
+			return Config{}, fmt.Errorf("--cache-dirty %q: %w", dirty, err)
+		}
+		if n == 0 {
+			return Config{}, errors.New("--cache-dirty: must be positive")
+		}
+		if int64(n) > cfg.Size {
+			return Config{}, fmt.Errorf("--cache-dirty %s is larger than --cache-size %s",
+				humanize.IBytes(n), humanize.IBytes(uint64(cfg.Size)))
+		}
+		cfg.DirtyLimit = int64(n)
+	}
+	if cfg.dirtyPct > 0 {
+		cfg.DirtyLimit = int64(float64(cfg.Size) * cfg.dirtyPct / 100)
+	}
+	return cfg, nil
+}
+
+// resolved is a Config with every default filled in for a given backend.
+type resolved struct {
+	Config
+	blockSize  int
+	spp        int   // sectors (blocks) per page
+	nPages     int   // cache slots
+	limitPages int64 // dirty limit in pages
+	lowPages   int64
+	maxJob     int64 // bytes per write-back
+	raPages    int64
+}
+
+func resolve(cfg Config, bs int, backendMaxTransfer int64) (resolved, error) {
+	r := resolved{Config: cfg, blockSize: bs}
+	if bs < 512 || bs&(bs-1) != 0 {
+		return r, fmt.Errorf("cache: backend block size %d is not a power of two >= 512", bs)
+	}
+	if r.PageSize == 0 {
+		r.PageSize = DefaultPageSize
+		if bs > r.PageSize {
+			r.PageSize = bs
+		}
+	}
+	if r.PageSize%bs != 0 || r.PageSize/bs > 64 {
+		return r, fmt.Errorf("cache: page size %d must be a multiple of the block size %d and hold at most 64 blocks", r.PageSize, bs)
+	}
+	r.spp = r.PageSize / bs
+	if r.Size == 0 {
+		r.Size = DefaultSize
+	}
+	if r.DirtyLimit == 0 {
+		pct := cfg.dirtyPct
+		if pct == 0 {
+			pct = DefaultDirtyPct
+		}
+		r.DirtyLimit = int64(float64(r.Size) * pct / 100)
+	}
+	if r.MaxWriteBack == 0 {
+		r.MaxWriteBack = backendMaxTransfer
+		if r.MaxWriteBack == 0 {
+			r.MaxWriteBack = DefaultWriteBack
+		}
+	}
+	if backendMaxTransfer > 0 && r.MaxWriteBack > backendMaxTransfer {
+		r.MaxWriteBack = backendMaxTransfer
+	}
+	if r.MaxWriteBack > maxWriteBackCap {
+		r.MaxWriteBack = maxWriteBackCap
+	}
+	r.MaxWriteBack = r.MaxWriteBack / int64(r.PageSize) * int64(r.PageSize)
+	if r.MaxWriteBack < int64(r.PageSize) {
+		return r, fmt.Errorf("cache: write-back size %d is smaller than a page (%d)", r.MaxWriteBack, r.PageSize)
+	}
+	r.maxJob = r.MaxWriteBack
+	r.nPages = int(r.Size / int64(r.PageSize))
+	if r.nPages < 16 {
+		return r, fmt.Errorf("cache: --cache-size %s holds fewer than 16 pages", humanize.IBytes(uint64(r.Size)))
+	}
+	r.limitPages = r.DirtyLimit / int64(r.PageSize)
+	if r.limitPages < 1 || r.limitPages > int64(r.nPages) {
+		return r, fmt.Errorf("cache: dirty limit %d must be between one page and the cache size %d", r.DirtyLimit, r.Size)
+	}
+	if r.LowWater == 0 {
+		r.LowWater = r.DirtyLimit / 4
+		if floor := min(2*r.maxJob, r.DirtyLimit/2); r.LowWater < floor {
+			r.LowWater = floor
+		}
+	}
+	r.lowPages = r.LowWater / int64(r.PageSize)
+	if r.lowPages >= r.limitPages {
+		r.lowPages = r.limitPages - 1
+	}
+	if r.MaxDirtyAge == 0 {
+		r.MaxDirtyAge = DefaultMaxDirtyAge
+	}
+	if r.Workers == 0 {
+		r.Workers = DefaultWorkers
+	}
+	if r.ReadAhead == 0 {
+		r.ReadAhead = DefaultReadAhead
+	}
+	if r.ReadAhead > 0 {
+		r.raPages = r.ReadAhead / int64(r.PageSize)
+	}
+	return r, nil
+}
