@@ -103,7 +103,7 @@ func DefaultProposal() Proposal {
 		InitialR2T:               false,
 		ImmediateData:            true,
 		MaxRecvDataSegmentLength: 256 << 10,
-		MaxBurstLength:           16 << 20,
+		MaxBurstLength:           16<<20 - 1024, // the 24-bit maximum rounded down to 1 KiB
 		FirstBurstLength:         256 << 10,
 		DefaultTime2Wait:         2,
 		DefaultTime2Retain:       0,
@@ -208,6 +208,8 @@ func (s *loginState) wrap(err error) error {
 		kind = ErrNegotiation
 	case errors.Is(err, ErrAuthFailed):
 		kind = ErrAuthFailed
+	case errors.Is(err, ErrConfig):
+		kind = ErrConfig
 	}
 	return &Error{Target: s.cfg.TargetName, Portal: s.c.RemoteAddr(), Kind: kind, Err: err}
 }

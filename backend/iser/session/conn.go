@@ -95,6 +95,7 @@ type conn struct {
 
 	expStatSN atomic.Uint32
 
+	closing    atomic.Bool // a logout is in progress: the target closing the socket is expected
 	done       chan struct{}
 	doneOnce   sync.Once
 	err        error
@@ -457,7 +458,7 @@ func (c *conn) reader() {
 		}
 		err = c.dispatch(&bhs)
 	}
-	if !c.dead() {
+	if !c.dead() && !c.closing.Load() {
 		c.log.Warn("iSCSI connection failed", zap.Error(err))
 	}
 	c.shutdown(err)
@@ -814,4 +815,3 @@ func (c *conn) deliverControl(bhs *pdu.BHS, data []byte, kind uint8) error {
 	c.complete(t, nil)
 	return nil
 }
-

@@ -155,6 +155,7 @@ func (c *conn) waitRound(ctx context.Context, t *task, out *ctlResult) error {
 
 // logout sends Logout Request "close the session" and waits for the response (§11.14-15).
 func (c *conn) logout(ctx context.Context) error {
+	c.closing.Store(true)
 	var out ctlResult
 	err := c.control(ctx, kindLogout, 0, func(t *task, cmdSN, expStatSN uint32) {
 		l := pdu.LogoutRequest{Immediate: true, Reason: pdu.LogoutCloseSession, ITT: t.itt, CID: c.params.CID,

@@ -1,0 +1,296 @@
+//go:build e2e
+
+// Package tgtd starts a private tgtd (the Linux SCSI target framework daemon, userspace iSCSI
+// target) on 127.0.0.1 for end-to-end tests, with its own iSCSI port and control port so parallel
+// test packages (and any tgtd already running) never clash, a file-backed LUN in /dev/shm,
+// optional CHAP / mutual CHAP accounts and target parameter overrides. Everything is torn down by
+// t.Cleanup. Requires root and the tgt package (tgtd, tgtadm).
+//
+// Readiness is established by polling tgtadm and the iSCSI port, never by sleeping a fixed time.
+package tgtd
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Account is a CHAP user known to the target.
+type Account struct {
+	User, Password string
+}
+
+// Options configures a target.
+type Options struct {
+	// Size of LUN 1 in bytes (default 64 MiB). The backing file is sparse, in /dev/shm.
+	Size int64
+	// TargetName is the IQN (default: a unique iqn.2026-11.io.iser-blk:e2e-<random>).
+	TargetName string
+	// CHAP, if set, is an incoming account: the initiator must authenticate as it.
+	CHAP *Account
+	// MutualCHAP, if set, is an outgoing account: the target authenticates to the initiator.
+	MutualCHAP *Account
+	// Params are target parameters set with `tgtadm --op update --mode target --name K --value V`
+	// (ImmediateData, InitialR2T, HeaderDigest, DataDigest, MaxRecvDataSegmentLength,
+	// MaxBurstLength, FirstBurstLength, ...).
+	Params map[string]string
+	// IOThreads is tgtd's -t (default 2).
+	IOThreads int
+}
+
+// Target is a running tgtd with one target and LUN 1.
+type Target struct {
+	Portal      string // 127.0.0.1:PORT
+	Port        int
+	Name        string // target IQN
+	LUN         uint64 // 1
+	Size        int64
+	BackingFile string
+	ControlPort int
+	TID         int
+
+	cmd *exec.Cmd
+}
+
+// Start starts tgtd and configures the target; t.Cleanup stops it and removes the backing file.
+func Start(t testing.TB, opts Options) *Target {
+	t.Helper()
+	for _, bin := range []string{"tgtd", "tgtadm"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Fatalf("tgtd fixture: %s not found (install the tgt package): %v", bin, err)
+		}
+	}
+	if os.Geteuid() != 0 {
+		t.Fatalf("tgtd fixture: needs root")
+	}
+	if opts.Size == 0 {
+		opts.Size = 64 << 20
+	}
+	if opts.TargetName == "" {
+		opts.TargetName = "iqn.2026-11.io.iser-blk:e2e-" + randHex(6)
+	}
+	if opts.IOThreads == 0 {
+		opts.IOThreads = 2
+	}
+	var tg *Target
+	var lastErr error
+	for attempt := 0; attempt < 8; attempt++ {
+		tg, lastErr = start(t, opts)
+		if lastErr == nil {
+			break
+		}
+		t.Logf("tgtd fixture: attempt %d: %v", attempt+1, lastErr)
+	}
+	if lastErr != nil {
+		t.Fatalf("tgtd fixture: %v", lastErr)
+	}
+	return tg
+}
+
+func start(t testing.TB, opts Options) (*Target, error) {
+	port, err := freeTCPPort()
+	if err != nil {
+		return nil, err
+	}
+	// The control port names an abstract unix socket; pick one unlikely to be in use.
+	ctl := 1024 + int(randUint16()%31000) // tgtd accepts up to 32767
+	tg := &Target{
+		Portal: fmt.Sprintf("127.0.0.1:%d", port), Port: port, Name: opts.TargetName,
+		LUN: 1, Size: opts.Size, ControlPort: ctl, TID: 1,
+	}
+	if _, err := tg.tgtadm("--mode", "system", "--op", "show"); err == nil {
+		return nil, fmt.Errorf("control port %d is already served by another tgtd", ctl)
+	}
+	var logBuf bytes.Buffer
+	cmd := exec.Command("tgtd", "-f", "-C", strconv.Itoa(ctl), "-t", strconv.Itoa(opts.IOThreads),
+		"--iscsi", "portal="+tg.Portal)
+	cmd.Stdout, cmd.Stderr = &logBuf, &logBuf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting tgtd: %w", err)
+	}
+	tg.cmd = cmd
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stop := func() {
+		// tgtd keeps no state outside the process but our backing file (removed below) and
+		// ignores SIGTERM while targets exist, so kill it outright.
+		_ = cmd.Process.Kill()
+		<-exited
+	}
+	// Readiness: tgtadm answers on our control port and the iSCSI port accepts connections.
+	deadline := time.Now().Add(10 * time.Second)
+	poll := time.NewTicker(20 * time.Millisecond)
+	defer poll.Stop()
+	for {
+		select {
+		case err := <-exited:
+			exited <- err
+			return nil, fmt.Errorf("tgtd exited during start-up (%v): %s", err, logBuf.String())
+		default:
+		}
+		_, aerr := tg.tgtadm("--mode", "system", "--op", "show")
+		if aerr == nil {
+			c, derr := net.DialTimeout("tcp", tg.Portal, time.Second)
+			if derr == nil {
+				c.Close()
+				break
+			}
+			aerr = derr
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, fmt.Errorf("tgtd not ready after 10 s: %v; log: %s", aerr, logBuf.String())
+		}
+		<-poll.C
+	}
+	t.Cleanup(func() {
+		stop()
+		if tg.BackingFile != "" {
+			os.Remove(tg.BackingFile)
+		}
+	})
+	if err := tg.configure(opts); err != nil {
+		return nil, fmt.Errorf("configuring tgtd: %w (tgtd log: %s)", err, logBuf.String())
+	}
+	return tg, nil
+}
+
+func (tg *Target) configure(opts Options) error {
+	f, err := os.CreateTemp("/dev/shm", "iser-blk-e2e-*.img")
+	if err != nil {
+		return err
+	}
+	tg.BackingFile = f.Name()
+	if err := f.Truncate(opts.Size); err != nil {
+		f.Close()
+		return err
+	}
+	f.Close()
+	tid := strconv.Itoa(tg.TID)
+	steps := [][]string{
+		{"--mode", "target", "--op", "new", "--tid", tid, "--targetname", tg.Name},
+		{"--mode", "logicalunit", "--op", "new", "--tid", tid, "--lun", "1", "--backing-store", tg.BackingFile},
+		{"--mode", "target", "--op", "bind", "--tid", tid, "--initiator-address", "ALL"},
+	}
+	if a := opts.CHAP; a != nil {
+		steps = append(steps,
+			[]string{"--mode", "account", "--op", "new", "--user", a.User, "--password", a.Password},
+			[]string{"--mode", "account", "--op", "bind", "--tid", tid, "--user", a.User})
+	}
+	if a := opts.MutualCHAP; a != nil {
+		steps = append(steps,
+			[]string{"--mode", "account", "--op", "new", "--user", a.User, "--password", a.Password},
+			[]string{"--mode", "account", "--op", "bind", "--tid", tid, "--user", a.User, "--outgoing"})
+	}
+	for _, s := range steps {
+		if _, err := tg.tgtadm(s...); err != nil {
+			return err
+		}
+	}
+	for k, v := range opts.Params {
+		if err := tg.Update(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Update sets a target parameter (tgtadm --op update --mode target --name KEY --value V).
+func (tg *Target) Update(key, value string) error {
+	_, err := tg.tgtadm("--mode", "target", "--op", "update", "--tid", strconv.Itoa(tg.TID), "--name", key, "--value", value)
+	return err
+}
+
+// Show returns `tgtadm --mode target --op show` for the target.
+func (tg *Target) Show() (string, error) {
+	return tg.tgtadm("--mode", "target", "--op", "show", "--tid", strconv.Itoa(tg.TID))
+}
+
+// TGTAdm runs tgtadm against this tgtd (lld iscsi, our control port).
+func (tg *Target) TGTAdm(args ...string) (string, error) { return tg.tgtadm(args...) }
+
+func (tg *Target) tgtadm(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	full := append([]string{"-C", strconv.Itoa(tg.ControlPort), "--lld", "iscsi"}, args...)
+	out, err := exec.CommandContext(ctx, "tgtadm", full...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("tgtadm %s: %w: %s", redact(args), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// redact hides passwords in error messages.
+func redact(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = a
+		if i > 0 && args[i-1] == "--password" {
+			out[i] = "***"
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+// ReadBacking reads n bytes at off directly from the LUN's backing file (to cross-check what the
+// initiator wrote).
+func (tg *Target) ReadBacking(off int64, n int) ([]byte, error) {
+	f, err := os.Open(filepath.Clean(tg.BackingFile))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b := make([]byte, n)
+	if _, err := f.ReadAt(b, off); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// ClosedPort returns a 127.0.0.1 port with nothing listening (for "portal unreachable" tests).
+func ClosedPort(t testing.TB) string {
+	t.Helper()
+	p, err := freeTCPPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", p)
+}
+
+func freeTCPPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	a, ok := l.Addr().(*net.TCPAddr)
+	if !ok {
+		return 0, errors.New("not a TCP address")
+	}
+	return a.Port, nil
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func randUint16() uint16 {
+	var b [2]byte
+	_, _ = rand.Read(b[:])
+	return uint16(b[0])<<8 | uint16(b[1])
+}
