@@ -1,0 +1,60 @@
+package iser
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestParseURL(t *testing.T) {
+	tests := []struct {
+		in   string
+		want Target
+		err  string
+	}{
+		{"iscsi://10.0.0.1/iqn.2001-04.com.example:storage.disk1/1",
+			Target{Transport: "iscsi", Host: "10.0.0.1", Port: 3260, IQN: "iqn.2001-04.com.example:storage.disk1", LUN: 1}, ""},
+		{"iser://alice@host.example:3261/iqn.2025-01.io.x:t/0",
+			Target{Transport: "iser", User: "alice", Host: "host.example", Port: 3261, IQN: "iqn.2025-01.io.x:t", LUN: 0}, ""},
+		{"ISCSI://[fe80::1]:3260/eui.0123456789ABCDEF/16383",
+			Target{Transport: "iscsi", Host: "fe80::1", Port: 3260, IQN: "eui.0123456789ABCDEF", LUN: 16383}, ""},
+		{"iscsi://alice:hunter2@h/iqn.x:y/1", Target{}, "must not be in the URL"},
+		{"nbd://h/iqn.x:y/1", Target{}, "unknown scheme"},
+		{"h/iqn.x:y/1", Target{}, "missing scheme"},
+		{"iscsi:///iqn.x:y/1", Target{}, "missing host"},
+		{"iscsi://h:0/iqn.x:y/1", Target{}, "bad port"},
+		{"iscsi://h:70000/iqn.x:y/1", Target{}, "bad port"},
+		{"iscsi://h/iqn.x:y", Target{}, "want /IQN/LUN"},
+		{"iscsi://h/iqn.x:y/", Target{}, "bad LUN"},
+		{"iscsi://h/iqn.x:y/16384", Target{}, "bad LUN"},
+		{"iscsi://h/iqn.x:y/-1", Target{}, "bad LUN"},
+		{"iscsi://h/", Target{}, "want /IQN/LUN"},
+		{"iscsi://h//1", Target{}, "bad target name"},
+		{"iscsi://h/a/b/1", Target{}, "bad target name"},
+		{"iscsi://h/iqn.x:y/1?x=1", Target{}, "unexpected query"},
+	}
+	for _, tt := range tests {
+		got, err := ParseURL(tt.in)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) || !errors.Is(err, ErrBadURL) {
+				t.Errorf("%q: err %v, want %q", tt.in, err, tt.err)
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("%q: error leaks the secret: %v", tt.in, err)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("%q: got %+v, %v; want %+v", tt.in, got, err, tt.want)
+			continue
+		}
+		// String round-trips.
+		again, err := ParseURL(got.String())
+		if err != nil || again != got {
+			t.Errorf("%q: String %q re-parses to %+v, %v", tt.in, got.String(), again, err)
+		}
+	}
+	if p := (Target{Host: "fe80::1", Port: 3260}).Portal(); p != "[fe80::1]:3260" {
+		t.Errorf("portal %q", p)
+	}
+}
