@@ -143,15 +143,13 @@ type ISERConn struct {
 	ahs   [pdu.MaxAHSLength]byte
 
 	// reader state (one goroutine)
-	cur      int32
-	curLen   int
-	dataOff  int
-	dataLen  int
-	repost   []RecvWR
-	maxRecv  atomic.Int32
-	maxSend  atomic.Int32
-	started  atomic.Bool
-	recvSGEs []SGE
+	cur     int32
+	dataOff int
+	dataLen int
+	repost  []RecvWR
+	maxRecv atomic.Int32
+	maxSend atomic.Int32
+	started atomic.Bool
 
 	// sender scratch (serialised by the session's send lock)
 	wr SendWR
