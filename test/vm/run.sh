@@ -137,7 +137,7 @@ vmlinuz=$kroot/boot/vmlinuz-$kv
 initrd_mods=(virtio_pci 9pnet_virtio 9p overlay)
 initrd=$kroot/initrd-iserblk.cpio.gz
 want_sum=$( { cat "$here/init.sh"; echo "${initrd_mods[*]}"; sha256sum /bin/busybox; } | sha256sum | cut -c1-16)
-if [ ! -e "$initrd" ] || [ "$(cat "$kroot/.initrd-sum" 2>/dev/null)" != "$want_sum" ]; then
+if [ ! -e "$initrd" ] || [ "$(cat "$kroot/.initrd-iserblk-sum" 2>/dev/null)" != "$want_sum" ]; then
 	log "building initramfs for $kv"
 	t=$(mktemp -d "$VM_CACHE/initrd.XXXXXX")
 	mkdir -p "$t"/{bin,dev,proc,sys,lower,rw,newroot,mods}
@@ -158,7 +158,7 @@ if [ ! -e "$initrd" ] || [ "$(cat "$kroot/.initrd-sum" 2>/dev/null)" != "$want_s
 	install -m 755 "$here/init.sh" "$t/init"
 	(cd "$t" && find . | cpio -o -H newc --quiet | gzip -1) >"$initrd.tmp"
 	mv "$initrd.tmp" "$initrd"
-	echo "$want_sum" >"$kroot/.initrd-sum"
+	echo "$want_sum" >"$kroot/.initrd-iserblk-sum"
 	rm -rf "$t"
 fi
 exec 9>&- # release the prepare lock (and keep it away from QEMU)

@@ -1,0 +1,32 @@
+# mk/vm.mk — the VM tier (test/vm): real kernel nbd, ublk, soft-RoCE and LIO/tgt iSER paths in a
+# QEMU (TCG) guest booting Debian's 6.12 kernel on this host's userland. Included by the top-level
+# Makefile; it also works alone: `make -f mk/vm.mk test-vm`. Needs root (apt-get, QEMU's 9p export
+# of /); test/vm/run.sh installs the packages it needs. See docs/testing-vm.md.
+#
+#   make test-vm                    self-test of the runner, smoke suite, all vm-tagged Go tests
+#   make vm-smoke                   only the smoke suite (one guest boot)
+#   make vm-go-test [VM_PKG=./frontend/nbd] [VM_RUN=TestKernelAttach]   vm-tagged Go tests
+#   make vm-run VM_CMD='dmesg | tail'                                    any command in a guest
+
+VM_DIR := test/vm
+VM_PKG ?=
+VM_RUN ?=
+VM_CMD ?= uname -a
+
+.PHONY: test-vm vm-smoke vm-selftest vm-go-test vm-run
+
+# TALLY (set by the top-level Makefile) collects the counts for `make test`'s total line.
+test-vm:
+	@$(if $(TALLY),mkdir -p $(dir $(TALLY)) && TALLY=$(abspath $(TALLY))) $(VM_DIR)/test-vm.sh
+
+vm-smoke:
+	@$(VM_DIR)/run.sh $(VM_DIR)/smoke.sh
+
+vm-selftest:
+	@$(VM_DIR)/selftest.sh
+
+vm-go-test:
+	@$(VM_DIR)/run.sh go-test $(VM_PKG) $(if $(VM_RUN),-run '$(VM_RUN)') -v
+
+vm-run:
+	@$(VM_DIR)/run.sh bash -c '$(VM_CMD)'

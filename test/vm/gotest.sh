@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# test/vm/gotest.sh — run the project's Go tests that carry the `vm` build tag inside ONE guest.
+#
+#   test/vm/gotest.sh [PKG...] [[--] TESTFLAGS...]
+#   test/vm/run.sh go-test ./frontend/nbd -run TestKernelAttach      (the same thing)
+#
+# PKG are package paths such as ./frontend/nbd; default: every package with a _test.go file whose
+# //go:build line mentions vm, found with grep, so a new VM test is picked up without registering
+# it. TESTFLAGS are ordinary `go test` flags (-run X, -v, -timeout 5m, -count 1); they are passed
+# to the test binaries as -test.* flags. The first argument that starts with '-' ends the packages.
+#
+# The tests are compiled on the host (`go test -c -tags vm`; the guest sees the host's files but
+# has no writable Go cache), the CLI is built too and handed to the tests as ISERBLK_BIN unless that
+# is set, then one guest runs every binary (test/vm/guest/gotest-run.sh), and the host turns their
+# output into `go test -json` events for internal/testsummary, which prints the failures and a
+# closing "vm-go: N passed, N failed, N skipped" line.
+#
+# Environment: VM_GO_RACE=1 builds with -race (slow under TCG); VM_GO_TIMEOUT per-binary timeout
+# (default 10m); TALLY=FILE appends "vm-go PASSED FAILED SKIPPED" for `make test`'s total line;
+# VM_* knobs go to run.sh. Exit status: 0 all passed; 1 a test or build failed; 124/125 as run.sh.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+root=$(cd "$here/../.." && pwd -P)
+cd "$root"
+GO=${GO:-go}
+VM_CACHE=${VM_CACHE:-/var/tmp/iser-blk-vm}
+
+pkgs=()
+flags=()
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--) shift; break ;;
+	-*) break ;;
+	*) pkgs+=("$1"); shift ;;
+	esac
+done
+# go test flag spelling -> test binary spelling (-run X -> -test.run X)
+for a in "$@"; do
+	case "$a" in
+	-test.*) flags+=("$a") ;;
+	--*) flags+=("-test.${a#--}") ;;
+	-*) flags+=("-test.${a#-}") ;;
+	*) flags+=("$a") ;;
+	esac
+done
+have_timeout=0
+for a in "${flags[@]}"; do case "$a" in -test.timeout*) have_timeout=1 ;; esac; done
+[ $have_timeout = 1 ] || flags+=("-test.timeout=${VM_GO_TIMEOUT:-10m}")
+
+if [ ${#pkgs[@]} -eq 0 ]; then
+	while read -r d; do
+		pkgs+=("./${d#./}")
+	done < <(grep -rlE --include='*_test.go' --exclude-dir=.git --exclude-dir=testdata \
+		'^//go:build .*\bvm\b' . | xargs -r -n1 dirname | sort -u)
+fi
+if [ ${#pkgs[@]} -eq 0 ]; then
+	echo "gotest.sh: no package has vm-tagged tests"
+	echo "vm-go: 0 passed, 0 failed, 0 skipped"
+	exit 0
+fi
+
+mkdir -p "$VM_CACHE/gotest"
+out=$(mktemp -d "$VM_CACHE/gotest/build.XXXXXX")
+results=$(mktemp -d "$VM_CACHE/gotest/results.XXXXXX")
+trap 'rm -rf "$out" "$results"' EXIT
+race=()
+[ "${VM_GO_RACE:-0}" = 1 ] && race=(-race)
+
+# the CLI, for tests that run it (ISERBLK_BIN, see docs/CONVENTIONS.md)
+if [ -n "${ISERBLK_BIN:-}" ] && [ ! -x "$ISERBLK_BIN" ]; then
+	echo "gotest.sh: ISERBLK_BIN=$ISERBLK_BIN does not exist; building the CLI for this run instead"
+	unset ISERBLK_BIN
+fi
+if [ -z "${ISERBLK_BIN:-}" ] && [ -d cmd/iser-blk ]; then
+	if $GO build -o "$out/iser-blk" ./cmd/iser-blk; then
+		export ISERBLK_BIN=$out/iser-blk
+	else
+		echo "gotest.sh: warning: building ./cmd/iser-blk failed; tests that need ISERBLK_BIN will fail"
+	fi
+fi
+
+: >"$out/manifest"
+build_failed=0
+for p in "${pkgs[@]}"; do
+	ip=$($GO list -tags vm -f '{{.ImportPath}}' "$p" 2>/dev/null) || ip=$p
+	dir=$($GO list -tags vm -f '{{.Dir}}' "$p" 2>/dev/null) || dir=$root/${p#./}
+	name=$(printf '%s' "$ip" | tr -c 'A-Za-z0-9_.-' '_')
+	echo "gotest.sh: building $ip (tags vm${race:+, race})"
+	if ! $GO test -c -tags vm "${race[@]}" -o "$out/$name.test" "$p" >"$out/$name.build" 2>&1; then
+		cat "$out/$name.build"
+		# the build failure becomes the package's FAIL in the summary
+		{ cat "$out/$name.build"; echo "vm: build failed"; echo FAIL; } >"$results/$name.raw"
+		echo "$ip" >"$results/$name.pkg"
+		build_failed=1
+		continue
+	fi
+	if [ ! -x "$out/$name.test" ]; then
+		echo "gotest.sh: $ip has no vm test files; skipped"
+		continue
+	fi
+	printf '%s\t%s\t%s\t%s\n' "$name" "$out/$name.test" "$dir" "$ip" >>"$out/manifest"
+	echo "$ip" >"$results/$name.pkg"
+done
+
+vm_rc=0
+if [ -s "$out/manifest" ]; then
+	VM_RESULTS=$results "$here/run.sh" "$here/guest/gotest-run.sh" "$out/manifest" "$results" "${flags[@]}" || vm_rc=$?
+fi
+
+# raw test output -> go test -json events (test2json), a package that never ran -> a failure
+for f in "$results"/*.pkg; do
+	[ -e "$f" ] || continue
+	name=$(basename "$f" .pkg)
+	ip=$(cat "$f")
+	if [ ! -e "$results/$name.raw" ]; then
+		printf 'vm: not run (the VM run ended with status %s)\nFAIL\n' "$vm_rc" >"$results/$name.raw"
+	fi
+	$GO tool test2json -p "$ip" <"$results/$name.raw"
+done >"$results/all.json"
+
+summary_rc=0
+if [ -d "$root/internal/testsummary" ]; then
+	$GO run ./internal/testsummary -tier vm-go ${TALLY:+-tally "$TALLY"} <"$results/all.json" || summary_rc=$?
+else
+	p=$(grep -c '"Action":"pass","Package":"[^"]*","Test"' "$results/all.json" || true)
+	f=$(grep -c '"Action":"fail","Package":"[^"]*","Test"' "$results/all.json" || true)
+	s=$(grep -c '"Action":"skip","Package":"[^"]*","Test"' "$results/all.json" || true)
+	echo "vm-go: $p passed, $f failed, $s skipped"
+	[ "$f" = 0 ] || summary_rc=1
+fi
+case "$vm_rc" in 124 | 125) exit "$vm_rc" ;; esac
+[ "$vm_rc" = 0 ] && [ "$summary_rc" = 0 ] && [ "$build_failed" = 0 ] || exit 1

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# test/vm/selftest.sh — host-side checks of the runner itself (run by `make test-vm`):
+#   1. the guest command's exit status and output come back unchanged (quoting survives);
+#   2. a hung guest is killed at VM_TIMEOUT, reported as such, exit status 124;
+#   3. SIGTERM to the runner kills its QEMU;
+# and after each, no QEMU of that run is left (found by its unique -name, so QEMUs that other
+# people run on this machine are never looked at or touched).
+# Prints PASS/FAIL per check and "N passed, M failed"; TALLY=FILE appends "vm-self P F 0".
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+run=$here/run.sh
+passed=0
+failed=0
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/vm-selftest.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+ok() { passed=$((passed + 1)); echo "PASS $*"; }
+bad() { failed=$((failed + 1)); echo "FAIL $*"; }
+qemu_of() { pgrep -f -- "-name $1 " >/dev/null; } # is this run's QEMU alive?
+t_now() { echo "${EPOCHREALTIME%.*}"; }
+
+# 1. exit status and output
+id=vm-selftest-$$-exit
+t0=$(t_now)
+out=$(VM_RUN_ID=$id VM_RESULTS=$tmp/r1 "$run" sh -c 'printf "%s|" "$@"; exit 3' sh "a b" 'c$d' "'q'" 2>"$tmp/err1")
+rc=$?
+echo "  run.sh sh -c '... exit 3': exit $rc, output '$out' ($(($(t_now) - t0)) s)"
+if [ $rc = 3 ] && [ "$out" = "a b|c\$d|'q'|" ]; then ok "a failing command fails the run with its exit code (3) and its output intact"
+else bad "exit code/output passthrough: rc=$rc out='$out' stderr: $(tail -3 "$tmp/err1")"; fi
+if qemu_of "$id"; then bad "QEMU of $id still running after the run"; else ok "no QEMU left after a normal run"; fi
+
+# 2. timeout: the guest runs `sleep 1000`; the runner must kill it after VM_TIMEOUT seconds
+id=vm-selftest-$$-timeout
+t0=$(t_now)
+VM_RUN_ID=$id VM_TIMEOUT=30 VM_RESULTS=$tmp/r2 "$run" sleep 1000 >"$tmp/out2" 2>"$tmp/err2" &
+pid=$!
+seen=0
+for _ in $(seq 200); do # poll up to 20 s for the QEMU to show up, so the check after means something
+	if qemu_of "$id"; then seen=1; break; fi
+	sleep 0.1
+done
+wait $pid
+rc=$?
+wall=$(($(t_now) - t0))
+echo "  VM_TIMEOUT=30 run.sh sleep 1000: exit $rc after ${wall} s; stderr: $(grep -m1 TIMEOUT "$tmp/err2")"
+if [ $rc = 124 ] && grep -q 'TIMEOUT' "$tmp/err2" && [ $wall -ge 30 ] && [ $wall -lt 60 ]; then
+	ok "a hung guest is killed at VM_TIMEOUT and reported (exit 124)"
+else bad "timeout: rc=$rc wall=${wall}s stderr: $(tail -3 "$tmp/err2")"; fi
+if [ $seen = 1 ] && ! qemu_of "$id"; then ok "QEMU was running during the hang and is gone after the timeout"
+else bad "QEMU seen during the run: $seen; still running after: $(pgrep -af -- "-name $id " || echo no)"; fi
+
+# 3. SIGTERM to the runner while the guest runs
+id=vm-selftest-$$-term
+VM_RUN_ID=$id VM_RESULTS=$tmp/r3 "$run" sleep 1000 >"$tmp/out3" 2>"$tmp/err3" &
+pid=$!
+seen=0
+for _ in $(seq 200); do
+	if qemu_of "$id"; then seen=1; break; fi
+	sleep 0.1
+done
+kill -TERM $pid
+wait $pid
+rc=$?
+if [ $seen = 1 ] && [ $rc = 143 ] && ! qemu_of "$id"; then ok "SIGTERM to run.sh kills its QEMU (exit 143)"
+else bad "SIGTERM: QEMU seen $seen, rc=$rc, left: $(pgrep -af -- "-name $id " || echo none)"; fi
+
+echo "$passed passed, $failed failed"
+[ -z "${TALLY:-}" ] || echo "vm-self $passed $failed 0" >>"$TALLY"
+[ $failed = 0 ]

@@ -1,0 +1,104 @@
+//go:build vm
+
+package vmtest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// These run inside the guest (make test-vm) and check the helpers other packages' VM tests use.
+
+func TestRequireInGuest(t *testing.T) {
+	Require(t)
+	if fi, err := os.Stat(filepath.Join(GuestDir(t), "lio-target.sh")); err != nil || fi.Mode()&0o111 == 0 {
+		t.Fatalf("guest helper lio-target.sh not executable in %s: %v", GuestDir(t), err)
+	}
+}
+
+func TestLoadModules(t *testing.T) {
+	Require(t)
+	kv := LoadModules(t, "nbd", "ublk", "brd")
+	for key, kind := range map[string]os.FileMode{"NBD_DEV": os.ModeDevice, "BRD_DEV": os.ModeDevice, "UBLK_CONTROL": os.ModeCharDevice} {
+		fi, err := os.Stat(kv[key])
+		if err != nil {
+			t.Fatalf("%s=%q: %v", key, kv[key], err)
+		}
+		if fi.Mode()&kind == 0 {
+			t.Fatalf("%s=%s has mode %v, want a device", key, kv[key], fi.Mode())
+		}
+	}
+}
+
+func TestRXEUpIsActiveAndIdempotent(t *testing.T) {
+	Require(t)
+	a := RXEUp(t)
+	b := RXEUp(t) // a second call reuses the device
+	if a != b {
+		t.Fatalf("second RXEUp = %+v, first %+v", b, a)
+	}
+	state, err := os.ReadFile(filepath.Join("/sys/class/infiniband", a.Dev, "ports/1/state"))
+	if err != nil || !bytes.Contains(state, []byte("ACTIVE")) {
+		t.Fatalf("%s port state %q, %v", a.Dev, state, err)
+	}
+}
+
+// A fileio LUN with 4 KiB blocks: the portal accepts TCP connections, configfs shows the block
+// size and the backing file has the size asked for; teardown removes the target.
+func TestLIOFileTargetAndTeardown(t *testing.T) {
+	Require(t)
+	tg := StartLIO(t, LIOOptions{
+		IQN: "iqn.2003-01.org.linux-iscsi.iserblk-vm:vmtest-file", File: true,
+		SizeMiB: 8, BlockSize: 4096, Port: 3263,
+	})
+	if tg.BlockSize != 4096 || tg.SizeBytes != 8<<20 || !tg.ISER || tg.RDMADev == "" {
+		t.Fatalf("target %+v: want 4096-byte blocks, 8 MiB, iSER on an RDMA device", tg)
+	}
+	if fi, err := os.Stat(tg.File); err != nil || fi.Size() != tg.SizeBytes {
+		t.Fatalf("backing file %s: %v (size %v)", tg.File, err, fi)
+	}
+	c, err := (&net.Dialer{Timeout: 10 * time.Second}).DialContext(context.Background(), "tcp", tg.Portal)
+	if err != nil {
+		t.Fatalf("dial portal %s: %v", tg.Portal, err)
+	}
+	c.Close()
+	if got := tg.URL("iser"); got != "iser://"+tg.Portal+"/"+tg.IQN+"/0" {
+		t.Fatalf("URL = %s", got)
+	}
+	tg.Teardown(t)
+	if _, err := os.Stat("/sys/kernel/config/target/iscsi/" + tg.IQN); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("target still in configfs after teardown: %v", err)
+	}
+	if _, err := net.DialTimeout("tcp", tg.Portal, 5*time.Second); err == nil {
+		t.Fatalf("portal %s still accepts connections after teardown", tg.Portal)
+	}
+}
+
+// The ACL path: a listed initiator logs in (open-iscsi over iSER), an unlisted one is refused.
+func TestLIOACLWithOpenISCSI(t *testing.T) {
+	Require(t)
+	const allowed = "iqn.2026-01.org.iserblk:vmtest-allowed"
+	tg := StartLIO(t, LIOOptions{
+		IQN: "iqn.2003-01.org.linux-iscsi.iserblk-vm:vmtest-acl", SizeMiB: 16, Port: 3264,
+		ACLs: []string{allowed},
+	})
+	sess, err := OpenISCSILogin(t, LoginOptions{Portal: tg.Portal, IQN: tg.IQN, Transport: "iser", Initiator: allowed})
+	if err != nil {
+		t.Fatalf("allowed initiator: %v", err)
+	}
+	if sess.Transport != "iser" || !strings.HasPrefix(sess.Dev, "/dev/sd") {
+		t.Fatalf("session %+v", sess)
+	}
+	_, err = OpenISCSILogin(t, LoginOptions{Portal: tg.Portal, IQN: tg.IQN, Transport: "iser",
+		Initiator: "iqn.2026-01.org.iserblk:vmtest-stranger"})
+	if !errors.Is(err, ErrLoginRefused) {
+		t.Fatalf("unlisted initiator: err %v, want ErrLoginRefused", err)
+	}
+}
