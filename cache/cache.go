@@ -152,6 +152,7 @@ type Cache struct {
 	bgCtx    context.Context
 	bgCancel context.CancelFunc
 	closed   atomic.Bool
+	ops      atomic.Int64 // calls in progress; page memory is released only when none is
 	jobs     sync.Pool
 
 	streams    [8]atomic.Int64
@@ -342,11 +343,22 @@ func (c *Cache) sectorMask(pOff, n int64) uint64 {
 	return (1<<cnt - 1) << first
 }
 
-func (c *Cache) checkOpen() error {
+// enter admits a call; every successful enter is paired with exit. Page memory is unmapped only
+// after the cache is closed and no call is inside, so a call racing with Close fails cleanly
+// instead of touching unmapped memory.
+func (c *Cache) enter() error {
+	c.ops.Add(1)
 	if c.closed.Load() {
+		c.exit()
 		return fmt.Errorf("cache: %w", block.ErrClosed)
 	}
 	return nil
+}
+
+func (c *Cache) exit() {
+	if c.ops.Add(-1) == 0 && c.closed.Load() {
+		c.progress.broadcast()
+	}
 }
 
 func (c *Cache) doKick() {
@@ -358,9 +370,10 @@ func (c *Cache) doKick() {
 
 // ReadAt serves p from cache pages where they are valid and fills the rest from the backend.
 func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
-	if err := c.checkOpen(); err != nil {
+	if err := c.enter(); err != nil {
 		return err
 	}
+	defer c.exit()
 	if err := block.CheckRange(c, off, int64(len(p))); err != nil {
 		return err
 	}
@@ -650,9 +663,10 @@ func (c *Cache) freeSlot(s int32) {
 // WriteAt copies p into cache pages and marks them dirty. With FUA (or in write-through mode) the
 // pages are written back before it returns.
 func (c *Cache) WriteAt(ctx context.Context, p []byte, off int64, flags block.WriteFlags) error {
-	if err := c.checkOpen(); err != nil {
+	if err := c.enter(); err != nil {
 		return err
 	}
+	defer c.exit()
 	if c.lim.ReadOnly {
 		return fmt.Errorf("cache: write: %w", block.ErrReadOnly)
 	}
@@ -842,6 +856,10 @@ func (c *Cache) syncRange(ctx context.Context, off, length int64, fua bool) erro
 			needFlush = c.lim.CanFlush
 		}
 	}
+	// Bytes of the range that another write-back (without FUA) carried to the backend are not
+	// durable until the backend flushes; count what our own jobs covered.
+	rangeEnd := off + length
+	covered := int64(0)
 	pg, sec := first, 0
 	for pg <= last {
 		ch := c.progress.wait()
@@ -860,17 +878,26 @@ func (c *Cache) syncRange(ctx context.Context, off, length int64, fua bool) erro
 				continue
 			case <-ctx.Done():
 				return fmt.Errorf("cache: waiting for write-back: %w", ctx.Err())
+			case <-c.stop:
+				return fmt.Errorf("cache: %w", block.ErrClosed)
 			}
 		}
 		c.buildJobLocked(j, s, pg, sec, first, last)
 		c.dmu.Unlock()
+		cursor := max(pg*c.ps+int64(sec)*c.bs, off)
 		if err := c.runJob(ctx, j, flags, false); err != nil {
 			return err
+		}
+		if lo, hi := max(j.off, cursor), min(j.end, rangeEnd); hi > lo {
+			covered += hi - lo
 		}
 		pg, sec = j.endPage, j.endSec
 		if sec == c.cfg.spp {
 			pg, sec = pg+1, 0
 		}
+	}
+	if fua && covered < length && c.lim.CanFlush {
+		needFlush = true
 	}
 	if needFlush {
 		if err := c.be.Flush(ctx); err != nil {
@@ -883,9 +910,10 @@ func (c *Cache) syncRange(ctx context.Context, off, length int64, fua bool) erro
 // Flush returns once every write acknowledged before it was called is on the backend and the
 // backend's own Flush succeeded. See the package comment.
 func (c *Cache) Flush(ctx context.Context) error {
-	if err := c.checkOpen(); err != nil {
+	if err := c.enter(); err != nil {
 		return err
 	}
+	defer c.exit()
 	err := c.flush(ctx)
 	c.st.flushes.Add(1)
 	if err != nil {
@@ -921,6 +949,8 @@ func (c *Cache) flush(ctx context.Context) error {
 		case <-ch:
 		case <-ctx.Done():
 			return fmt.Errorf("cache: flush: %w", ctx.Err())
+		case <-c.stop:
+			return fmt.Errorf("cache: flush: %w", block.ErrClosed)
 		}
 	}
 	if c.lim.CanFlush {
@@ -943,9 +973,10 @@ func (e *writeBackError) Unwrap() error        { return e.cause }
 
 // Discard drops cached data in the range and discards it on the backend.
 func (c *Cache) Discard(ctx context.Context, off, length int64) error {
-	if err := c.checkOpen(); err != nil {
+	if err := c.enter(); err != nil {
 		return err
 	}
+	defer c.exit()
 	if err := block.CheckRange(c, off, length); err != nil {
 		return err
 	}
@@ -966,9 +997,10 @@ func (c *Cache) Discard(ctx context.Context, off, length int64) error {
 // WriteZeroes makes the range read back as zeroes: on the backend directly when it can, otherwise
 // by writing zero pages through the cache.
 func (c *Cache) WriteZeroes(ctx context.Context, off, length int64, flags block.ZeroFlags) error {
-	if err := c.checkOpen(); err != nil {
+	if err := c.enter(); err != nil {
 		return err
 	}
+	defer c.exit()
 	if err := block.CheckRange(c, off, length); err != nil {
 		return err
 	}
@@ -1045,6 +1077,8 @@ func (c *Cache) directOp(ctx context.Context, off, length int64, op func(context
 		case <-ch:
 		case <-ctx.Done():
 			return fmt.Errorf("cache: waiting for write-back before discard: %w", ctx.Err())
+		case <-c.stop:
+			return fmt.Errorf("cache: %w", block.ErrClosed)
 		}
 	}
 	for length > 0 {
@@ -1188,9 +1222,16 @@ func (c *Cache) shutdown() {
 	if !c.closed.CompareAndSwap(false, true) {
 		return
 	}
-	close(c.stop)
+	close(c.stop) // wakes throttled writers and waiting fills
 	c.bgCancel()
 	c.wg.Wait()
+	for {
+		ch := c.progress.wait()
+		if c.ops.Load() == 0 {
+			break
+		}
+		<-ch
+	}
 	c.releasePages()
 }
 

@@ -1,0 +1,447 @@
+package cache
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/cache/internal/fakedev"
+)
+
+// The model test (acceptance item 1) drives a cache with concurrent workers and checks every
+// result against an oracle.
+//
+// Each worker owns a set of stripes (runs of blocks). Stripes are not page aligned, so pages are
+// shared between workers and the cache sees concurrent traffic on every page, but each block
+// has one writer, which makes its history a sequence: vers[b] lists the tags written to block b
+// in order (tag 0 = zeroes). floor[b] is the index of the oldest version that must still be on
+// the backend after a crash: it rises when a Flush that started after the version was
+// acknowledged succeeds, and at the acknowledgement of a FUA write.
+//
+// Checks:
+//   - every read returns the latest acknowledged version of each block (whole block content);
+//   - a FUA write (and a write-zeroes with ZeroFUA) is on the backend's durable image at ack;
+//   - at a quiesced flush point the durable image holds exactly the latest versions;
+//   - after a simulated crash (the cache dropped without flushing, then the backend's own
+//     volatile cache lost) every block holds a version at or after its floor;
+//   - the backend never saw two overlapping writes in flight at once.
+
+const (
+	modelBS      = 512
+	modelStripe  = 24 // blocks per stripe: 12 KiB, deliberately not page aligned
+	modelDevSize = 4 << 20
+)
+
+type modelBlock struct {
+	vers  []uint64
+	floor int
+}
+
+type model struct {
+	t       *testing.T
+	dev     *fakedev.Dev
+	cfg     Config
+	workers int
+	mu      []sync.Mutex // per worker: guards the blocks it owns
+	blocks  []modelBlock
+	tags    atomic.Uint64
+
+	cmu sync.RWMutex // guards c (replaced at crashes)
+	c   *Cache
+
+	failRate float64
+	rng      *rand.Rand // used under the fake's lock (fault hook) only
+
+	ops, flushes, crashes, fuas, faults atomic.Int64
+}
+
+func blockContent(tag uint64, dst []byte) {
+	if tag == 0 {
+		clear(dst)
+		return
+	}
+	binary.LittleEndian.PutUint64(dst, tag)
+	for i := 8; i < len(dst); i++ {
+		dst[i] = byte(tag*31) ^ byte(i)
+	}
+}
+
+// parseBlock returns the tag a block holds, or an error if it is not a well-formed block.
+func parseBlock(b []byte) (uint64, error) {
+	tag := binary.LittleEndian.Uint64(b)
+	if tag == 0 {
+		for _, x := range b {
+			if x != 0 {
+				return 0, errors.New("torn block: zero tag with non-zero data")
+			}
+		}
+		return 0, nil
+	}
+	for i := 8; i < len(b); i++ {
+		if b[i] != byte(tag*31)^byte(i) {
+			return tag, fmt.Errorf("torn block: tag %d with foreign data at byte %d", tag, i)
+		}
+	}
+	return tag, nil
+}
+
+func (m *model) owner(b int) int { return (b / modelStripe) % m.workers }
+
+func (m *model) cache() *Cache {
+	m.cmu.RLock()
+	defer m.cmu.RUnlock()
+	return m.c
+}
+
+func newModel(t *testing.T, seed uint64, workers int, failRate float64) *model {
+	lim := block.Limits{
+		LogicalBlockSize: modelBS, PhysicalBlockSize: 4096, MaxTransfer: 64 << 10,
+		CanFlush: true, CanFUA: seed%3 != 0, CanDiscard: true, CanWriteZeroes: seed%4 != 1, DiscardZeroes: true,
+		MaxDiscard: 8 << 10, VolatileCache: true,
+	}
+	m := &model{
+		t:        t,
+		dev:      fakedev.New(modelDevSize, lim),
+		workers:  workers,
+		mu:       make([]sync.Mutex, workers),
+		blocks:   make([]modelBlock, modelDevSize/modelBS),
+		failRate: failRate,
+		rng:      rand.New(rand.NewPCG(seed, 99)),
+		cfg: Config{
+			Size:        256 << 10, // 64 pages for a 4 MiB device: constant eviction
+			DirtyLimit:  96 << 10,
+			LowWater:    32 << 10,
+			MaxDirtyAge: 2 * time.Millisecond,
+			Workers:     3,
+			ReadAhead:   16 << 10,
+		},
+	}
+	if seed%5 == 2 {
+		m.cfg.Mode = WriteThrough
+	}
+	for i := range m.blocks {
+		m.blocks[i].vers = []uint64{0}
+	}
+	m.dev.SetFault(func(op fakedev.Op) error {
+		if m.failRate > 0 && (op.Kind == fakedev.Write || op.Kind == fakedev.Flush) && m.rng.Float64() < m.failRate {
+			m.faults.Add(1)
+			return fmt.Errorf("injected fault: %w", block.ErrIO)
+		}
+		return nil
+	})
+	m.dev.SetBefore(func(fakedev.Op) { runtime.Gosched() })
+	c, err := New(m.dev, m.cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.c = c
+	return m
+}
+
+// retry runs op until it succeeds: injected faults fail operations at random, and the oracle
+// only records acknowledged operations.
+func retry(op func() error) error {
+	var err error
+	for i := 0; i < 200; i++ {
+		if err = op(); err == nil {
+			return nil
+		}
+		if !errors.Is(err, block.ErrIO) {
+			return err
+		}
+	}
+	return fmt.Errorf("still failing after 200 attempts: %w", err)
+}
+
+func (m *model) worker(ctx context.Context, w int, rng *rand.Rand, nops int) error {
+	stripes := (len(m.blocks) / modelStripe)
+	mine := make([]int, 0, stripes/m.workers)
+	for s := w; s < stripes; s += m.workers {
+		mine = append(mine, s)
+	}
+	hot := mine[:max(1, len(mine)/8)]
+	buf := make([]byte, modelStripe*modelBS)
+	for i := 0; i < nops; i++ {
+		m.ops.Add(1)
+		var s int
+		if rng.IntN(10) < 7 {
+			s = hot[rng.IntN(len(hot))]
+		} else {
+			s = mine[rng.IntN(len(mine))]
+		}
+		first := s*modelStripe + rng.IntN(modelStripe)
+		n := 1 + rng.IntN(s*modelStripe+modelStripe-first)
+		off, length := int64(first)*modelBS, int64(n)*modelBS
+		c := m.cache()
+		r := rng.IntN(100)
+		if r >= 88 && r < 97 {
+			r = 0 // 49 % reads, 3 % flushes
+		}
+		switch {
+		case r < 40: // read
+			p := buf[:length]
+			if err := retry(func() error { return c.ReadAt(ctx, p, off) }); err != nil {
+				return fmt.Errorf("read [%d,+%d): %w", off, length, err)
+			}
+			m.mu[w].Lock()
+			for k := 0; k < n; k++ {
+				b := first + k
+				tag, err := parseBlock(p[k*modelBS : (k+1)*modelBS])
+				want := m.blocks[b].vers[len(m.blocks[b].vers)-1]
+				if err != nil || tag != want {
+					m.mu[w].Unlock()
+					return fmt.Errorf("read of block %d returned tag %d (%v), want the latest acknowledged %d", b, tag, err, want)
+				}
+			}
+			m.mu[w].Unlock()
+		case r < 80: // write, sometimes FUA
+			fua := r >= 72
+			tags := make([]uint64, n)
+			for k := range tags {
+				tags[k] = m.tags.Add(1)
+				blockContent(tags[k], buf[k*modelBS:(k+1)*modelBS])
+			}
+			var flags block.WriteFlags
+			if fua {
+				flags = block.FUA
+			}
+			if err := retry(func() error { return c.WriteAt(ctx, buf[:length], off, flags) }); err != nil {
+				return fmt.Errorf("write [%d,+%d): %w", off, length, err)
+			}
+			m.mu[w].Lock()
+			for k, tag := range tags {
+				mb := &m.blocks[first+k]
+				mb.vers = append(mb.vers, tag)
+				if fua {
+					mb.floor = len(mb.vers) - 1
+				}
+			}
+			m.mu[w].Unlock()
+			if fua {
+				m.fuas.Add(1)
+				if err := m.checkDurable(first, tags); err != nil {
+					return fmt.Errorf("FUA write: %w", err)
+				}
+			}
+		case r < 88: // discard or write-zeroes
+			zfua := false
+			var err error
+			if r < 84 {
+				err = retry(func() error { return c.Discard(ctx, off, length) })
+			} else {
+				var flags block.ZeroFlags
+				if zfua = r >= 86; zfua {
+					flags = block.ZeroFUA
+				}
+				err = retry(func() error { return c.WriteZeroes(ctx, off, length, flags) })
+			}
+			if err != nil {
+				return fmt.Errorf("discard/zero [%d,+%d): %w", off, length, err)
+			}
+			m.mu[w].Lock()
+			for k := 0; k < n; k++ {
+				mb := &m.blocks[first+k]
+				mb.vers = append(mb.vers, 0)
+				if zfua {
+					mb.floor = len(mb.vers) - 1
+				}
+			}
+			m.mu[w].Unlock()
+			if zfua {
+				if err := m.checkDurable(first, make([]uint64, n)); err != nil {
+					return fmt.Errorf("FUA write-zeroes: %w", err)
+				}
+			}
+		default: // flush
+			if err := m.flush(ctx, c); err != nil && !errors.Is(err, block.ErrIO) {
+				return fmt.Errorf("flush: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// checkDurable asserts that blocks first.. hold tags on the backend's durable image.
+func (m *model) checkDurable(first int, tags []uint64) error {
+	img := m.dev.Durable(int64(first)*modelBS, int64(len(tags))*modelBS)
+	for k, want := range tags {
+		tag, err := parseBlock(img[k*modelBS : (k+1)*modelBS])
+		if err != nil || tag != want {
+			return fmt.Errorf("block %d: durable tag %d (%v) at ack, want %d", first+k, tag, err, want)
+		}
+	}
+	return nil
+}
+
+// flush snapshots the acknowledged versions, flushes, and on success raises the floors.
+func (m *model) flush(ctx context.Context, c *Cache) error {
+	snap := make([]int, len(m.blocks))
+	for w := range m.mu {
+		m.mu[w].Lock()
+	}
+	for b := range m.blocks {
+		snap[b] = len(m.blocks[b].vers) - 1
+	}
+	for w := range m.mu {
+		m.mu[w].Unlock()
+	}
+	if err := c.Flush(ctx); err != nil {
+		return err
+	}
+	m.flushes.Add(1)
+	for w := range m.mu {
+		m.mu[w].Lock()
+	}
+	for b, v := range snap {
+		if v > m.blocks[b].floor {
+			m.blocks[b].floor = v
+		}
+	}
+	for w := range m.mu {
+		m.mu[w].Unlock()
+	}
+	return nil
+}
+
+// checkQuiesced runs with no worker active: after a successful flush the durable image must
+// hold exactly the latest versions.
+func (m *model) flushAndCheckExact(ctx context.Context) error {
+	c := m.cache()
+	if err := retry(func() error { return m.flush(ctx, c) }); err != nil {
+		return err
+	}
+	if d := c.DirtyBytes(); d != 0 {
+		return fmt.Errorf("%d dirty bytes after a quiesced flush", d)
+	}
+	img := m.dev.Durable(0, modelDevSize)
+	for b := range m.blocks {
+		tag, err := parseBlock(img[b*modelBS : (b+1)*modelBS])
+		want := m.blocks[b].vers[len(m.blocks[b].vers)-1]
+		if err != nil || tag != want {
+			return fmt.Errorf("after flush block %d holds %d (%v), want %d", b, tag, err, want)
+		}
+	}
+	return nil
+}
+
+// crashAndCheck drops the cache without flushing, loses the backend's volatile cache, checks
+// the floors and starts a fresh cache on what survived.
+func (m *model) crashAndCheck() error {
+	m.cmu.Lock()
+	defer m.cmu.Unlock()
+	m.c.shutdown()
+	m.crashes.Add(1)
+	m.dev.Crash()
+	img := m.dev.Durable(0, modelDevSize)
+	for b := range m.blocks {
+		tag, err := parseBlock(img[b*modelBS : (b+1)*modelBS])
+		if err != nil {
+			return fmt.Errorf("after crash block %d: %w", b, err)
+		}
+		mb := &m.blocks[b]
+		ok := false
+		for _, v := range mb.vers[mb.floor:] {
+			if v == tag {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return fmt.Errorf("after crash block %d holds %d; allowed: versions %v from index %d", b, tag, mb.vers, mb.floor)
+		}
+		mb.vers = append(mb.vers[:0], tag)
+		mb.floor = 0
+	}
+	c, err := New(m.dev, m.cfg, nil)
+	if err != nil {
+		return err
+	}
+	m.c = c
+	return nil
+}
+
+func runModel(t *testing.T, seed uint64, totalOps int, failRate float64) {
+	ctx := context.Background()
+	const workers = 4
+	m := newModel(t, seed, workers, failRate)
+	defer func() { m.cache().shutdown() }()
+	rng := rand.New(rand.NewPCG(seed, 1))
+	const perRound = 400
+	rounds := (totalOps + workers*perRound - 1) / (workers * perRound)
+	for round := 0; round < rounds; round++ {
+		var wg sync.WaitGroup
+		errs := make(chan error, workers)
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			wr := rand.New(rand.NewPCG(seed, uint64(round*workers+w+2)))
+			go func() {
+				defer wg.Done()
+				if err := m.worker(ctx, w, wr, perRound); err != nil {
+					errs <- fmt.Errorf("seed %d round %d worker %d: %w", seed, round, w, err)
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		c := m.cache()
+		if d, lim := c.DirtyBytes(), c.cfg.limitPages*c.ps; d > lim {
+			t.Fatalf("dirty %d above the limit %d", d, lim)
+		}
+		switch rng.IntN(10) {
+		case 0, 1, 2:
+			if err := m.flushAndCheckExact(ctx); err != nil {
+				t.Fatalf("seed %d round %d: %v", seed, round, err)
+			}
+		case 3, 4, 5:
+			if err := m.crashAndCheck(); err != nil {
+				t.Fatalf("seed %d round %d: %v", seed, round, err)
+			}
+		}
+	}
+	if err := m.flushAndCheckExact(ctx); err != nil {
+		t.Fatalf("seed %d final: %v", seed, err)
+	}
+	if o := m.dev.Overlaps(); len(o) > 0 {
+		t.Fatalf("seed %d: overlapping writes in flight on the backend: %v", seed, o[:min(len(o), 5)])
+	}
+	st := m.cache().Stats()
+	t.Logf("seed %d (%s, FUA native %v): %d ops, %d flushes, %d crashes, %d FUA writes, %d injected faults; last cache: %d hits, %d misses, %d evictions, %d throttled, %d write-back errors",
+		seed, m.cfg.Mode, m.dev.Limits().CanFUA, m.ops.Load(), m.flushes.Load(), m.crashes.Load(), m.fuas.Load(), m.faults.Load(),
+		st.Hits, st.Misses, st.Evictions, st.ThrottledWrites, st.WriteBackErrors)
+}
+
+var (
+	modelSeeds = flag.Int("model.seeds", 4, "number of seeds TestModel runs (seed n: n%5==2 write-through, n%3==0 no native FUA, n%4==1 no native write-zeroes, n>2 with n%3!=2 inject faults)")
+	modelOps   = flag.Int("model.ops", 100_000, "operations per seed")
+)
+
+func TestModel(t *testing.T) {
+	total := *modelOps
+	if testing.Short() {
+		total = min(total, 20_000)
+	}
+	for seed := uint64(1); seed <= uint64(*modelSeeds); seed++ {
+		tc := struct {
+			seed     uint64
+			failRate float64
+		}{seed, 0}
+		if seed > 2 {
+			tc.failRate = []float64{0.02, 0.05, 0}[seed%3]
+		}
+		t.Run(fmt.Sprint("seed=", tc.seed), func(t *testing.T) {
+			runModel(t, tc.seed, total, tc.failRate)
+		})
+	}
+}
