@@ -1,0 +1,492 @@
+//go:build vm
+
+package ublk
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/iser-blk/iser-blk/backend/memdev"
+	"github.com/iser-blk/iser-blk/block"
+)
+
+// targetURL is the LUN the process-level tests attach. Change this one line to run them against
+// LIO (e.g. "iscsi://192.168.77.1:3260/iqn.2003-01.org.linux-iscsi.vm:iser-test/0") once the
+// CLI's attach opens iSCSI targets.
+const targetURL = "mem://256MiB"
+
+// serveEnv makes the test binary act as the server process (see TestMain) when the CLI's attach
+// subcommand is not available.
+const serveEnv = "ISERBLK_UBLK_TEST_SERVE"
+
+func TestMain(m *testing.M) {
+	if url := os.Getenv(serveEnv); url != "" {
+		os.Exit(serveMain(url))
+	}
+	os.Exit(m.Run())
+}
+
+// serveMain is what `iser-blk attach --ublk --target URL` does, for a mem:// target: open,
+// Run until SIGINT/SIGTERM, close. It prints the device path on stdout.
+func serveMain(url string) int {
+	log, _ := zap.NewDevelopment()
+	dev, err := memdev.ParseURL(url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	q, _ := strconv.Atoi(os.Getenv(serveEnv + "_QUEUES"))
+	d, _ := strconv.Atoi(os.Getenv(serveEnv + "_DEPTH"))
+	err = Run(ctx, dev, Options{Queues: q, Depth: d, Logger: log}, func(p string) { fmt.Println(p) })
+	if cerr := dev.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		log.Error("serve", zap.Error(err))
+		if errors.Is(err, ErrNoKernel) {
+			return 6
+		}
+		return 1
+	}
+	return 0
+}
+
+type serverProc struct {
+	cmd    *exec.Cmd
+	path   string // /dev/ublkbN
+	id     uint32
+	stderr *syncBuffer
+	exited chan struct{}
+	err    error // Wait's result, valid after exited
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// cliAttach reports whether $ISERBLK_BIN has `attach --ublk`.
+func cliAttach() string {
+	bin := os.Getenv("ISERBLK_BIN")
+	if bin == "" {
+		return ""
+	}
+	out, _ := exec.Command(bin, "attach", "--help").CombinedOutput()
+	if bytes.Contains(out, []byte("-ublk")) {
+		return bin
+	}
+	return ""
+}
+
+// startServer starts the server process and waits for it to print the device path.
+func startServer(t *testing.T, queues, depth int) *serverProc {
+	t.Helper()
+	requireUblk(t)
+	var cmd *exec.Cmd
+	if bin := cliAttach(); bin != "" {
+		cmd = exec.Command(bin, "attach", "--ublk", "--target", targetURL,
+			"--queues", strconv.Itoa(queues), "--depth", strconv.Itoa(depth))
+		t.Logf("server: %s", strings.Join(cmd.Args, " "))
+	} else {
+		cmd = exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), serveEnv+"="+targetURL,
+			fmt.Sprintf("%s_QUEUES=%d", serveEnv, queues), fmt.Sprintf("%s_DEPTH=%d", serveEnv, depth))
+		t.Logf("server: test binary serving %s (no CLI attach --ublk in $ISERBLK_BIN)", targetURL)
+	}
+	p := &serverProc{cmd: cmd, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	cmd.Stderr = p.stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make(chan string, 1)
+	go func() {
+		r := bufio.NewReader(out)
+		s, _ := r.ReadString('\n')
+		line <- strings.TrimSpace(s)
+		io.Copy(io.Discard, r)
+	}()
+	go func() { p.err = cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			cmd.Process.Kill()
+			<-p.exited
+		}
+		t.Logf("server stderr:\n%s", p.stderr.String())
+	})
+	select {
+	case p.path = <-line:
+	case <-p.exited:
+		t.Fatalf("server exited before announcing a device: %v", p.err)
+	case <-time.After(90 * time.Second):
+		t.Fatal("server did not announce a device within 90 s")
+	}
+	n, err := strconv.ParseUint(strings.TrimPrefix(p.path, "/dev/ublkb"), 10, 32)
+	if !strings.HasPrefix(p.path, "/dev/ublkb") || err != nil {
+		t.Fatalf("server printed %q, want /dev/ublkbN", p.path)
+	}
+	p.id = uint32(n)
+	t.Logf("server created %s", p.path)
+	return p
+}
+
+// terminate sends SIGTERM and requires a clean exit (status 0) and the disk gone.
+func (p *serverProc) terminate(t *testing.T, within time.Duration) time.Duration {
+	t.Helper()
+	t0 := time.Now()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(within):
+		t.Fatalf("server still running %v after SIGTERM", within)
+	}
+	if p.err != nil {
+		t.Fatalf("server exit after SIGTERM: %v", p.err)
+	}
+	if _, err := os.Stat(p.path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("%s still exists after the server exited (%v)", p.path, err)
+	}
+	if _, err := os.Stat(fmt.Sprintf("/dev/ublkc%d", p.id)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("/dev/ublkc%d still exists: the device was not deleted (%v)", p.id, err)
+	}
+	return time.Since(t0)
+}
+
+func run(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// TestVMExt4 is acceptance 1: a filesystem on the ublk disk survives umount, fsck and remount
+// with every file intact; fstrim works; the kernel sees a write-back cache.
+func TestVMExt4(t *testing.T) {
+	p := startServer(t, 2, 64)
+	base := filepath.Base(p.path)
+	wc, err := os.ReadFile("/sys/block/" + base + "/queue/write_cache")
+	if err != nil || strings.TrimSpace(string(wc)) != "write back" {
+		t.Fatalf("write_cache = %q (%v), want \"write back\"", wc, err)
+	}
+	run(t, "mkfs.ext4", "-q", "-F", p.path)
+	mnt := t.TempDir()
+	run(t, "mount", p.path, mnt)
+	mounted := true
+	defer func() {
+		if mounted {
+			exec.Command("umount", mnt).Run()
+		}
+	}()
+	const files = 2000
+	sums := make(map[string][32]byte, files)
+	for i := 0; i < files; i++ {
+		size := 512 + int(randUint32()%(32<<10))
+		data := make([]byte, size)
+		rand.Read(data)
+		name := filepath.Join(fmt.Sprintf("d%02d", i%20), fmt.Sprintf("f%04d", i))
+		os.MkdirAll(filepath.Join(mnt, filepath.Dir(name)), 0o755)
+		if err := os.WriteFile(filepath.Join(mnt, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		sums[name] = sha256.Sum256(data)
+	}
+	run(t, "sync")
+	run(t, "umount", mnt)
+	mounted = false
+	t.Logf("fsck: %s", strings.TrimSpace(run(t, "fsck.ext4", "-fn", p.path)))
+	run(t, "mount", p.path, mnt)
+	mounted = true
+	for name, want := range sums {
+		data, err := os.ReadFile(filepath.Join(mnt, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sha256.Sum256(data) != want {
+			t.Fatalf("%s: checksum differs after remount", name)
+		}
+	}
+	t.Logf("all %d files match after umount/fsck/remount", files)
+	t.Logf("fstrim: %s", strings.TrimSpace(run(t, "fstrim", "-v", mnt)))
+	run(t, "umount", mnt)
+	mounted = false
+	took := p.terminate(t, 60*time.Second)
+	t.Logf("SIGTERM to exit: %v", took)
+}
+
+func randUint32() uint32 {
+	var b [4]byte
+	rand.Read(b[:])
+	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
+}
+
+type fioResult struct {
+	Jobs []struct {
+		Name  string `json:"jobname"`
+		Error int    `json:"error"`
+		Read  struct {
+			IOPS     float64 `json:"iops"`
+			TotalIOs int64   `json:"total_ios"`
+		} `json:"read"`
+		Write struct {
+			IOPS     float64 `json:"iops"`
+			TotalIOs int64   `json:"total_ios"`
+		} `json:"write"`
+	} `json:"jobs"`
+}
+
+func fio(t *testing.T, args ...string) fioResult {
+	t.Helper()
+	args = append(args, "--output-format=json")
+	out, err := exec.Command("fio", args...).Output()
+	if err != nil {
+		t.Fatalf("fio %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	var r fioResult
+	if i := bytes.IndexByte(out, '{'); i > 0 {
+		out = out[i:]
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("fio json: %v\n%s", err, out)
+	}
+	for _, j := range r.Jobs {
+		if j.Error != 0 {
+			t.Fatalf("fio job %s: error %d", j.Name, j.Error)
+		}
+	}
+	return r
+}
+
+// TestVMFioVerify is acceptance 2: random writes then random reads, crc32c-verified, on
+// 2 queues × depth 64, with zero errors.
+func TestVMFioVerify(t *testing.T) {
+	p := startServer(t, 2, 64)
+	common := []string{"--filename=" + p.path, "--ioengine=libaio", "--direct=1", "--bs=4k",
+		"--iodepth=64", "--numjobs=2", "--size=32M", "--offset_increment=32M",
+		"--verify=crc32c", "--randseed=1234", "--group_reporting=0"}
+	w := fio(t, append([]string{"--name=randwrite", "--rw=randwrite", "--do_verify=1"}, common...)...)
+	for _, j := range w.Jobs {
+		t.Logf("randwrite job %s: %.0f write IOPS, %d writes, %d verify reads", j.Name, j.Write.IOPS, j.Write.TotalIOs, j.Read.TotalIOs)
+		if j.Write.TotalIOs != 8192 || j.Read.TotalIOs != 8192 {
+			t.Fatalf("job %s: %d writes / %d verified reads, want 8192 each", j.Name, j.Write.TotalIOs, j.Read.TotalIOs)
+		}
+	}
+	// A fresh fio process reads everything back in random order and verifies it again.
+	r := fio(t, append([]string{"--name=randread", "--rw=randwrite", "--verify_only"}, common...)...)
+	for _, j := range r.Jobs {
+		t.Logf("verify-only job %s: %d reads verified", j.Name, j.Read.TotalIOs)
+		if j.Read.TotalIOs != 8192 {
+			t.Fatalf("job %s verified %d blocks, want 8192", j.Name, j.Read.TotalIOs)
+		}
+	}
+	rr := fio(t, "--name=randread-perf", "--filename="+p.path, "--ioengine=libaio", "--direct=1",
+		"--bs=4k", "--iodepth=64", "--numjobs=2", "--size=64M", "--rw=randread", "--runtime=5", "--time_based")
+	for _, j := range rr.Jobs {
+		t.Logf("randread job %s: %.0f IOPS", j.Name, j.Read.IOPS)
+	}
+	p.terminate(t, 60*time.Second)
+}
+
+// diskStat returns (reads completed, writes completed) of a block device.
+func diskStat(name string) (int64, int64, error) {
+	b, err := os.ReadFile("/sys/block/" + name + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 5 {
+		return 0, 0, fmt.Errorf("short stat %q", b)
+	}
+	r, _ := strconv.ParseInt(f[0], 10, 64)
+	w, _ := strconv.ParseInt(f[4], 10, 64)
+	return r, w, nil
+}
+
+// waitWrites blocks until the disk has completed at least n writes (fio is really running).
+func waitWrites(t *testing.T, name string, n int64) {
+	t.Helper()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(60 * time.Second)
+	for {
+		_, w, err := diskStat(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w >= n {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("%s completed only %d writes in 60 s", name, w)
+		}
+	}
+}
+
+func startFio(t *testing.T, path string) (*exec.Cmd, chan error, *syncBuffer) {
+	t.Helper()
+	out := &syncBuffer{}
+	cmd := exec.Command("fio", "--name=load", "--filename="+path, "--ioengine=libaio", "--direct=1",
+		"--bs=4k", "--iodepth=64", "--numjobs=2", "--rw=randrw", "--size=64M", "--time_based", "--runtime=120")
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+	})
+	return cmd, done, out
+}
+
+// TestVMSigtermUnderLoad is acceptance 4a: SIGTERM while fio runs drains, flushes, stops and
+// deletes the device; fio ends (its in-flight I/O completes or fails) and nothing hangs.
+func TestVMSigtermUnderLoad(t *testing.T) {
+	p := startServer(t, 2, 64)
+	_, fioDone, fioOut := startFio(t, p.path)
+	waitWrites(t, filepath.Base(p.path), 2000)
+	took := p.terminate(t, 60*time.Second)
+	t.Logf("server exited 0 %v after SIGTERM under load; disk and char device gone", took)
+	select {
+	case err := <-fioDone:
+		t.Logf("fio ended after the device went away: %v\n%s", err, lastLines(fioOut.String(), 6))
+	case <-time.After(30 * time.Second):
+		t.Fatal("fio still running 30 s after the device was removed")
+	}
+}
+
+// TestVMKill9 is acceptance 4b: after kill -9 of the server the kernel fails I/O (it does not
+// hang) within a bounded time; the test then deletes the leftover device.
+func TestVMKill9(t *testing.T) {
+	p := startServer(t, 2, 64)
+	_, fioDone, fioOut := startFio(t, p.path)
+	base := filepath.Base(p.path)
+	waitWrites(t, base, 2000)
+	// Requests the dead server had taken are failed by the driver's timeout handler (ublk_timeout:
+	// "cancelable uring_cmd can't help us if all commands are in-flight"), so the bound is the
+	// queue's request timeout plus slack for the emulated guest.
+	toText, err := os.ReadFile("/sys/block/" + base + "/queue/io_timeout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := strconv.Atoi(strings.TrimSpace(string(toText)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := time.Duration(ms)*time.Millisecond + 30*time.Second
+	t.Logf("request timeout %d ms; I/O must fail within %v of kill -9", ms, bound)
+	t0 := time.Now()
+	p.cmd.Process.Kill()
+	<-p.exited
+	select {
+	case err := <-fioDone:
+		t.Logf("fio ended %v after kill -9: %v\n%s", time.Since(t0), err, lastLines(fioOut.String(), 6))
+	case <-time.After(bound):
+		t.Fatalf("fio still running %v after the server was killed: I/O hangs", bound)
+	}
+	// New I/O must fail promptly too (or the disk must be gone).
+	ioErr := make(chan error, 1)
+	go func() {
+		f, err := os.OpenFile(p.path, os.O_RDWR|syscall.O_DIRECT, 0)
+		if err != nil {
+			ioErr <- err
+			return
+		}
+		defer f.Close()
+		buf := alignedBuf(4096)
+		_, err = f.ReadAt(buf, 0)
+		ioErr <- err
+	}()
+	select {
+	case err := <-ioErr:
+		if err == nil {
+			t.Fatal("a read succeeded on the disk of a killed server")
+		}
+		t.Logf("I/O %v after kill -9: %v", time.Since(t0), err)
+	case <-time.After(bound):
+		t.Fatalf("a read hangs %v after kill -9", bound)
+	}
+	_, statErr := os.Stat(p.path)
+	t.Logf("after kill -9: %s exists: %v", p.path, statErr == nil)
+
+	// Clean up what the dead server left: the control-side device.
+	c, err := OpenControl("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	info, err := c.DevInfo(p.id)
+	if err != nil {
+		t.Fatalf("GET_DEV_INFO of the dead server's device: %v", err)
+	}
+	t.Logf("dead server's device: state %s, pid %d", info.StateName(), info.UblksrvPID)
+	_ = c.StopDev(p.id)
+	done := make(chan error, 1)
+	go func() { done <- c.DelDev(p.id) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("DEL_DEV: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("DEL_DEV of the dead server's device hangs")
+	}
+	if _, err := os.Stat(fmt.Sprintf("/dev/ublkc%d", p.id)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("/dev/ublkc%d still exists after DEL_DEV", p.id)
+	}
+	if _, err := os.Stat(p.path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("%s still exists after DEL_DEV", p.path)
+	}
+	t.Logf("cleanup done %v after kill -9", time.Since(t0))
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
+
+var _ block.Device = (*memdev.Device)(nil)
