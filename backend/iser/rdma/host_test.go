@@ -1,0 +1,38 @@
+//go:build cgo && linux && !nordma
+
+package rdma
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/iser-blk/iser-blk/backend/iser/transport"
+)
+
+// On a machine without an RDMA device (the host tier) every dial fails cleanly, with a message
+// that names the missing piece, and leaves nothing allocated.
+func TestDialWithoutDevice(t *testing.T) {
+	if _, err := os.Stat("/dev/infiniband/rdma_cm"); err == nil {
+		t.Skip("this host has RDMA devices; the vm tests cover dialing")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	before := Stats()
+	_, err := Dial(ctx, "127.0.0.1", 3260, Config{})
+	if err == nil {
+		t.Fatal("dial succeeded without an RDMA device")
+	}
+	t.Logf("dial: %v", err)
+	d, err := transport.Lookup("iser")
+	if err != nil {
+		t.Fatalf("iser transport not registered: %v", err)
+	}
+	if _, err := d.Dial(ctx, "127.0.0.1:3260", transport.DialOptions{}); err == nil {
+		t.Fatal("iser dial succeeded without an RDMA device")
+	}
+	if after := Stats(); after != before {
+		t.Fatalf("failed dials leaked: before %+v after %+v", before, after)
+	}
+}
