@@ -697,3 +697,26 @@ func benchIO(b *testing.B, n int, write bool) {
 		}
 	})
 }
+
+func TestPreferredDesignator(t *testing.T) {
+	naa := func(first byte) scsi.Designator {
+		return scsi.Designator{Type: scsi.DesigNAA, Value: []byte{first, 0, 0, 0, 0, 0, 0, 1}}
+	}
+	t10 := scsi.Designator{Type: scsi.DesigT10, CodeSet: scsi.CodeSetASCII, Value: []byte("IET     0001")}
+	port := naa(0x60)
+	port.Association = scsi.AssocPort
+	tests := []struct {
+		in   []scsi.Designator
+		want string
+	}{
+		{[]scsi.Designator{t10, naa(0x30), naa(0x60)}, "naa.6000000000000001"},
+		{[]scsi.Designator{naa(0x30), t10}, "naa.3000000000000001"},
+		{[]scsi.Designator{t10, port}, "t10.IET     0001"},
+		{nil, ""},
+	}
+	for _, tt := range tests {
+		if got := preferredDesignator(tt.in); got != tt.want {
+			t.Errorf("preferredDesignator = %q, want %q", got, tt.want)
+		}
+	}
+}

@@ -39,7 +39,7 @@ type Info struct {
 	WriteCache       bool   // WCE (assumed on when MODE SENSE failed)
 	WriteCacheKnown  bool
 	FUA              bool // DPOFUA
-	ReadOnly         bool // WP
+	ReadOnly         bool // WP: the LUN is write-protected (Limits().ReadOnly also reflects Options.ReadOnly)
 	Sessions         int
 }
 
@@ -290,7 +290,7 @@ func (d *Device) probe(ctx context.Context, opts Options) error {
 	d.info.WriteCache = d.volatile
 	d.info.WriteCacheKnown = msOK && ms.CachingPage
 	d.info.FUA = ms.DPOFUA
-	d.info.ReadOnly = l.ReadOnly
+	d.info.ReadOnly = ms.WriteProtect // the LUN's own state, not Options.ReadOnly
 	d.log.Debug("probed LUN",
 		zap.String("vendor", d.info.Vendor), zap.String("product", d.info.Product),
 		zap.Uint64("blocks", d.blocks), zap.Uint32("block_size", c.BlockSize),
@@ -317,16 +317,48 @@ func (d *Device) vpd(run func() error, r *request, page byte, n int) ([]byte, er
 	return received(b, r), nil
 }
 
-// preferredDesignator picks the logical unit's name for people: NAA, EUI-64, SCSI name, T10.
+// preferredDesignator picks the logical unit's name for people, the way Linux picks a WWN:
+// NAA IEEE Registered Extended (6), NAA IEEE Registered (5), NAA IEEE Extended (2), EUI-64, UUID,
+// SCSI name, NAA locally assigned (3), T10 vendor ID.
 func preferredDesignator(ds []scsi.Designator) string {
-	for _, want := range []uint8{scsi.DesigNAA, scsi.DesigEUI64, scsi.DesigUUID, scsi.DesigSCSIName, scsi.DesigT10} {
-		for _, d := range ds {
-			if d.Association == scsi.AssocLU && d.Type == want {
-				return d.String()
+	rank := func(d scsi.Designator) int {
+		switch d.Type {
+		case scsi.DesigNAA:
+			if len(d.Value) == 0 {
+				return 0
 			}
+			switch d.Value[0] >> 4 {
+			case 6:
+				return 9
+			case 5:
+				return 8
+			case 2:
+				return 7
+			case 3:
+				return 3
+			}
+			return 2
+		case scsi.DesigEUI64:
+			return 6
+		case scsi.DesigUUID:
+			return 5
+		case scsi.DesigSCSIName:
+			return 4
+		case scsi.DesigT10:
+			return 1
+		}
+		return 0
+	}
+	best, bestRank := "", 0
+	for _, d := range ds {
+		if d.Association != scsi.AssocLU {
+			continue
+		}
+		if r := rank(d); r > bestRank {
+			best, bestRank = d.String(), r
 		}
 	}
-	return ""
+	return best
 }
 
 // received is the part of a data-in buffer the target filled, from the residual (RFC 7143
