@@ -1,0 +1,216 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/iser-blk/iser-blk/backend/iser"
+	"github.com/iser-blk/iser-blk/backend/iser/login"
+	"github.com/iser-blk/iser-blk/backend/iser/scsi"
+)
+
+func TestParseArgsInterspersed(t *testing.T) {
+	tests := []struct {
+		args    []string
+		pos     []string
+		debug   bool
+		wantErr bool
+		help    bool
+	}{
+		{[]string{"URL"}, []string{"URL"}, false, false, false},
+		{[]string{"--debug", "URL"}, []string{"URL"}, true, false, false},
+		{[]string{"URL", "--debug"}, []string{"URL"}, true, false, false},
+		{[]string{"A", "--debug", "B"}, []string{"A", "B"}, true, false, false},
+		{[]string{"--", "--debug"}, []string{"--debug"}, false, false, false},
+		{[]string{"--nope", "URL"}, nil, false, true, false},
+		{[]string{"URL", "-h"}, nil, false, false, true},
+	}
+	for _, tt := range tests {
+		var tf targetFlags
+		fs := newFlagSet("x", "", "")
+		tf.register(fs, true)
+		pos, err := parseArgs(fs, tt.args)
+		switch {
+		case tt.help:
+			if !errors.Is(err, flag.ErrHelp) {
+				t.Errorf("%v: err %v, want help", tt.args, err)
+			}
+		case tt.wantErr:
+			if exitCode(err) != exitUsage {
+				t.Errorf("%v: err %v, want a usage error", tt.args, err)
+			}
+		default:
+			if err != nil || !reflect.DeepEqual(pos, tt.pos) || tf.debug != tt.debug {
+				t.Errorf("%v: pos %v debug %v err %v", tt.args, pos, tf.debug, err)
+			}
+		}
+	}
+}
+
+func TestCHAPFromFlagsAndEnv(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	secret := write("s", "initiator-secret\n")
+	tsecret := write("t", "target-secret\r\n")
+	empty := write("e", "\n")
+	tests := []struct {
+		name    string
+		tf      targetFlags
+		urlUser string
+		env     map[string]string
+		want    *login.CHAP
+		wantErr string
+	}{
+		{"none", targetFlags{}, "", nil, nil, ""},
+		{"env ignored without a user", targetFlags{}, "", map[string]string{envCHAPSecret: "x"}, nil, ""},
+		{"file", targetFlags{chapUser: "u", chapSecretFile: secret}, "", nil, &login.CHAP{User: "u", Secret: "initiator-secret"}, ""},
+		{"url user + env", targetFlags{}, "alice", map[string]string{envCHAPSecret: "from-env"}, &login.CHAP{User: "alice", Secret: "from-env"}, ""},
+		{"file beats env", targetFlags{chapSecretFile: secret}, "alice", map[string]string{envCHAPSecret: "from-env"},
+			&login.CHAP{User: "alice", Secret: "initiator-secret"}, ""},
+		{"mutual", targetFlags{chapUser: "u", chapSecretFile: secret, targetUser: "tgt", targetSecretFile: tsecret}, "", nil,
+			&login.CHAP{User: "u", Secret: "initiator-secret", TargetUser: "tgt", TargetSecret: "target-secret"}, ""},
+		{"mutual from env", targetFlags{chapUser: "u"}, "", map[string]string{envCHAPSecret: "a", envCHAPSecretMutual: "b"},
+			&login.CHAP{User: "u", Secret: "a", TargetSecret: "b"}, ""},
+		{"user without secret", targetFlags{chapUser: "u"}, "", nil, nil, "needs a secret"},
+		{"secret without user", targetFlags{chapSecretFile: secret}, "", nil, nil, "no CHAP user"},
+		{"empty file", targetFlags{chapUser: "u", chapSecretFile: empty}, "", nil, nil, "is empty"},
+		{"missing file", targetFlags{chapUser: "u", chapSecretFile: filepath.Join(dir, "nope")}, "", nil, nil, "reading secret file"},
+		{"users disagree", targetFlags{chapUser: "u"}, "v", nil, nil, "disagree"},
+		{"target user without secret", targetFlags{chapUser: "u", chapSecretFile: secret, targetUser: "t"}, "", nil, nil, "target's secret"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv(envCHAPSecret, "")
+			t.Setenv(envCHAPSecretMutual, "")
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			got, err := tt.tf.chap(tt.urlUser)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || exitCode(err) != exitUsage {
+					t.Fatalf("err %v, want %q (usage)", err, tt.wantErr)
+				}
+				if strings.Contains(err.Error(), "initiator-secret") {
+					t.Fatal("error leaks the secret")
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("got %#v, %v; want %#v", got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestExitCode(t *testing.T) {
+	loginErr := func(kind error) error {
+		return fmt.Errorf("open: %w", &login.Error{Target: "iqn.x:y", Portal: "h:3260", Kind: kind})
+	}
+	tests := []struct {
+		err  error
+		want int
+	}{
+		{nil, exitOK},
+		{usagef("bad"), exitUsage},
+		{fmt.Errorf("x: %w", iser.ErrBadURL), exitUsage},
+		{loginErr(login.ErrAuthFailed), exitAuth},
+		{loginErr(login.ErrAuthorization), exitAuth},
+		{loginErr(login.ErrTargetNotFound), exitNotFound},
+		{fmt.Errorf("iser: LUN 3: %w", iser.ErrLUNNotFound), exitNotFound},
+		{loginErr(login.ErrPortalUnreachable), exitUnreachable},
+		{fmt.Errorf("%w", iser.ErrTransportUnavailable), exitNoKernel},
+		{fmt.Errorf("iser: %w", iser.ErrNotDisk), exitFailure},
+		{&scsi.SenseError{Command: "READ(16)", Sense: scsi.Sense{Key: scsi.KeyMediumError}}, exitFailure},
+	}
+	for _, tt := range tests {
+		if got := exitCode(tt.err); got != tt.want {
+			t.Errorf("exitCode(%v) = %d, want %d", tt.err, got, tt.want)
+		}
+	}
+}
+
+func TestDiscoveryPortal(t *testing.T) {
+	tests := []struct {
+		in, scheme, portal string
+		bad                bool
+	}{
+		{"10.0.0.1", "iscsi", "10.0.0.1:3260", false},
+		{"10.0.0.1:3261", "iscsi", "10.0.0.1:3261", false},
+		{"host.example", "iscsi", "host.example:3260", false},
+		{"[fe80::1]", "iscsi", "[fe80::1]:3260", false},
+		{"[fe80::1]:99", "iscsi", "[fe80::1]:99", false},
+		{"iser://10.0.0.1", "iser", "10.0.0.1:3260", false},
+		{"iscsi://10.0.0.1:3262/", "iscsi", "10.0.0.1:3262", false},
+		{"nbd://x", "", "", true},
+		{"host:0", "", "", true},
+		{"host:port", "", "", true},
+		{"", "", "", true},
+		{"u@host", "", "", true},
+		{"host/iqn", "", "", true},
+	}
+	for _, tt := range tests {
+		scheme, portal, err := discoveryPortal(tt.in)
+		if tt.bad {
+			if exitCode(err) != exitUsage {
+				t.Errorf("%q: err %v, want usage", tt.in, err)
+			}
+			continue
+		}
+		if err != nil || scheme != tt.scheme || portal != tt.portal {
+			t.Errorf("%q: %q %q %v", tt.in, scheme, portal, err)
+		}
+	}
+}
+
+func TestDefaultInitiatorName(t *testing.T) {
+	n := defaultInitiatorName()
+	if !strings.HasPrefix(n, "iqn.2025-01.io.iser-blk:") || n != defaultInitiatorName() {
+		t.Fatalf("%q", n)
+	}
+	for _, c := range strings.TrimPrefix(n, "iqn.2025-01.io.iser-blk:") {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
+			t.Fatalf("%q has %q, not allowed in an IQN", n, c)
+		}
+	}
+}
+
+func TestWriteInfo(t *testing.T) {
+	in := iser.Info{URL: "iscsi://h:3260/iqn.x:y/1", Vendor: "LIO-ORG", Product: "disk", Revision: "4.0", Serial: "abc",
+		WWN: "naa.6001405", Capacity: 10 << 30, Blocks: 10 << 30 / 4096, LogicalBlockSize: 4096, PhysicalBlockSize: 4096,
+		MaxTransfer: 8 << 20, ThinProvisioned: true, UnmapSupported: true, ZeroesAfterUnmap: true, WriteCache: false,
+		WriteCacheKnown: true, FUA: true, WriteSame: "yes"}
+	var b bytes.Buffer
+	if err := writeInfo(&b, in); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"Capacity:             10737418240 bytes (10 GiB, 2621440 blocks)\n",
+		"Max transfer:         8388608 bytes (8.0 MiB)\n",
+		"Optimal transfer:     not reported\n",
+		"Thin provisioning:    yes (unmap yes, write same unmap no, zeroes after unmap yes)\n",
+		"Write cache:          disabled\n",
+		"FUA:                  yes\n",
+		"Read-only:            no\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	if err := writeInfoJSON(&b, in); err != nil || !strings.Contains(b.String(), `"capacity_bytes": 10737418240`) {
+		t.Fatalf("json %v:\n%s", err, b.String())
+	}
+}
