@@ -157,7 +157,8 @@ type Cache struct {
 
 	streams    [8]atomic.Int64
 	streamNext atomic.Uint32
-	zeroBuf    []byte
+	zeroOnce   sync.Once
+	zeroBuf    []byte // for WriteZeroes emulation
 
 	st counters
 }
@@ -1025,13 +1026,7 @@ func (c *Cache) WriteZeroes(ctx context.Context, off, length int64, flags block.
 }
 
 func (c *Cache) writeZeroPages(ctx context.Context, off, length int64, fua bool) error {
-	if c.zeroBuf == nil {
-		c.allocMu.Lock()
-		if c.zeroBuf == nil {
-			c.zeroBuf = make([]byte, c.cfg.maxJob)
-		}
-		c.allocMu.Unlock()
-	}
+	c.zeroOnce.Do(func() { c.zeroBuf = make([]byte, c.cfg.maxJob) })
 	var flags block.WriteFlags
 	if fua {
 		flags = block.FUA

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/cache/internal/fakedev"
+	"github.com/iser-blk/iser-blk/pool"
 )
 
 func stdLimits(bs uint32) block.Limits {
@@ -717,4 +719,65 @@ func BenchmarkWrite4K(b *testing.B) {
 			}
 		}
 	})
+}
+
+func TestIOPoolStaging(t *testing.T) {
+	ctx := context.Background()
+	io, err := pool.New(pool.Config{MaxBytes: 8 << 20, MaxClass: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer io.Close()
+	c, dev := newTest(t, 8<<20, stdLimits(4096), Config{Size: 1 << 20, IOPool: io, MaxDirtyAge: time.Hour})
+	data := fill(256<<10, 3)
+	if err := c.WriteAt(ctx, data, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 64<<10)
+	if err := c.ReadAt(ctx, got, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dev.Durable(0, 256<<10), data) {
+		t.Fatal("data not on the backend")
+	}
+	st := io.Stats()
+	if st.Gets < 2 || st.InUseBytes != 0 {
+		t.Fatalf("staging buffers not taken from (or not returned to) the I/O pool: %+v", st)
+	}
+}
+
+// TestCachePagesOutsideHeap fills a 128 MiB cache and checks that the Go heap grew by far less:
+// only the per-page metadata lives there.
+func TestCachePagesOutsideHeap(t *testing.T) {
+	ctx := context.Background()
+	const size = 128 << 20
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	dev := fakedev.New(size, stdLimits(4096))
+	devBytes := int64(2 * size) // the fake keeps two images in the heap
+	c, err := New(dev, Config{Size: size}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.shutdown()
+	buf := make([]byte, 1<<20)
+	for off := int64(0); off < size; off += int64(len(buf)) {
+		if err := c.WriteAt(ctx, buf, off, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	grew := int64(after.HeapAlloc) - int64(before.HeapAlloc) - devBytes
+	t.Logf("cache holds %d MiB; Go heap grew by %d KiB besides the fake device", c.Stats().CachedBytes>>20, grew>>10)
+	if c.Stats().CachedBytes != size {
+		t.Fatalf("cache holds %d bytes, want %d", c.Stats().CachedBytes, size)
+	}
+	if grew > size/8 {
+		t.Fatalf("heap grew by %d bytes for a %d-byte cache: pages are on the Go heap", grew, size)
+	}
 }

@@ -94,8 +94,6 @@ func parseBlock(b []byte) (uint64, error) {
 	return tag, nil
 }
 
-func (m *model) owner(b int) int { return (b / modelStripe) % m.workers }
-
 func (m *model) cache() *Cache {
 	m.cmu.RLock()
 	defer m.cmu.RUnlock()
