@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -67,6 +68,9 @@ func ParseURL(s string) (Target, error) {
 	if t.Host == "" {
 		return bad("missing host")
 	}
+	if !validHost(t.Host) {
+		return bad("bad host %q", t.Host)
+	}
 	if p := u.Port(); p != "" {
 		n, err := strconv.Atoi(p)
 		if err != nil || n < 1 || n > 65535 {
@@ -83,7 +87,7 @@ func ParseURL(s string) (Target, error) {
 		return bad("want /IQN/LUN after the host")
 	}
 	t.IQN, path = path[:i], path[i+1:]
-	if t.IQN == "" || strings.ContainsAny(t.IQN, "/ ") {
+	if !validName(t.IQN) {
 		return bad("bad target name %q", t.IQN)
 	}
 	lun, err := strconv.ParseUint(path, 10, 16)
@@ -110,4 +114,37 @@ func redactURL(s string) string {
 		u.User = url.UserPassword(u.User.Username(), "REDACTED")
 	}
 	return u.String()
+}
+
+// validName accepts the characters RFC 7143 §4.2.7.1 allows in an iSCSI name (after
+// stringprep): ASCII letters, digits, '-', '.' and ':'. Targets in practice also use upper case
+// (eui. names are hex) and '_', which are accepted too.
+func validName(s string) bool {
+	if s == "" || len(s) > 223 {
+		return false
+	}
+	for _, c := range s {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '.', c == ':', c == '_':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// validHost accepts an IP address (IPv6 without a zone) or a DNS name.
+func validHost(h string) bool {
+	if strings.Contains(h, ":") {
+		a, err := netip.ParseAddr(h)
+		return err == nil && a.Zone() == ""
+	}
+	for _, c := range h {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '.', c == '_':
+		default:
+			return false
+		}
+	}
+	return true
 }

@@ -58,3 +58,23 @@ func TestParseURL(t *testing.T) {
 		t.Errorf("portal %q", p)
 	}
 }
+
+func FuzzParseURL(f *testing.F) {
+	for _, s := range []string{"iscsi://10.0.0.1/iqn.2001-04.com.example:storage.disk1/1", "iser://alice@[::1]:3261/eui.01/0",
+		"iscsi://a:b@h/i/1", "iscsi://h/%2F/1", "iscsi://h/iqn/99999"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		tg, err := ParseURL(s)
+		if err != nil {
+			return
+		}
+		if tg.Port < 1 || tg.Port > 65535 || tg.LUN > 16383 || tg.IQN == "" || tg.Host == "" {
+			t.Fatalf("accepted %q as %+v", s, tg)
+		}
+		again, err := ParseURL(tg.String())
+		if err != nil || again != tg {
+			t.Fatalf("%q → %+v → %q → %+v, %v", s, tg, tg.String(), again, err)
+		}
+	})
+}
