@@ -27,10 +27,11 @@ const maxBatch = 64
 // free -> reader -> worker -> writer -> free, so serving a request allocates nothing.
 type request struct {
 	Request
-	errno uint32
-	bufs  [][]byte // payload segments (pool buffers): WRITE data from the socket, READ data from the device
-	raw   [requestHeaderLen]byte
-	hdr   [32]byte // reply header scratch
+	errno    uint32
+	reserved int64    // bytes of the payload budget held
+	bufs     [][]byte // payload segments (pool buffers): WRITE data from the socket, READ data from the device
+	raw      [requestHeaderLen]byte
+	hdr      [32]byte // reply header scratch
 }
 
 type conn struct {
@@ -188,6 +189,10 @@ func (c *conn) readLoop() error {
 			continue
 		}
 		if hasPayload(&r.Request) {
+			if err := c.reserve(r); err != nil {
+				c.free <- r
+				return err
+			}
 			if err := c.readPayload(r); err != nil {
 				c.releaseBufs(r)
 				c.free <- r
@@ -233,6 +238,20 @@ func (c *conn) releaseBufs(r *request) {
 		r.bufs[i] = nil
 	}
 	r.bufs = r.bufs[:0]
+	c.s.budget.release(r.reserved)
+	r.reserved = 0
+}
+
+var errBudgetClosed = errors.New("nbd: server closed while waiting for buffer memory")
+
+// reserve takes r's whole payload from the server's payload budget (see budget).
+func (c *conn) reserve(r *request) error {
+	n, ok := c.s.budget.acquire(int64(r.Length))
+	if !ok {
+		return errBudgetClosed
+	}
+	r.reserved = n
+	return nil
 }
 
 // execute runs one validated request against the device and records its NBD error value.
@@ -243,6 +262,9 @@ func (c *conn) execute(r *request) {
 	var err error
 	switch r.Type {
 	case CmdRead:
+		if err = c.reserve(r); err != nil {
+			break
+		}
 		left := int(r.Length)
 		for left > 0 && err == nil {
 			l := min(left, c.s.seg)

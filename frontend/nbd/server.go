@@ -58,6 +58,10 @@ type Options struct {
 	Logger *zap.Logger
 	// ForceReadOnly exports the device read-only even if it is writable.
 	ForceReadOnly bool
+	// PayloadBudget bounds the bytes of request payloads held at once across all connections
+	// (0: unlimited). With a bounded Pool set it below the pool's size, so that a request that
+	// has its reservation always gets its buffers.
+	PayloadBudget int64
 }
 
 // Server serves one block.Device as one NBD export to any number of connections.
@@ -69,6 +73,7 @@ type Server struct {
 	tflags uint16 // transmission flags, without the per-connection SEND_DF
 	seg    int    // payload segment size: min(pool class, device max transfer), block aligned
 
+	budget   *budget
 	ioCtx    context.Context // device calls; cancelled only by Close (forced stop)
 	ioCancel context.CancelFunc
 
@@ -118,7 +123,7 @@ func NewServer(dev block.Device, opts Options) (*Server, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		dev: dev, opts: opts, log: log, pool: opts.Pool, seg: seg,
-		ioCtx: ctx, ioCancel: cancel,
+		ioCtx: ctx, ioCancel: cancel, budget: newBudget(opts.PayloadBudget),
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[*conn]struct{}{},
 	}
@@ -305,6 +310,7 @@ func (s *Server) Close() error {
 	}
 	s.mu.Unlock()
 	s.ioCancel()
+	s.budget.close()
 	return nil
 }
 

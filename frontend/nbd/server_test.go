@@ -16,6 +16,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/backend/memdev"
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/pool"
 )
 
 // countingDevice wraps a Device, counts flushes and FUA writes, and can fail or block calls.
@@ -770,4 +771,55 @@ func TestManyConnections(t *testing.T) {
 			t.Fatalf("conn %d data wrong", k)
 		}
 	}
+}
+
+// TestBoundedPoolDoesNotDeadlock: many large requests on several connections against a small
+// bounded pool complete, because each request reserves its whole payload before taking buffers.
+// (The clients read replies while they send, as real clients do: a client that stops reading
+// stalls its own replies and the payload memory they hold.)
+func TestBoundedPoolDoesNotDeadlock(t *testing.T) {
+	p, err := pool.New(pool.Config{MaxBytes: 16 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	dev := newMem(t, 64<<20, "")
+	f := startServer(t, dev, Options{Pool: p, PayloadBudget: 8 << 20})
+	var wg sync.WaitGroup
+	for k := range 4 {
+		c := f.dial().connect(k%2 == 1)
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			payload := make([]byte, 6<<20)
+			for i := range 8 {
+				var err error
+				if i%2 == 0 {
+					err = c.send(CmdWrite, 0, uint64(i), uint64(k)*(16<<20), 6<<20, payload)
+				} else {
+					err = c.send(CmdRead, 0, uint64(i), uint64(k)*(16<<20), 6<<20, nil)
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			for range 8 {
+				r, err := c.readReply(func(h uint64) int {
+					if h%2 == 1 {
+						return 6 << 20
+					}
+					return 0
+				})
+				if err != nil || r.errno != 0 {
+					t.Errorf("conn %d: %v errno %d", k, err, r.errno)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
