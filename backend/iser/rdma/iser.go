@@ -274,6 +274,11 @@ func (ic *ISERConn) fail(err error) {
 
 func (ic *ISERConn) err() error {
 	<-ic.dead
+	if !ic.started.Load() && errors.Is(ic.deadErr, ErrDisconnected) {
+		// LIO drops an iSER connection for an unknown target name or a refused initiator,
+		// sometimes before its login reject reaches us.
+		return fmt.Errorf("%w (the target closed the connection during login: unknown target name, or initiator not allowed?)", ic.deadErr)
+	}
 	return ic.deadErr
 }
 

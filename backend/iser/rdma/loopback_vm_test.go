@@ -12,18 +12,16 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/iser-blk/iser-blk/test/vm/vmtest"
 )
 
-// vmAddr is the address of the guest's rxe netdev (test/vm's rxe-up.sh or
-// /work/shared/vm/setup-iser-target.sh). The VM tier exports ISER_ADDR; outside the guest the
-// test fails, as CONVENTIONS.md requires.
+// vmAddr brings up soft-RoCE in the guest (test/vm/guest/rxe-up.sh) and returns its address.
+// Outside the guest the test fails, as CONVENTIONS.md requires.
 func vmAddr(t *testing.T) string {
 	t.Helper()
-	a := os.Getenv("ISER_ADDR")
-	if a == "" {
-		t.Fatal("ISER_ADDR is not set: run this test inside the QEMU guest with rxe up (make test-vm)")
-	}
-	return a
+	vmtest.Require(t)
+	return vmtest.RXEUp(t).Addr
 }
 
 // completions collects completions on a channel (tests only: copies each one).
