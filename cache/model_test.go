@@ -42,8 +42,26 @@ const (
 )
 
 type modelBlock struct {
-	vers  []uint64
-	floor int
+	vers  []uint64 // tags in write order
+	eps   []uint64 // flush epoch current when each version was recorded (after its ack)
+	floor int      // raised by FUA acks; flushes raise the floor lazily through durableEpoch
+}
+
+// floorIndex is the oldest version that must survive a crash: the newest of the explicit floor
+// and the last version recorded before the start of a successful flush.
+func (mb *modelBlock) floorIndex(durableEpoch uint64) int {
+	f := mb.floor
+	for i := len(mb.vers) - 1; i > f; i-- {
+		if mb.eps[i] < durableEpoch {
+			return i
+		}
+	}
+	return f
+}
+
+func (mb *modelBlock) add(tag, epoch uint64) {
+	mb.vers = append(mb.vers, tag)
+	mb.eps = append(mb.eps, epoch)
 }
 
 type model struct {
@@ -54,6 +72,11 @@ type model struct {
 	mu      []sync.Mutex // per worker: guards the blocks it owns
 	blocks  []modelBlock
 	tags    atomic.Uint64
+
+	// Flush epochs: a flush takes epoch e = flushEpoch+1 before it starts; every version recorded
+	// before that has eps < e. When the flush succeeds, durableEpoch rises to e.
+	flushEpoch   atomic.Uint64
+	durableEpoch atomic.Uint64
 
 	cmu sync.RWMutex // guards c (replaced at crashes)
 	c   *Cache
@@ -127,7 +150,7 @@ func newModel(t *testing.T, seed uint64, workers int, failRate float64) *model {
 		m.cfg.Mode = WriteThrough
 	}
 	for i := range m.blocks {
-		m.blocks[i].vers = []uint64{0}
+		m.blocks[i].add(0, 0)
 	}
 	m.dev.SetFault(func(op fakedev.Op) error {
 		if m.failRate > 0 && (op.Kind == fakedev.Write || op.Kind == fakedev.Flush) && m.rng.Float64() < m.failRate {
@@ -216,9 +239,10 @@ func (m *model) worker(ctx context.Context, w int, rng *rand.Rand, nops int) err
 				return fmt.Errorf("write [%d,+%d): %w", off, length, err)
 			}
 			m.mu[w].Lock()
+			ep := m.flushEpoch.Load()
 			for k, tag := range tags {
 				mb := &m.blocks[first+k]
-				mb.vers = append(mb.vers, tag)
+				mb.add(tag, ep)
 				if fua {
 					mb.floor = len(mb.vers) - 1
 				}
@@ -246,9 +270,10 @@ func (m *model) worker(ctx context.Context, w int, rng *rand.Rand, nops int) err
 				return fmt.Errorf("discard/zero [%d,+%d): %w", off, length, err)
 			}
 			m.mu[w].Lock()
+			ep := m.flushEpoch.Load()
 			for k := 0; k < n; k++ {
 				mb := &m.blocks[first+k]
-				mb.vers = append(mb.vers, 0)
+				mb.add(0, ep)
 				if zfua {
 					mb.floor = len(mb.vers) - 1
 				}
@@ -280,37 +305,23 @@ func (m *model) checkDurable(first int, tags []uint64) error {
 	return nil
 }
 
-// flush snapshots the acknowledged versions, flushes, and on success raises the floors.
+// flush takes a new epoch, flushes, and on success makes every version recorded before the
+// epoch began part of the crash floor.
 func (m *model) flush(ctx context.Context, c *Cache) error {
-	snap := make([]int, len(m.blocks))
-	for w := range m.mu {
-		m.mu[w].Lock()
-	}
-	for b := range m.blocks {
-		snap[b] = len(m.blocks[b].vers) - 1
-	}
-	for w := range m.mu {
-		m.mu[w].Unlock()
-	}
+	e := m.flushEpoch.Add(1)
 	if err := c.Flush(ctx); err != nil {
 		return err
 	}
 	m.flushes.Add(1)
-	for w := range m.mu {
-		m.mu[w].Lock()
-	}
-	for b, v := range snap {
-		if v > m.blocks[b].floor {
-			m.blocks[b].floor = v
+	for {
+		d := m.durableEpoch.Load()
+		if d >= e || m.durableEpoch.CompareAndSwap(d, e) {
+			return nil
 		}
 	}
-	for w := range m.mu {
-		m.mu[w].Unlock()
-	}
-	return nil
 }
 
-// checkQuiesced runs with no worker active: after a successful flush the durable image must
+// flushAndCheckExact runs with no worker active: after a successful flush the durable image must
 // hold exactly the latest versions.
 func (m *model) flushAndCheckExact(ctx context.Context) error {
 	c := m.cache()
@@ -346,18 +357,19 @@ func (m *model) crashAndCheck() error {
 			return fmt.Errorf("after crash block %d: %w", b, err)
 		}
 		mb := &m.blocks[b]
+		floor := mb.floorIndex(m.durableEpoch.Load())
 		ok := false
-		for _, v := range mb.vers[mb.floor:] {
+		for _, v := range mb.vers[floor:] {
 			if v == tag {
 				ok = true
 				break
 			}
 		}
 		if !ok {
-			return fmt.Errorf("after crash block %d holds %d; allowed: versions %v from index %d", b, tag, mb.vers, mb.floor)
+			return fmt.Errorf("after crash block %d holds %d; allowed: versions %v from index %d", b, tag, mb.vers, floor)
 		}
-		mb.vers = append(mb.vers[:0], tag)
-		mb.floor = 0
+		mb.vers, mb.eps, mb.floor = mb.vers[:0], mb.eps[:0], 0
+		mb.add(tag, 0)
 	}
 	c, err := New(m.dev, m.cfg, nil)
 	if err != nil {
