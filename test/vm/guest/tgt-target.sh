@@ -56,11 +56,10 @@ if [ $teardown = 1 ]; then
 	pid=$(cat $state/tgtd.pid 2>/dev/null || true)
 	tgtadm --mode sys --op delete --force >/dev/null 2>&1 || true
 	if [ -n "$pid" ]; then
+		# tgtd does not always leave on "sys delete"; unregistering its 1 GiB pool is slow under TCG
+		kill -TERM "$pid" 2>/dev/null || true
 		gone() { ! kill -0 "$pid" 2>/dev/null; }
-		if ! wait_until 5 "tgtd to exit" gone; then
-			kill -TERM "$pid" 2>/dev/null || true
-			wait_until 5 "tgtd to exit on SIGTERM" gone || kill -KILL "$pid" 2>/dev/null || true
-		fi
+		wait_until 20 "tgtd to exit on SIGTERM" gone || kill -KILL "$pid" 2>/dev/null || true
 	fi
 	rm -rf "$state"
 	exit 0
