@@ -1,0 +1,470 @@
+//go:build linux
+
+package nbd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+// Kernel attach: the server serves one end of N socketpairs and the kernel's nbd driver gets the
+// other ends, so /dev/nbdX becomes a block device backed by the server. Generic netlink
+// (NBD_CMD_CONNECT, include/uapi/linux/nbd-netlink.h) is preferred: it takes several sockets at
+// once, the server flags, a dead-connection timeout, and can pick a free device. The ioctl path
+// (include/uapi/linux/nbd.h) is the fallback for kernels without the nbd netlink family.
+//
+// Either way the transmission flags (SEND_FLUSH, SEND_FUA, SEND_TRIM, SEND_WRITE_ZEROES,
+// CAN_MULTI_CONN, ...) are handed to the kernel: without SEND_FLUSH the kernel treats the device as
+// having no volatile cache and never sends FLUSH, so fsync on the mounted filesystem would be a
+// silent no-op.
+
+// ioctl numbers: _IO(0xab, n).
+const (
+	nbdSetSock       = 0xab00
+	nbdSetBlksize    = 0xab01
+	nbdDoIt          = 0xab03
+	nbdClearSock     = 0xab04
+	nbdSetSizeBlocks = 0xab07
+	nbdDisconnect    = 0xab08
+	nbdSetTimeout    = 0xab09
+	nbdSetFlags      = 0xab0a
+)
+
+// ErrNoKernelNBD reports that the kernel has neither the nbd netlink family nor the device node.
+var ErrNoKernelNBD = errors.New("nbd: the kernel has no nbd driver (modprobe nbd)")
+
+// AttachOptions configure Attach.
+type AttachOptions struct {
+	// Device is the node to bind ("/dev/nbd0"); empty lets the kernel choose (netlink only).
+	Device string
+	// Connections is the number of sockets (default 1). More than one needs the device's
+	// MultiConn, which the server advertises as CAN_MULTI_CONN.
+	Connections int
+	// Timeout is the kernel's per-request timeout (0: requests never time out in the kernel; the
+	// backend's own replacement timeout fails them with EIO instead of the kernel declaring the
+	// socket dead).
+	Timeout time.Duration
+	// DeadConnTimeout is how long the kernel queues I/O when every connection is dead, waiting
+	// for a reconfigure, before failing it.
+	DeadConnTimeout time.Duration
+	// ForceIoctl skips netlink (tests of the fallback path).
+	ForceIoctl bool
+	Logger     *zap.Logger
+}
+
+// Attachment is a kernel nbd device bound to a Server.
+type Attachment struct {
+	srv        *Server
+	index      int
+	viaNetlink bool
+	log        *zap.Logger
+
+	conns    sync.WaitGroup
+	done     chan struct{} // closed when every connection has ended
+	detached atomic.Bool
+
+	// ioctl path
+	devFile *os.File
+	doItErr chan error
+}
+
+// Index returns the nbd device index (N in /dev/nbdN).
+func (a *Attachment) Index() int { return a.index }
+
+// Path returns the device node.
+func (a *Attachment) Path() string { return fmt.Sprintf("/dev/nbd%d", a.index) }
+
+// ViaNetlink reports whether the device was configured through generic netlink.
+func (a *Attachment) ViaNetlink() bool { return a.viaNetlink }
+
+// Done is closed when every connection to the kernel has ended (after Detach, or when the kernel
+// dropped the device).
+func (a *Attachment) Done() <-chan struct{} { return a.done }
+
+func parseDeviceIndex(dev string) (int, error) {
+	if dev == "" {
+		return -1, nil
+	}
+	s := strings.TrimPrefix(dev, "/dev/nbd")
+	i, err := strconv.Atoi(s)
+	if err != nil || i < 0 || s == dev {
+		return 0, fmt.Errorf("nbd: %q is not an nbd device node (/dev/nbdN)", dev)
+	}
+	return i, nil
+}
+
+// Attach binds srv's export to a kernel nbd device and serves it until Detach.
+func Attach(srv *Server, opts AttachOptions) (*Attachment, error) {
+	if opts.Connections <= 0 {
+		opts.Connections = 1
+	}
+	if opts.Connections > 1 && srv.Flags()&FlagCanMultiConn == 0 {
+		return nil, fmt.Errorf("nbd: %d connections need a device that supports multi-conn", opts.Connections)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	index, err := parseDeviceIndex(opts.Device)
+	if err != nil {
+		return nil, err
+	}
+	a := &Attachment{srv: srv, index: index, log: log, done: make(chan struct{})}
+	locals := make([]net.Conn, 0, opts.Connections)
+	remotes := make([]*os.File, 0, opts.Connections)
+	closeAll := func() {
+		for _, c := range locals {
+			c.Close()
+		}
+		for _, f := range remotes {
+			f.Close()
+		}
+	}
+	for range opts.Connections {
+		l, r, err := SocketPair()
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		locals = append(locals, l)
+		remotes = append(remotes, r)
+	}
+	// The server side must be serving before the kernel starts sending (it may probe the
+	// partition table as soon as the device is started).
+	for _, l := range locals {
+		a.conns.Add(1)
+		go func() {
+			defer a.conns.Done()
+			srv.ServeTransmission(l)
+		}()
+	}
+	go func() { a.conns.Wait(); close(a.done) }()
+	fail := func(err error) (*Attachment, error) {
+		for _, f := range remotes {
+			f.Close()
+		}
+		for _, c := range locals {
+			c.Close()
+		}
+		<-a.done
+		return nil, err
+	}
+
+	if !opts.ForceIoctl {
+		idx, err := netlinkConnect(srv, index, remotes, opts)
+		switch {
+		case err == nil:
+			a.index = idx
+			a.viaNetlink = true
+			for _, f := range remotes {
+				f.Close() // the kernel holds its own reference
+			}
+			log.Info("nbd device attached", zap.String("device", a.Path()), zap.Bool("netlink", true),
+				zap.Int("connections", len(locals)), zap.Uint16("flags", srv.Flags()))
+			return a, nil
+		case errors.Is(err, errNoNetlinkFamily):
+			log.Info("nbd netlink family missing, using the ioctl path", zap.Error(err))
+		default:
+			return fail(err)
+		}
+	}
+	if index < 0 {
+		return fail(errors.New("nbd: the ioctl path needs an explicit device (--nbd /dev/nbdN)"))
+	}
+	if err := a.ioctlConnect(remotes, opts); err != nil {
+		return fail(err)
+	}
+	for _, f := range remotes {
+		f.Close()
+	}
+	log.Info("nbd device attached", zap.String("device", a.Path()), zap.Bool("netlink", false),
+		zap.Int("connections", len(locals)), zap.Uint16("flags", srv.Flags()))
+	return a, nil
+}
+
+// Detach disconnects the kernel device: the kernel sends NBD_CMD_DISC on every socket and shuts
+// them down; the server drains what it has in flight. It waits (bounded by ctx) for every
+// connection to end.
+func (a *Attachment) Detach(ctx context.Context) error {
+	if a.detached.Swap(true) {
+		<-a.done
+		return nil
+	}
+	var err error
+	if a.viaNetlink {
+		err = netlinkDisconnect(a.index)
+	} else {
+		err = a.ioctlDisconnect()
+	}
+	select {
+	case <-a.done:
+	case <-ctx.Done():
+		return fmt.Errorf("nbd: detaching %s: connections still open: %w", a.Path(), ctx.Err())
+	}
+	if !a.viaNetlink {
+		select {
+		case e := <-a.doItErr:
+			if e != nil && !errors.Is(e, syscall.EBADR) {
+				a.log.Debug("NBD_DO_IT returned", zap.Error(e))
+			}
+		case <-ctx.Done():
+		}
+		_ = unix.IoctlSetInt(int(a.devFile.Fd()), nbdClearSock, 0)
+		a.devFile.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("nbd: detaching %s: %w", a.Path(), err)
+	}
+	a.log.Info("nbd device detached", zap.String("device", a.Path()))
+	return nil
+}
+
+// ---- generic netlink ----
+
+var errNoNetlinkFamily = errors.New("nbd: no \"nbd\" generic netlink family")
+
+type genlConn struct {
+	fd  int
+	seq uint32
+}
+
+func openGenl() (*genlConn, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_GENERIC)
+	if err != nil {
+		return nil, fmt.Errorf("nbd: netlink socket: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("nbd: netlink bind: %w", err)
+	}
+	// A bounded wait: the kernel answers at once, but never let a lost reply hang attach.
+	tv := unix.Timeval{Sec: 30}
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	return &genlConn{fd: fd}, nil
+}
+
+func (g *genlConn) close() { unix.Close(g.fd) }
+
+// request sends one message with NLM_F_ACK and returns the data messages received before the
+// acknowledgement, or the kernel's error.
+func (g *genlConn) request(family uint16, cmd, version uint8, attrs []byte) ([]nlMessage, error) {
+	g.seq++
+	seq := g.seq
+	msg := genlMessage(family, nlmFRequest|nlmFAck, seq, cmd, version, attrs)
+	if err := unix.Sendto(g.fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return nil, fmt.Errorf("nbd: netlink send: %w", err)
+	}
+	var out []nlMessage
+	buf := make([]byte, 64<<10)
+	for {
+		n, _, err := unix.Recvfrom(g.fd, buf, 0)
+		if err != nil {
+			return nil, fmt.Errorf("nbd: netlink receive: %w", err)
+		}
+		msgs, err := parseMessages(buf[:n])
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range msgs {
+			if m.seq != seq {
+				continue
+			}
+			switch m.typ {
+			case nlmsgError:
+				errno, err := nlError(m.payload)
+				if err != nil {
+					return nil, err
+				}
+				if errno != 0 {
+					return out, errno
+				}
+				return out, nil
+			case nlmsgDone:
+				return out, nil
+			default:
+				m.payload = append([]byte(nil), m.payload...)
+				out = append(out, m)
+			}
+		}
+	}
+}
+
+func (g *genlConn) familyID(name string) (uint16, error) {
+	var e attrEncoder
+	e.str(ctrlAttrName, name)
+	msgs, err := g.request(genlIDCtrl, ctrlCmdGetFa, 1, e.b)
+	if errors.Is(err, syscall.ENOENT) {
+		return 0, errNoNetlinkFamily
+	}
+	if err != nil {
+		return 0, fmt.Errorf("nbd: resolving netlink family %q: %w", name, err)
+	}
+	for _, m := range msgs {
+		_, attrs, err := genlAttrs(m.payload)
+		if err != nil {
+			return 0, err
+		}
+		for _, a := range attrs {
+			if a.typ == ctrlAttrID {
+				if id, ok := a.u16(); ok {
+					return id, nil
+				}
+			}
+		}
+	}
+	return 0, fmt.Errorf("nbd: netlink family %q: no id in the reply", name)
+}
+
+// connectAttrs builds the NBD_CMD_CONNECT attributes.
+func connectAttrs(srv *Server, index int, fds []int, opts AttachOptions) []byte {
+	var e attrEncoder
+	if index >= 0 {
+		e.u32(nbdAttrIndex, uint32(index))
+	}
+	e.u64(nbdAttrSizeBytes, uint64(srv.dev.Size()))
+	e.u64(nbdAttrBlockSizeBytes, uint64(srv.dev.BlockSize()))
+	e.u64(nbdAttrTimeout, uint64(opts.Timeout/time.Second))
+	e.u64(nbdAttrDeadConnTimeout, uint64(opts.DeadConnTimeout/time.Second))
+	e.u64(nbdAttrServerFlags, uint64(srv.Flags()))
+	e.nested(nbdAttrSockets, func(s *attrEncoder) {
+		for _, fd := range fds {
+			s.nested(nbdSockItem, func(it *attrEncoder) { it.u32(nbdSockFD, uint32(fd)) })
+		}
+	})
+	e.str(nbdAttrBackendID, "iser-blk:"+srv.opts.ExportName)
+	return e.b
+}
+
+func netlinkConnect(srv *Server, index int, remotes []*os.File, opts AttachOptions) (int, error) {
+	g, err := openGenl()
+	if err != nil {
+		return 0, err
+	}
+	defer g.close()
+	fam, err := g.familyID(nbdGenlName)
+	if err != nil {
+		return 0, err
+	}
+	fds := make([]int, len(remotes))
+	for i, f := range remotes {
+		fds[i] = int(f.Fd())
+	}
+	msgs, err := g.request(fam, nbdCmdConnect, nbdGenlVersion, connectAttrs(srv, index, fds, opts))
+	if err != nil {
+		return 0, fmt.Errorf("nbd: NBD_CMD_CONNECT: %w", err)
+	}
+	for _, m := range msgs {
+		_, attrs, err := genlAttrs(m.payload)
+		if err != nil {
+			return 0, err
+		}
+		for _, a := range attrs {
+			if a.typ == nbdAttrIndex {
+				if v, ok := a.u32(); ok {
+					return int(v), nil
+				}
+			}
+		}
+	}
+	if index >= 0 {
+		return index, nil
+	}
+	return 0, errors.New("nbd: NBD_CMD_CONNECT reply carried no device index")
+}
+
+func netlinkDisconnect(index int) error {
+	g, err := openGenl()
+	if err != nil {
+		return err
+	}
+	defer g.close()
+	fam, err := g.familyID(nbdGenlName)
+	if err != nil {
+		return err
+	}
+	var e attrEncoder
+	e.u32(nbdAttrIndex, uint32(index))
+	if _, err := g.request(fam, nbdCmdDisconnect, nbdGenlVersion, e.b); err != nil {
+		return fmt.Errorf("NBD_CMD_DISCONNECT: %w", err)
+	}
+	return nil
+}
+
+// ---- ioctl fallback ----
+
+// ioctlConnect configures the device with ioctls and starts NBD_DO_IT on a dedicated, locked OS
+// thread: the kernel ties the setup to the calling task, and DO_IT blocks until disconnect.
+func (a *Attachment) ioctlConnect(remotes []*os.File, opts AttachOptions) error {
+	path := a.Path()
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%w: %s does not exist", ErrNoKernelNBD, path)
+	}
+	setup := make(chan error, 1)
+	a.doItErr = make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			setup <- fmt.Errorf("nbd: %w", err)
+			return
+		}
+		fd := int(f.Fd())
+		dev := a.srv.dev
+		steps := []struct {
+			name string
+			req  uint
+			val  int
+		}{
+			{"NBD_SET_BLKSIZE", nbdSetBlksize, dev.BlockSize()},
+			{"NBD_SET_SIZE_BLOCKS", nbdSetSizeBlocks, int(dev.Size() / int64(dev.BlockSize()))},
+			{"NBD_SET_FLAGS", nbdSetFlags, int(a.srv.Flags())},
+			{"NBD_SET_TIMEOUT", nbdSetTimeout, int(opts.Timeout / time.Second)},
+		}
+		for _, r := range remotes {
+			steps = append(steps, struct {
+				name string
+				req  uint
+				val  int
+			}{"NBD_SET_SOCK", nbdSetSock, int(r.Fd())})
+		}
+		for _, s := range steps {
+			if err := unix.IoctlSetInt(fd, s.req, s.val); err != nil {
+				_ = unix.IoctlSetInt(fd, nbdClearSock, 0)
+				f.Close()
+				setup <- fmt.Errorf("nbd: %s on %s: %w", s.name, path, err)
+				return
+			}
+		}
+		a.devFile = f
+		setup <- nil
+		a.doItErr <- unix.IoctlSetInt(fd, nbdDoIt, 0)
+	}()
+	if err := <-setup; err != nil {
+		return err
+	}
+	// DO_IT has been issued (or is about to be); the kernel takes its socket references at
+	// SET_SOCK time, so the caller may close its copies now.
+	return nil
+}
+
+func (a *Attachment) ioctlDisconnect() error {
+	f, err := os.OpenFile(a.Path(), os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.IoctlSetInt(int(f.Fd()), nbdDisconnect, 0)
+}
