@@ -178,13 +178,18 @@ func (q *queue) sqe() (*uring.SQE, error) {
 
 // prepIOCmd queues a FETCH_REQ or COMMIT_AND_FETCH_REQ for t with result.
 func (q *queue) prepIOCmd(op uint32, t *tag, result int32) error {
+	_, err := q.prepIOCmdSQE(op, t, result)
+	return err
+}
+
+func (q *queue) prepIOCmdSQE(op uint32, t *tag, result int32) (*uring.SQE, error) {
 	s, err := q.sqe()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	uring.PrepUringCmd(s, q.srv.charFd, op, uint64(t.id))
 	*(*ioCmd)(unsafe.Pointer(q.ring.Cmd(s))) = ioCmd{QID: q.id, Tag: t.id, Result: result, Addr: t.addr}
-	return nil
+	return s, nil
 }
 
 func (q *queue) armWake() error {

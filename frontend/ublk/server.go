@@ -87,6 +87,9 @@ func Start(ctx context.Context, dev block.Device, opts Options) (s *Server, err 
 		lim.LogicalBlockSize = uint32(dev.BlockSize())
 	}
 	maxIO := maxIOFor(lim, opts.MaxIO)
+	if mc, ok := opts.Pool.(interface{ MaxClass() int }); ok && mc.MaxClass() < maxIO {
+		maxIO = maxIOFor(lim, mc.MaxClass()) // every tag's buffer must be one pool buffer
+	}
 	// Check the parameters before anything exists in the kernel.
 	if _, err := buildParams(dev.Size(), lim, maxIO); err != nil {
 		return nil, err

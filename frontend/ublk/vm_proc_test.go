@@ -24,15 +24,39 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
+	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/backend/memdev"
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/pool"
+	"github.com/iser-blk/iser-blk/test/vm/vmtest"
 )
 
-// targetURL is the LUN the process-level tests attach. Change this one line to run them against
-// LIO (e.g. "iscsi://192.168.77.1:3260/iqn.2003-01.org.linux-iscsi.vm:iser-test/0") once the
-// CLI's attach opens iSCSI targets.
-const targetURL = "mem://256MiB"
+// The process-level tests attach a memdev LUN and, where marked, the same workload against a LIO
+// LUN over iSCSI/TCP in the guest (lioTarget). To move every test to LIO, make memTarget return
+// lioTarget(t): that one line is the switch.
+func memTarget(*testing.T) string { return "mem://256MiB" }
+
+// lioTarget starts a LIO fileio LUN in the guest (TCP portal) with thin provisioning enabled
+// (UNMAP and WRITE SAME with UNMAP, so discard and fstrim have something to reach) and returns
+// its iscsi:// URL.
+func lioTarget(t *testing.T) string {
+	t.Helper()
+	lio := vmtest.StartLIO(t, vmtest.LIOOptions{File: true, SizeMiB: 256, NoISER: true})
+	attrs, _ := filepath.Glob("/sys/kernel/config/target/core/fileio_*/*/attrib")
+	if len(attrs) == 0 {
+		t.Fatal("no LIO fileio backstore in configfs")
+	}
+	for _, a := range attrs {
+		for _, name := range []string{"emulate_tpu", "emulate_tpws"} {
+			if err := os.WriteFile(filepath.Join(a, name), []byte("1"), 0o644); err != nil {
+				t.Fatalf("LIO %s/%s: %v", a, name, err)
+			}
+		}
+	}
+	return fmt.Sprintf("iscsi://%s/%s/%d", lio.Portal, lio.IQN, lio.LUN)
+}
 
 // serveEnv makes the test binary act as the server process (see TestMain) when the CLI's attach
 // subcommand is not available.
@@ -45,20 +69,33 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// serveMain is what `iser-blk attach --ublk --target URL` does, for a mem:// target: open,
-// Run until SIGINT/SIGTERM, close. It prints the device path on stdout.
+// serveMain is what `iser-blk attach --ublk --target URL` does: open the target (mem:// with
+// memdev, iscsi:// with backend/iser), take the per-tag buffers from a pool.Pool, Run until
+// SIGINT/SIGTERM, close. It prints the device path on stdout.
 func serveMain(url string) int {
-	log, _ := zap.NewDevelopment()
-	dev, err := memdev.ParseURL(url)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
+	log, _ := zap.NewDevelopment(zap.AddStacktrace(zapcore.DPanicLevel))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	var dev block.Device
+	var err error
+	if strings.HasPrefix(url, "mem://") {
+		dev, err = memdev.ParseURL(url)
+	} else {
+		dev, err = iser.Open(ctx, url, iser.Options{InitiatorName: "iqn.2025-01.io.iser-blk:ublk-vm-test", Logger: log})
+	}
+	if err != nil {
+		log.Error("open target", zap.Error(err))
+		return 5
+	}
 	q, _ := strconv.Atoi(os.Getenv(serveEnv + "_QUEUES"))
 	d, _ := strconv.Atoi(os.Getenv(serveEnv + "_DEPTH"))
-	err = Run(ctx, dev, Options{Queues: q, Depth: d, Logger: log}, func(p string) { fmt.Println(p) })
+	bufs, err := pool.New(pool.Config{MaxBytes: 256 << 20, MaxClass: 1 << 20})
+	if err != nil {
+		log.Error("pool", zap.Error(err))
+		return 1
+	}
+	defer bufs.Close()
+	err = Run(ctx, dev, Options{Queues: q, Depth: d, Pool: bufs, Logger: log}, func(p string) { fmt.Println(p) })
 	if cerr := dev.Close(); err == nil {
 		err = cerr
 	}
@@ -112,7 +149,7 @@ func cliAttach() string {
 }
 
 // startServer starts the server process and waits for it to print the device path.
-func startServer(t *testing.T, queues, depth int) *serverProc {
+func startServer(t *testing.T, targetURL string, queues, depth int) *serverProc {
 	t.Helper()
 	requireUblk(t)
 	var cmd *exec.Cmd
@@ -151,6 +188,7 @@ func startServer(t *testing.T, queues, depth int) *serverProc {
 			<-p.exited
 		}
 		t.Logf("server stderr:\n%s", p.stderr.String())
+		p.deleteLeftover(t)
 	})
 	select {
 	case p.path = <-line:
@@ -166,6 +204,27 @@ func startServer(t *testing.T, queues, depth int) *serverProc {
 	p.id = uint32(n)
 	t.Logf("server created %s", p.path)
 	return p
+}
+
+// deleteLeftover removes the device of a server that did not shut down cleanly (killed), so
+// later tests start from a clean driver.
+func (p *serverProc) deleteLeftover(t *testing.T) {
+	if p.path == "" {
+		return
+	}
+	if _, err := os.Stat(fmt.Sprintf("/dev/ublkc%d", p.id)); err != nil {
+		return
+	}
+	c, err := OpenControl("")
+	if err != nil {
+		t.Errorf("cleanup: %v", err)
+		return
+	}
+	defer c.Close()
+	_ = c.StopDev(p.id)
+	if err := c.DelDev(p.id); err != nil {
+		t.Errorf("cleanup: DEL_DEV %d: %v", p.id, err)
+	}
 }
 
 // terminate sends SIGTERM and requires a clean exit (status 0) and the disk gone.
@@ -202,7 +261,12 @@ func run(t *testing.T, name string, args ...string) string {
 // TestVMExt4 is acceptance 1: a filesystem on the ublk disk survives umount, fsck and remount
 // with every file intact; fstrim works; the kernel sees a write-back cache.
 func TestVMExt4(t *testing.T) {
-	p := startServer(t, 2, 64)
+	t.Run("memdev", func(t *testing.T) { testExt4(t, memTarget(t)) })
+	t.Run("lio-tcp", func(t *testing.T) { testExt4(t, lioTarget(t)) })
+}
+
+func testExt4(t *testing.T, target string) {
+	p := startServer(t, target, 2, 64)
 	base := filepath.Base(p.path)
 	wc, err := os.ReadFile("/sys/block/" + base + "/queue/write_cache")
 	if err != nil || strings.TrimSpace(string(wc)) != "write back" {
@@ -299,7 +363,12 @@ func fio(t *testing.T, args ...string) fioResult {
 // TestVMFioVerify is acceptance 2: random writes then random reads, crc32c-verified, on
 // 2 queues × depth 64, with zero errors.
 func TestVMFioVerify(t *testing.T) {
-	p := startServer(t, 2, 64)
+	t.Run("memdev", func(t *testing.T) { testFioVerify(t, memTarget(t)) })
+	t.Run("lio-tcp", func(t *testing.T) { testFioVerify(t, lioTarget(t)) })
+}
+
+func testFioVerify(t *testing.T, target string) {
+	p := startServer(t, target, 2, 64)
 	common := []string{"--filename=" + p.path, "--ioengine=libaio", "--direct=1", "--bs=4k",
 		"--iodepth=64", "--numjobs=2", "--size=32M", "--offset_increment=32M",
 		"--verify=crc32c", "--randseed=1234", "--group_reporting=0"}
@@ -383,7 +452,7 @@ func startFio(t *testing.T, path string) (*exec.Cmd, chan error, *syncBuffer) {
 // TestVMSigtermUnderLoad is acceptance 4a: SIGTERM while fio runs drains, flushes, stops and
 // deletes the device; fio ends (its in-flight I/O completes or fails) and nothing hangs.
 func TestVMSigtermUnderLoad(t *testing.T) {
-	p := startServer(t, 2, 64)
+	p := startServer(t, memTarget(t), 2, 64)
 	_, fioDone, fioOut := startFio(t, p.path)
 	waitWrites(t, filepath.Base(p.path), 2000)
 	took := p.terminate(t, 60*time.Second)
@@ -399,7 +468,7 @@ func TestVMSigtermUnderLoad(t *testing.T) {
 // TestVMKill9 is acceptance 4b: after kill -9 of the server the kernel fails I/O (it does not
 // hang) within a bounded time; the test then deletes the leftover device.
 func TestVMKill9(t *testing.T) {
-	p := startServer(t, 2, 64)
+	p := startServer(t, memTarget(t), 2, 64)
 	_, fioDone, fioOut := startFio(t, p.path)
 	base := filepath.Base(p.path)
 	waitWrites(t, base, 2000)
@@ -488,5 +557,3 @@ func lastLines(s string, n int) string {
 	}
 	return strings.Join(l, "\n")
 }
-
-var _ block.Device = (*memdev.Device)(nil)

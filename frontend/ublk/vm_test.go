@@ -21,11 +21,14 @@ import (
 
 	"github.com/iser-blk/iser-blk/backend/memdev"
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/test/vm/vmtest"
 )
 
 // requireUblk fails (never skips) unless the kernel has ublk: these tests belong in the guest.
 func requireUblk(t *testing.T) {
 	t.Helper()
+	vmtest.Require(t)
+	vmtest.LoadModules(t, "ublk")
 	c, err := OpenControl("")
 	if err != nil {
 		t.Fatalf("vm test needs ublk (run it in the 6.12 guest via test/vm): %v", err)
