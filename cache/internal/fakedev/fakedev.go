@@ -47,9 +47,10 @@ type Dev struct {
 	bs   int64
 
 	mu       sync.Mutex
-	cur      []byte // what reads see
-	durable  []byte // what survives Crash
-	volatile []bool // per block: cur differs from durable (not yet flushed)
+	cur      []byte  // what reads see
+	durable  []byte  // what survives Crash
+	volatile []bool  // per block: cur differs from durable (not yet flushed)
+	volList  []int64 // the blocks with volatile set
 	log      []Op
 	seq      uint64
 	inflight map[uint64]Op // writes/discards/zeroes in flight, by Start
@@ -182,8 +183,9 @@ func (d *Dev) store(off int64, p []byte, durable bool) {
 		if durable {
 			copy(d.durable[b*d.bs:(b+1)*d.bs], d.cur[b*d.bs:])
 			d.volatile[b] = false
-		} else {
+		} else if !d.volatile[b] {
 			d.volatile[b] = true
+			d.volList = append(d.volList, b)
 		}
 	}
 }
@@ -194,12 +196,13 @@ func (d *Dev) Flush(_ context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err == nil {
-		for b, v := range d.volatile {
-			if v {
-				copy(d.durable[int64(b)*d.bs:int64(b+1)*d.bs], d.cur[int64(b)*d.bs:])
+		for _, b := range d.volList {
+			if d.volatile[b] {
+				copy(d.durable[b*d.bs:(b+1)*d.bs], d.cur[b*d.bs:])
 				d.volatile[b] = false
 			}
 		}
+		d.volList = d.volList[:0]
 	}
 	d.end(op, err)
 	return err
@@ -254,12 +257,13 @@ func (d *Dev) Reopen() {
 func (d *Dev) Crash() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for b, v := range d.volatile {
-		if v {
-			copy(d.cur[int64(b)*d.bs:int64(b+1)*d.bs], d.durable[int64(b)*d.bs:])
+	for _, b := range d.volList {
+		if d.volatile[b] {
+			copy(d.cur[b*d.bs:(b+1)*d.bs], d.durable[b*d.bs:])
 			d.volatile[b] = false
 		}
 	}
+	d.volList = d.volList[:0]
 }
 
 // Durable returns a copy of the durable bytes of [off, off+n).
