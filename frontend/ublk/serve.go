@@ -19,7 +19,7 @@ func (s *Server) serve(t *tag) int32 {
 	switch op {
 	case opRead, opWrite:
 		if n > int64(len(t.buf)) || n == 0 {
-			s.log.Warn("ublk request larger than its buffer", zap.Uint8("op", op), zap.Int64("len", n), zap.Int("buf", len(t.buf)))
+			s.reqLog.Warn("ublk request larger than its buffer", zap.Uint8("op", op), zap.Int64("len", n), zap.Int("buf", len(t.buf)))
 			return -int32(unix.EINVAL)
 		}
 		if op == opRead {
@@ -48,7 +48,7 @@ func (s *Server) serve(t *tag) int32 {
 		return -int32(unix.EOPNOTSUPP)
 	}
 	if err != nil {
-		s.log.Warn("ublk request failed", zap.String("op", opName(op)), zap.Int64("off", off), zap.Int64("len", n), zap.Error(err))
+		s.reqLog.Warn("ublk request failed", zap.String("op", opName(op)), zap.Int64("off", off), zap.Int64("len", n), zap.Error(err))
 		return -int32(block.Errno(err))
 	}
 	if op != opRead && op != opWrite {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -62,7 +63,7 @@ func (d *recDevice) Close() error { return nil }
 
 func newServeFixture(err error) (*Server, *recDevice, *tag) {
 	dev := &recDevice{size: 1 << 20, err: err, data: make([]byte, 1<<20)}
-	s := &Server{dev: dev, log: zap.NewNop(), ioCtx: context.Background()}
+	s := &Server{dev: dev, log: zap.NewNop(), reqLog: zap.NewNop(), ioCtx: context.Background()}
 	return s, dev, &tag{buf: make([]byte, 64<<10)}
 }
 
@@ -197,3 +198,32 @@ type nopDevice struct{ recDevice }
 func (*nopDevice) Size() int64                                 { return 1 << 30 }
 func (*nopDevice) ReadAt(context.Context, []byte, int64) error { return nil }
 func (*nopDevice) Flush(context.Context) error                 { return nil }
+
+// TestStartWithoutUblk: no control device (and modprobe cannot provide one) is ErrNoKernel with
+// a hint to use --nbd, before anything else happens.
+func TestStartWithoutUblk(t *testing.T) {
+	dev := &recDevice{size: 1 << 20, data: make([]byte, 1<<20)}
+	_, err := Start(context.Background(), dev, Options{ControlPath: "/nonexistent/ublk-control", Queues: 1, Depth: 4})
+	if !errors.Is(err, ErrNoKernel) {
+		t.Fatalf("err = %v, want ErrNoKernel", err)
+	}
+	if !strings.Contains(err.Error(), "--nbd") {
+		t.Fatalf("error does not suggest --nbd: %v", err)
+	}
+	if len(dev.calls) != 0 {
+		t.Fatalf("device used: %v", dev.calls)
+	}
+}
+
+func TestStartRejectsBadOptions(t *testing.T) {
+	dev := &recDevice{size: 1 << 20, data: make([]byte, 1<<20)}
+	for _, o := range []Options{{Depth: maxQueueDepth + 1}, {Queues: maxQueues + 1}} {
+		if _, err := Start(context.Background(), dev, o); !errors.Is(err, block.ErrInvalid) {
+			t.Errorf("%+v: err = %v, want ErrInvalid", o, err)
+		}
+	}
+	odd := &recDevice{size: 1000, data: make([]byte, 1000)}
+	if _, err := Start(context.Background(), odd, Options{ControlPath: "/nonexistent"}); !errors.Is(err, block.ErrInvalid) {
+		t.Errorf("size 1000: err = %v, want ErrInvalid before touching the kernel", err)
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
 
 	"github.com/iser-blk/iser-blk/block"
@@ -35,7 +36,10 @@ type Options struct {
 	Pool BufferPool
 	// ControlPath is the control device (default /dev/ublk-control).
 	ControlPath string
-	Logger      *zap.Logger
+	// DrainTimeout bounds how long Shutdown lets in-flight requests run before cancelling their
+	// context so they fail and the kernel's STOP_DEV can finish (default 30 s).
+	DrainTimeout time.Duration
+	Logger       *zap.Logger
 }
 
 // Server exports a block.Device as /dev/ublkbN.
@@ -43,6 +47,8 @@ type Server struct {
 	dev    block.Device
 	lim    block.Limits
 	log    *zap.Logger
+	reqLog *zap.Logger // per-request failures, sampled so a dead backend cannot flood the log
+	drain  time.Duration
 	ctrl   *Control
 	info   DevInfo
 	maxIO  int
@@ -126,6 +132,13 @@ func Start(ctx context.Context, dev block.Device, opts Options) (s *Server, err 
 		return nil, err
 	}
 	s.log = log.With(zap.Uint32("ublk", s.info.DevID))
+	s.reqLog = s.log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, time.Second, 10, 100)
+	}))
+	s.drain = opts.DrainTimeout
+	if s.drain <= 0 {
+		s.drain = 30 * time.Second
+	}
 	started := false
 	defer func() {
 		if err != nil {
@@ -286,9 +299,16 @@ func (s *Server) shutdown(ctx context.Context) error {
 	var errs []error
 	t0 := time.Now()
 	s.stopping.Store(true)
+	// STOP_DEV waits for every request in flight; a backend request that never returns would
+	// hold it forever, so after the drain timeout the requests' context is cancelled.
+	stuck := time.AfterFunc(s.drain, func() {
+		s.log.Warn("ublk requests still in flight after the drain timeout; cancelling them", zap.Duration("drain_timeout", s.drain))
+		s.ioCancel()
+	})
 	if err := s.ctrl.StopDev(s.info.DevID); err != nil {
 		errs = append(errs, err)
 	}
+	stuck.Stop()
 	s.log.Info("ublk disk removed, in-flight requests drained", zap.Duration("took", time.Since(t0)))
 	if err := s.dev.Flush(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("ublk: final flush: %w", err))
