@@ -5,7 +5,6 @@ package session
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -63,19 +62,6 @@ func clearUnitAttention(t *testing.T, s *Session) {
 		}
 	}
 	t.Fatalf("TEST UNIT READY keeps reporting UNIT ATTENTION")
-}
-
-// rw16 builds READ(16)/WRITE(16) (SBC-4 §5.16, §5.40) for 512-byte blocks.
-func rw16(cmd *scsi.Command, write bool, off int64, buf []byte) {
-	*cmd = scsi.Command{LUN: scsi.EncodeLUN(1), CDBLen: 16, Data: buf, Attr: scsi.AttrSimple}
-	cmd.CDB[0] = 0x88
-	cmd.Dir = scsi.DirRead
-	if write {
-		cmd.CDB[0] = 0x8a
-		cmd.Dir = scsi.DirWrite
-	}
-	binary.BigEndian.PutUint64(cmd.CDB[2:10], uint64(off/512))
-	binary.BigEndian.PutUint32(cmd.CDB[10:14], uint32(len(buf)/512))
 }
 
 type extent struct{ off, n int64 }
