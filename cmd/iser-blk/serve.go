@@ -1,0 +1,260 @@
+package main
+
+// serve: expose the target as an NBD export on a unix or TCP socket (frontend/nbd), for qemu,
+// libnbd tools, nbdfuse, fio's nbd engine or a remote nbd-client. Shutdown on SIGINT/SIGTERM:
+// stop accepting, let in-flight requests finish, flush the device, close it (log out).
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"go.uber.org/zap"
+
+	"github.com/iser-blk/iser-blk/backend/iser"
+	"github.com/iser-blk/iser-blk/backend/memdev"
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/frontend/nbd"
+	"github.com/iser-blk/iser-blk/pool"
+)
+
+func init() {
+	register(&command{name: "serve", summary: "serve the LUN as an NBD export on a socket", run: runServe})
+}
+
+// exportFlags are the flags shared by serve and attach that shape the device and its NBD export.
+type exportFlags struct {
+	target       string
+	exportName   string
+	readOnly     bool
+	maxInflight  int
+	bufferMemory string
+}
+
+func (ef *exportFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&ef.target, "target", "", "target URL: iscsi://[user@]host[:port]/IQN/LUN, iser://..., or mem://SIZE (test-only in-memory device)")
+	fs.StringVar(&ef.exportName, "export-name", "iser-blk", "NBD export name (the empty default name also selects it)")
+	fs.BoolVar(&ef.readOnly, "read-only", false, "export read-only")
+	fs.IntVar(&ef.maxInflight, "max-inflight", 128, "requests executing concurrently per connection")
+	fs.StringVar(&ef.bufferMemory, "buffer-memory", "512MiB", "bound on the registered buffer pool (mapped lazily)")
+}
+
+// openTarget opens --target as a block.Device. mem:// is an in-memory device for tests and
+// protocol benchmarks; everything else goes to the iSCSI/iSER backend.
+func openTarget(ctx context.Context, tf *targetFlags, ef *exportFlags, log *zap.Logger) (block.Device, error) {
+	if ef.target == "" {
+		return nil, usagef("--target is required")
+	}
+	if strings.HasPrefix(ef.target, "mem://") {
+		d, err := memdev.ParseURL(ef.target)
+		if err != nil {
+			return nil, usagef("%v", err)
+		}
+		return d, nil
+	}
+	t, err := iser.ParseURL(ef.target)
+	if err != nil {
+		return nil, err
+	}
+	opts, err := tf.options(t.User, log)
+	if err != nil {
+		return nil, err
+	}
+	opts.ReadOnly = ef.readOnly
+	return iser.Open(ctx, ef.target, opts)
+}
+
+// newExportServer builds the buffer pool and the NBD server for dev.
+func newExportServer(dev block.Device, ef *exportFlags, log *zap.Logger) (*nbd.Server, *pool.Pool, error) {
+	mem, err := humanize.ParseBytes(ef.bufferMemory)
+	if err != nil || mem < 2*nbd.MaxPayload {
+		return nil, nil, usagef("--buffer-memory %q: need a size of at least %s", ef.bufferMemory, humanize.IBytes(2*nbd.MaxPayload))
+	}
+	p, err := pool.New(pool.Config{MaxBytes: int64(mem), HugePages: true})
+	if err != nil {
+		return nil, nil, fmt.Errorf("buffer pool: %w", err)
+	}
+	srv, err := nbd.NewServer(dev, nbd.Options{
+		ExportName:    ef.exportName,
+		Description:   "iser-blk " + redactURL(ef.target),
+		Pool:          p,
+		MaxInflight:   ef.maxInflight,
+		Logger:        log,
+		ForceReadOnly: ef.readOnly,
+		// Three quarters of the pool: size-class rounding never leaves a reserved request
+		// without buffers.
+		PayloadBudget: int64(mem) * 3 / 4,
+	})
+	if err != nil {
+		p.Close()
+		return nil, nil, err
+	}
+	return srv, p, nil
+}
+
+// redactURL drops the user part of a target URL for display.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(target)"
+	}
+	u.User = nil
+	return u.String()
+}
+
+// listenSpec opens the --listen address: unix:///path (default) or tcp://host:port.
+func listen(spec string, log *zap.Logger) (net.Listener, string, error) {
+	u, err := url.Parse(spec)
+	if err != nil {
+		return nil, "", usagef("--listen %q: %v", spec, err)
+	}
+	switch u.Scheme {
+	case "unix":
+		path := u.Path
+		if path == "" {
+			return nil, "", usagef("--listen %q: no socket path", spec)
+		}
+		if err := removeStaleSocket(path); err != nil {
+			return nil, "", err
+		}
+		// Create the socket 0600: only the owner may connect (NBD has no authentication).
+		old := syscall.Umask(0o177)
+		l, err := net.Listen("unix", path)
+		syscall.Umask(old)
+		if err != nil {
+			return nil, "", fmt.Errorf("listen on %s: %w", path, err)
+		}
+		if err := os.Chmod(path, 0o600); err != nil {
+			l.Close()
+			return nil, "", fmt.Errorf("chmod %s: %w", path, err)
+		}
+		return l, "nbd+unix:///?socket=" + path, nil
+	case "tcp":
+		if u.Host == "" || u.Port() == "" {
+			return nil, "", usagef("--listen %q: need tcp://host:port", spec)
+		}
+		l, err := net.Listen("tcp", u.Host)
+		if err != nil {
+			return nil, "", fmt.Errorf("listen on %s: %w", u.Host, err)
+		}
+		log.Warn("NBD over TCP has no authentication or encryption; anyone who can reach the port can read and write the disk",
+			zap.String("address", l.Addr().String()))
+		return l, "nbd://" + l.Addr().String() + "/", nil
+	default:
+		return nil, "", usagef("--listen %q: scheme must be unix:// or tcp://", spec)
+	}
+}
+
+// removeStaleSocket removes a socket file left behind by a previous run, but only when it is a
+// socket nobody is listening on: never a regular file, never a live server's socket.
+func removeStaleSocket(path string) error {
+	st, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if st.Mode()&os.ModeSocket == 0 {
+		return usagef("%s exists and is not a socket; not removing it", path)
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("%s: another server is listening on it", path)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("%s: cannot tell whether the socket is stale: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("removing stale socket %s: %w", path, err)
+	}
+	return nil
+}
+
+// closeDevice flushes and closes dev at shutdown, logging progress. It returns the exit code.
+func closeDevice(dev block.Device, log *zap.Logger) int {
+	code := exitOK
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	if err := dev.Flush(ctx); err != nil && !errors.Is(err, block.ErrReadOnly) {
+		log.Error("final flush failed: data acknowledged to clients may not be on the target", zap.Error(err))
+		code = exitFailure
+	} else {
+		log.Info("device flushed", zap.Duration("took", time.Since(t0)))
+	}
+	if err := dev.Close(); err != nil {
+		log.Error("closing the device failed", zap.Error(err))
+		code = exitFailure
+	}
+	return code
+}
+
+func runServe(ctx context.Context, args []string) int {
+	var tf targetFlags
+	var ef exportFlags
+	var listenSpec string
+	var drain time.Duration
+	fs := newFlagSet("serve", "--target URL [--listen unix:///PATH|tcp://HOST:PORT] [flags]",
+		"Serve the LUN as an NBD export (fixed newstyle, structured replies, FLUSH/FUA/TRIM/\n"+
+			"WRITE_ZEROES, multi-conn) until SIGINT/SIGTERM. Prints the NBD URI on stdout once listening.\n"+
+			"Connect with e.g. nbdinfo, nbdcopy, qemu-img or fio --ioengine=nbd.")
+	tf.register(fs, true)
+	ef.register(fs)
+	fs.StringVar(&listenSpec, "listen", "unix:///run/iser-blk.sock", "where to listen: unix:///PATH (mode 0600) or tcp://HOST:PORT")
+	fs.DurationVar(&drain, "drain-timeout", time.Minute, "at shutdown, how long in-flight requests may take before connections are cut")
+	if _, code, done := parseOrExit(fs, args, 0); done {
+		return code
+	}
+	log := newLogger(tf.debug)
+	defer log.Sync() //nolint:errcheck
+
+	dev, err := openTarget(ctx, &tf, &ef, log)
+	if err != nil {
+		return fail("serve", err)
+	}
+	srv, p, err := newExportServer(dev, &ef, log)
+	if err != nil {
+		dev.Close()
+		return fail("serve", err)
+	}
+	defer p.Close()
+	l, uri, err := listen(listenSpec, log)
+	if err != nil {
+		dev.Close()
+		return fail("serve", err)
+	}
+	log.Info("serving NBD", zap.String("uri", uri), zap.String("export", ef.exportName),
+		zap.String("size", humanize.IBytes(uint64(dev.Size()))), zap.Int("block_size", dev.BlockSize()),
+		zap.Uint16("flags", srv.Flags()))
+	fmt.Println(uri)
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	code := exitOK
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down: draining in-flight requests")
+	case err := <-served:
+		log.Error("NBD listener failed", zap.Error(err))
+		code = exitFailure
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), drain)
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("connections cut before their requests finished", zap.Error(err))
+	}
+	cancel()
+	if c := closeDevice(dev, log); c != exitOK {
+		code = c
+	}
+	return code
+}
