@@ -37,7 +37,10 @@ func (e *Error) Error() string {
 	if who == "" {
 		who = "discovery session"
 	}
-	s := fmt.Sprintf("iSCSI login to %s at %s: %v", who, e.Portal, e.Kind)
+	s := fmt.Sprintf("iSCSI login to %s at %s", who, e.Portal)
+	if e.Err == nil || !errors.Is(e.Err, e.Kind) || e.Reason != "" {
+		s += ": " + e.Kind.Error() // the cause names it already otherwise
+	}
 	if e.Reason != "" {
 		s += ": " + e.Reason
 	}
