@@ -78,9 +78,10 @@ import (
 const nShards = 64
 
 type shard struct {
-	mu sync.Mutex
-	m  map[int64]int32 // page number → slot
-	_  [40]byte
+	mu   sync.Mutex
+	m    map[int64]int32 // page number → slot
+	hits uint64          // pages served from this shard (guarded by mu: no shared counter on the hit path)
+	_    [32]byte
 }
 
 type slot struct {
@@ -164,7 +165,7 @@ type Cache struct {
 }
 
 type counters struct {
-	hits, misses, readAhead, wbBytes, wbErrors, flushes, flushErrors, throttledWrites, evictions atomic.Uint64
+	misses, readAhead, wbBytes, wbErrors, flushes, flushErrors, throttledWrites, evictions atomic.Uint64
 }
 
 // Stats is a snapshot of the cache's counters.
@@ -378,7 +379,6 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 	if err := block.CheckRange(c, off, int64(len(p))); err != nil {
 		return err
 	}
-	sequential := c.noteStream(off, int64(len(p)))
 	pos := int64(0)
 	for pos < int64(len(p)) {
 		page, pOff := (off+pos)/c.ps, (off+pos)%c.ps
@@ -386,25 +386,24 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 		if !c.readHit(page, pOff, p[pos:pos+n]) {
 			break
 		}
-		c.st.hits.Add(1)
 		pos += n
 	}
 	if pos == int64(len(p)) {
 		return nil
 	}
-	return c.readMiss(ctx, p[pos:], off+pos, sequential)
+	return c.readMiss(ctx, p[pos:], off+pos)
 }
 
-// noteStream reports whether a read continues one of the recently seen sequential streams.
-func (c *Cache) noteStream(off, n int64) bool {
+// Sequential detection runs on misses only, so hits stay cheap: each stream slot holds the
+// offset where the stream's next miss is expected (the end of what its last miss filled,
+// read-ahead included). A miss there is sequential; any other miss takes a slot round-robin.
+func (c *Cache) sequentialMiss(off int64) (slot int, ok bool) {
 	for i := range c.streams {
-		if c.streams[i].CompareAndSwap(off, off+n) {
-			return true
+		if c.streams[i].Load() == off {
+			return i, true
 		}
 	}
-	i := c.streamNext.Add(1) % uint32(len(c.streams))
-	c.streams[i].Store(off + n)
-	return false
+	return int(c.streamNext.Add(1) % uint32(len(c.streams))), false
 }
 
 func (c *Cache) readHit(page, pOff int64, dst []byte) bool {
@@ -423,6 +422,7 @@ func (c *Cache) readHit(page, pOff int64, dst []byte) bool {
 	}
 	copy(dst, c.bufs[s][pOff:])
 	sl.ref = true
+	sh.hits++
 	sh.mu.Unlock()
 	return true
 }
@@ -434,7 +434,10 @@ type fillPage struct {
 
 // readMiss reads [off, off+len(p)) (page-aligned, plus read-ahead when sequential) from the
 // backend into placeholder pages, merges it with what the cache holds and copies p out.
-func (c *Cache) readMiss(ctx context.Context, p []byte, off int64, sequential bool) error {
+func (c *Cache) readMiss(ctx context.Context, p []byte, off int64) error {
+	stream, sequential := c.sequentialMiss(off)
+	filledEnd := off + int64(len(p))
+	defer func() { c.streams[stream].Store(filledEnd) }()
 	first := off / c.ps
 	last := (off + int64(len(p)) - 1) / c.ps
 	reqLast := last
@@ -470,6 +473,9 @@ func (c *Cache) readMiss(ctx context.Context, p []byte, off int64, sequential bo
 		err := c.fillChunk(ctx, p, off, a, b, reqLast, fills, install)
 		if err != nil {
 			return err
+		}
+		if a > reqLast || b >= reqLast {
+			filledEnd = max(filledEnd, min((b+1)*c.ps, c.size))
 		}
 		a = b + 1
 	}
@@ -1172,7 +1178,7 @@ func (c *Cache) Stats() Stats {
 		CachedBytes:     cached,
 		DirtyBytes:      c.dirtyPages.Load() * c.ps,
 		DirtyLimitBytes: c.cfg.limitPages * c.ps,
-		Hits:            c.st.hits.Load(),
+		Hits:            c.hits(),
 		Misses:          c.st.misses.Load(),
 		ReadAheadBytes:  c.st.readAhead.Load(),
 		WriteBackBytes:  c.st.wbBytes.Load(),
@@ -1182,6 +1188,17 @@ func (c *Cache) Stats() Stats {
 		ThrottledWrites: c.st.throttledWrites.Load(),
 		Evictions:       c.st.evictions.Load(),
 	}
+}
+
+func (c *Cache) hits() uint64 {
+	var n uint64
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		n += sh.hits
+		sh.mu.Unlock()
+	}
+	return n
 }
 
 // DirtyBytes is what a Flush (or Close) still has to write back; cheap enough to poll for a
