@@ -340,3 +340,10 @@ func PutDigest(dst []byte, d uint32) { binary.LittleEndian.PutUint32(dst, d) }
 
 // GetDigest reads a digest in the wire byte order (see PutDigest).
 func GetDigest(src []byte) uint32 { return binary.LittleEndian.Uint32(src) }
+
+// Word20 returns bytes 20-23 raw (TTT, Referenced Task Tag, ExpectedDataTransferLength, ... by
+// opcode). Word32 returns bytes 32-35 raw (MaxCmdSN, RefCmdSN, ...). For tests and tracing.
+func (b *BHS) Word20() uint32 { return b.word(20) }
+
+// Word32 returns bytes 32-35 raw.
+func (b *BHS) Word32() uint32 { return b.word(32) }

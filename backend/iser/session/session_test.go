@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -43,7 +42,6 @@ type writeTask struct {
 type r2tState struct {
 	off, n  int
 	dataSN  uint32
-	got     int
 	written int
 }
 
@@ -282,7 +280,6 @@ func TestR2TSequences(t *testing.T) {
 						p.HeaderDigest != (digest == "CRC32C") {
 						t.Fatalf("negotiated %s", p.String())
 					}
-					rng := rand.New(rand.NewPCG(1, 2))
 					var wg sync.WaitGroup
 					errs := make(chan error, 16)
 					for g := 0; g < 8; g++ {
@@ -315,7 +312,6 @@ func TestR2TSequences(t *testing.T) {
 							}
 						}(g)
 					}
-					_ = rng
 					wg.Wait()
 					close(errs)
 					for err := range errs {
