@@ -95,6 +95,7 @@ type Stats struct {
 	HugeRegions int    // of which backed by MAP_HUGETLB
 	Gets, Puts  uint64 // completed Gets and Puts
 	Waits       uint64 // Gets that had to wait for a buffer
+	Reclaims    uint64 // slabs taken back from one class for another
 }
 
 // regionSet is an immutable snapshot of the mapped regions.
@@ -157,7 +158,7 @@ type Pool struct {
 	notifyMu sync.Mutex
 	notify   chan struct{}
 
-	out, gets, puts, waits atomic.Uint64
+	out, gets, puts, waits, reclaims atomic.Uint64
 	inUse                  atomic.Int64
 	mappedBytes            atomic.Int64
 	hugeRegions            atomic.Int32
@@ -590,6 +591,7 @@ func (p *Pool) reclaim(want int) bool {
 			if p.scratch[s] == int32(c.perSlab) && atomic.LoadInt32(&p.slabClass[s]) == int32(ci) {
 				atomic.StoreInt32(&p.slabClass[s], -1)
 				p.freeSlabs = append(p.freeSlabs, int32(s))
+				p.reclaims.Add(1)
 				found = true
 			}
 			p.scratch[s] = 0
@@ -666,6 +668,7 @@ func (p *Pool) Stats() Stats {
 		Gets:        p.gets.Load(),
 		Puts:        p.puts.Load(),
 		Waits:       p.waits.Load(),
+		Reclaims:    p.reclaims.Load(),
 	}
 }
 

@@ -211,6 +211,9 @@ func TestReclaimAcrossClasses(t *testing.T) {
 	for _, b := range big {
 		p.Put(b)
 	}
+	if st := p.Stats(); st.Reclaims < 4 || st.MappedBytes != 1<<20 {
+		t.Fatalf("stats %+v: want slabs reclaimed within the 1 MiB bound", st)
+	}
 	// And back the other way, with one small buffer pinning one slab.
 	pin, err := p.Get(ctx, 4096)
 	if err != nil {
@@ -369,6 +372,7 @@ func TestConcurrentGetPut(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := p.Stats()
+	t.Logf("stats after the storm: %+v", st)
 	if st.InUseBytes != 0 || st.Gets != st.Puts || st.MappedBytes > 2<<20 {
 		t.Fatalf("stats after the storm: %+v", st)
 	}
@@ -462,5 +466,45 @@ func BenchmarkLookup(b *testing.B) {
 	b.StopTimer()
 	for _, buf := range bufs {
 		p.Put(buf)
+	}
+}
+
+// TestConcurrentWaiters runs more demand than the bound allows: Gets must wait and be woken by
+// Puts (a lost wake-up would hang until the deadline), never fail, never exceed the bound.
+func TestConcurrentWaiters(t *testing.T) {
+	p := mustNew(t, Config{MaxBytes: 1 << 20, MaxClass: 256 << 10})
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 300; i++ {
+				n := []int{256 << 10, 4096, 100 << 10}[(g+i)%3]
+				b, err := p.Get(ctx, n)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if st := p.Stats(); st.MappedBytes > 1<<20 {
+					errs <- fmt.Errorf("mapped %d bytes over the bound", st.MappedBytes)
+				}
+				runtime.Gosched()
+				p.Put(b)
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	st := p.Stats()
+	t.Logf("stats: %+v", st)
+	if st.Waits == 0 {
+		t.Fatal("no Get waited: the test did not reach the bound")
 	}
 }
