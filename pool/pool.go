@@ -159,9 +159,9 @@ type Pool struct {
 	notify   chan struct{}
 
 	out, gets, puts, waits, reclaims atomic.Uint64
-	inUse                  atomic.Int64
-	mappedBytes            atomic.Int64
-	hugeRegions            atomic.Int32
+	inUse                            atomic.Int64
+	mappedBytes                      atomic.Int64
+	hugeRegions                      atomic.Int32
 }
 
 // New validates cfg and returns an empty pool; memory is mapped as Gets need it.
