@@ -62,7 +62,7 @@ const (
 	OpReject       Opcode = 0x3f
 )
 
-var opNames = map[Opcode]string{
+var opNames = [64]string{
 	OpNOPOut: "NOP-Out", OpSCSICommand: "SCSI Command", OpTaskMgmtReq: "Task Management Request",
 	OpLoginReq: "Login Request", OpTextReq: "Text Request", OpDataOut: "SCSI Data-Out",
 	OpLogoutReq: "Logout Request", OpSNACKReq: "SNACK Request", OpNOPIn: "NOP-In",
@@ -73,8 +73,8 @@ var opNames = map[Opcode]string{
 }
 
 func (o Opcode) String() string {
-	if n, ok := opNames[o]; ok {
-		return n
+	if int(o) < len(opNames) && opNames[o] != "" {
+		return opNames[o]
 	}
 	return fmt.Sprintf("opcode 0x%02x", uint8(o))
 }
@@ -251,7 +251,7 @@ func (b *BHS) SetCmdSN(v uint32) { b.setWord(24, v) }
 // 24-bit maximum). It never panics.
 func (b *BHS) Validate(maxData int) error {
 	op := b.Opcode()
-	if _, ok := opNames[op]; !ok {
+	if opNames[op] == "" {
 		return fmt.Errorf("%w: unknown opcode 0x%02x", ErrMalformed, uint8(op))
 	}
 	if !op.FromTarget() {
