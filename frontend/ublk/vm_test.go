@@ -239,3 +239,147 @@ func indexOf(s []int64, v int64) int {
 	}
 	return -1
 }
+
+// flagDevice records the flags of zeroing and writing requests.
+type flagDevice struct {
+	block.Device
+	mu        sync.Mutex
+	zeroFlags []block.ZeroFlags
+	fuaWrites int
+}
+
+func (d *flagDevice) WriteZeroes(ctx context.Context, off, n int64, f block.ZeroFlags) error {
+	d.mu.Lock()
+	d.zeroFlags = append(d.zeroFlags, f)
+	d.mu.Unlock()
+	return d.Device.WriteZeroes(ctx, off, n, f)
+}
+
+func (d *flagDevice) WriteAt(ctx context.Context, p []byte, off int64, f block.WriteFlags) error {
+	if f&block.FUA != 0 {
+		d.mu.Lock()
+		d.fuaWrites++
+		d.mu.Unlock()
+	}
+	return d.Device.WriteAt(ctx, p, off, f)
+}
+
+// TestVMDiscardZeroesFUA: BLKDISCARD reaches Discard, BLKZEROOUT (which asks for NOUNMAP) reaches
+// WriteZeroes with NoHole, an O_DSYNC write reaches WriteAt with FUA, and the data reads back.
+func TestVMDiscardZeroesFUA(t *testing.T) {
+	requireUblk(t)
+	mem, err := memdev.New(16<<20, memdev.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := &flagDevice{Device: mem}
+	s, err := Start(context.Background(), dev, Options{Queues: 1, Depth: 8, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	f, err := os.OpenFile(s.BlockPath(), os.O_RDWR|unix.O_DIRECT|unix.O_DSYNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	data := alignedBuf(1 << 20)
+	for i := range data {
+		data[i] = 0xa5
+	}
+	if _, err := f.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+	dev.mu.Lock()
+	fua := dev.fuaWrites
+	dev.mu.Unlock()
+	if fua == 0 {
+		t.Errorf("O_DSYNC writes on a FUA-capable disk reached the device without FUA")
+	}
+	// BLKZEROOUT [0, 64 KiB), BLKDISCARD [512 KiB, +512 KiB)
+	rng := [2]uint64{0, 64 << 10}
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKZEROOUT, uintptr(unsafe.Pointer(&rng))); e != 0 {
+		t.Fatalf("BLKZEROOUT: %v", e)
+	}
+	rng = [2]uint64{512 << 10, 512 << 10}
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKDISCARD, uintptr(unsafe.Pointer(&rng))); e != 0 {
+		t.Fatalf("BLKDISCARD: %v", e)
+	}
+	st := mem.Stats()
+	if st.Discards == 0 || st.WriteZeroes == 0 {
+		t.Fatalf("device stats %+v: discard or write-zeroes never arrived", st)
+	}
+	dev.mu.Lock()
+	zf := append([]block.ZeroFlags(nil), dev.zeroFlags...)
+	dev.mu.Unlock()
+	for _, fl := range zf {
+		if fl&block.NoHole == 0 {
+			t.Errorf("BLKZEROOUT arrived without NoHole (flags %#x): REQ_NOUNMAP was lost", fl)
+		}
+	}
+	got := alignedBuf(1 << 20)
+	if _, err := f.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range got {
+		want := byte(0xa5)
+		if i < 64<<10 || i >= 512<<10 {
+			want = 0 // zeroed, or discarded (memdev discards read back as zeroes)
+		}
+		if b != want {
+			t.Fatalf("byte %d = %#x, want %#x", i, b, want)
+		}
+	}
+	t.Logf("stats %+v, write-zeroes flags %v, FUA writes %d", st, zf, fua)
+}
+
+// TestVMReadOnly4K: a read-only LUN with 4 KiB blocks and no volatile cache shows up as such.
+func TestVMReadOnly4K(t *testing.T) {
+	requireUblk(t)
+	mem, err := memdev.New(16<<20, memdev.Options{BlockSize: 4096, Limits: &block.Limits{
+		ReadOnly: true, CanFlush: false, Rotational: true, MaxTransfer: 128 << 10,
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Start(context.Background(), mem, Options{Queues: 1, Depth: 4, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	for attr, want := range map[string]string{
+		"ro":                        "1",
+		"queue/logical_block_size":  "4096",
+		"queue/physical_block_size": "4096",
+		"queue/write_cache":         "write through",
+		"queue/rotational":          "1",
+		"queue/max_hw_sectors_kb":   "128",
+		"queue/discard_max_bytes":   "0",
+	} {
+		if got := sysfs(t, s, attr); got != want {
+			t.Errorf("%s = %q, want %q", attr, got, want)
+		}
+	}
+	// Linux lets a read-only disk be opened O_RDWR; the write itself must fail (EPERM) and never
+	// reach the device.
+	if w, err := os.OpenFile(s.BlockPath(), os.O_RDWR|unix.O_DIRECT, 0); err == nil {
+		_, werr := w.WriteAt(alignedBuf(4096), 0)
+		w.Close()
+		if werr == nil {
+			t.Error("a write to a read-only ublk disk succeeded")
+		}
+		t.Logf("write to the read-only disk: %v", werr)
+	}
+	if st := mem.Stats(); st.Writes != 0 {
+		t.Errorf("%d writes reached a read-only device", st.Writes)
+	}
+	f, err := os.OpenFile(s.BlockPath(), os.O_RDONLY|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := alignedBuf(128 << 10)
+	if _, err := f.ReadAt(buf, 4<<20); err != nil {
+		t.Fatalf("read: %v", err)
+	}
+}
