@@ -3,6 +3,7 @@ package ublk
 import (
 	"fmt"
 	"math/bits"
+	"runtime"
 
 	"github.com/iser-blk/iser-blk/block"
 )
@@ -12,8 +13,17 @@ const (
 	pageSize    = 4096
 	// defaultMaxIO caps the per-request size (and so the per-tag buffer) when the device allows
 	// more: queues × depth buffers of this size are allocated up front.
-	defaultMaxIO = 512 << 10
+	defaultMaxIO = DefaultMaxIO
 )
+
+// Defaults of Options.
+const (
+	DefaultMaxIO = 512 << 10
+	DefaultDepth = 64
+)
+
+// DefaultQueues is the queue count used when Options.Queues is 0: one per CPU, at most 4.
+func DefaultQueues() int { return min(runtime.NumCPU(), 4) }
 
 // log2 returns the exponent of a power of two, or -1.
 func log2(v int64) int {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,11 +78,11 @@ func Start(ctx context.Context, dev block.Device, opts Options) (s *Server, err 
 	}
 	queues := opts.Queues
 	if queues <= 0 {
-		queues = min(runtime.NumCPU(), 4)
+		queues = DefaultQueues()
 	}
 	depth := opts.Depth
 	if depth <= 0 {
-		depth = 64
+		depth = DefaultDepth
 	}
 	if queues > maxQueues || depth > maxQueueDepth {
 		return nil, fmt.Errorf("ublk: %d queues × depth %d exceeds the driver's %d × %d: %w", queues, depth, maxQueues, maxQueueDepth, block.ErrInvalid)
