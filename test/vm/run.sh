@@ -224,6 +224,7 @@ EOS
 } >"$job/job.sh"
 
 # 9p shares: host root read-only, the job dir, and the read-write dirs at their host paths
+# shellcheck disable=SC2054 # commas separate QEMU suboptions, not array elements
 qargs=(-fsdev "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap"
 	-device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot
 	-fsdev "local,id=vmjob,path=$job,security_model=none"

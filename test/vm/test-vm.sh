@@ -6,7 +6,7 @@
 # for `make test`'s total line.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-cd "$here/../.."
+cd "$here/../.." || exit 2
 tally=$(mktemp "${TMPDIR:-/tmp}/vm-tally.XXXXXX")
 trap 'rm -f "$tally"' EXIT
 rc=0

@@ -19,7 +19,7 @@ while IFS=$'\t' read -r name bin dir pkg; do
 	raw=$results/$name.raw
 	start=${EPOCHREALTIME/./}
 	# -test.v=test2json frames events with ^V markers for test2json; strip them for people
-	(cd "$dir" && "$bin" -test.v=test2json "$@") 2>&1 | tee "$raw" | tr -d '\026'
+	(cd "$dir" && "$bin" -test.v=test2json "$@") 2>&1 | tee "$raw" | tr -d '\026' | grep --line-buffered -v '^=== NAME'
 	st=${PIPESTATUS[0]}
 	secs=$(((${EPOCHREALTIME/./} - start) / 10000))
 	secs=$((secs / 100)).$(printf '%02d' $((secs % 100)))

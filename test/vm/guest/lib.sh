@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # test/vm/guest/lib.sh — sourced by the guest helpers (not run on its own).
 # Conventions every helper follows: diagnostics go to stderr; results go to stdout as KEY=VALUE
 # lines (values never contain newlines), so callers can `eval` them in bash or parse them in Go

@@ -18,7 +18,7 @@ set -euo pipefail
 require_vm
 [ $# -gt 0 ] || die "usage: modules.sh NAME... (see the header of $0)"
 
-node_is() { [ "$1" "$2" ]; } # node_is -b /dev/nbd0
+node_is() { test "$1" "$2"; } # node_is -b /dev/nbd0
 for name in "$@"; do
 	case "$name" in
 	nbd)
