@@ -36,11 +36,17 @@
 // acknowledged before Flush was called has its data in a page that is either clean (its data was
 // written back by a completed backend write issued after the data was copied in: gen rules) or
 // dirty with dirtySeq <= seq: a page keeps its dirtySeq until it becomes clean, and it becomes
-// clean only through a successful write-back of its latest generation. Flush waits until the FIFO
-// holds no page with dirtySeq <= seq, then calls the backend's Flush (SYNCHRONIZE CACHE); it
-// returns nil only if that succeeds. If a write-back failed since the previous Flush reported, or
-// fails while this one waits, Flush returns the error (satisfying block.ErrIO); the pages stay
-// dirty and are retried with back-off, so a later Flush succeeds once the backend recovers.
+// clean only through a successful write-back of its latest generation. Flush waits until the
+// FIFO holds no page with dirtySeq <= seq, then calls the backend's Flush (SYNCHRONIZE CACHE); it
+// returns nil only if that succeeds.
+//
+// Errors: a failed write-back leaves its pages dirty (nothing is dropped) and the flusher retries
+// with exponential back-off (10 ms … 1 s). A Flush cancels the back-off, so the pages it needs
+// are retried at once, and it fails (with an error satisfying block.ErrIO that wraps the
+// backend's) as soon as any write-back started after the Flush began fails. Thus the next FLUSH
+// after a failure fails while the backend still fails, and a FLUSH issued after the backend
+// recovered succeeds with all data on the backend. Failures of write-backs started before the
+// Flush are not reported by it: their pages are still dirty, so the Flush retries them itself.
 //
 // # Back-pressure
 //
@@ -131,9 +137,9 @@ type Cache struct {
 	seq           uint64
 	flushTarget   uint64
 	inflightPages int64
-	errGen        uint64
-	reportedGen   uint64
-	lastErr       error
+	jobSeq        uint64 // numbers write-backs in the order they start
+	failSeq       uint64 // the latest-started write-back that failed
+	lastErr       error  // and its error
 	backoff       time.Duration
 	backoffUntil  time.Time
 	closing       bool
@@ -586,12 +592,16 @@ func (c *Cache) finishFill(pg int64, fp fillPage, data []byte, install bool, p [
 		sl = &c.slots[s]
 		sl.pins--
 		if install && sl.invalSeq == fp.invalSeq {
+			have := c.full // the last page of a device may be cut short
+			if int64(len(data)) < c.ps {
+				have = c.sectorMask(0, int64(len(data)))
+			}
 			page := c.bufs[s]
-			for m := c.full &^ sl.valid; m != 0; m &= m - 1 {
+			for m := have &^ sl.valid; m != 0; m &= m - 1 {
 				k := int64(bits.TrailingZeros64(m))
 				copy(page[k*c.bs:(k+1)*c.bs], data[k*c.bs:])
 			}
-			sl.valid = c.full
+			sl.valid |= have
 		}
 	} else if cur, ok := sh.m[pg]; ok {
 		s, sl = cur, &c.slots[cur]
@@ -932,6 +942,7 @@ func (c *Cache) Flush(ctx context.Context) error {
 func (c *Cache) flush(ctx context.Context) error {
 	c.dmu.Lock()
 	snap := c.seq
+	startJobs := c.jobSeq
 	if snap > c.flushTarget {
 		c.flushTarget = snap
 	}
@@ -941,9 +952,8 @@ func (c *Cache) flush(ctx context.Context) error {
 	for {
 		ch := c.progress.wait()
 		c.dmu.Lock()
-		if c.errGen != c.reportedGen {
+		if c.failSeq > startJobs {
 			err := c.lastErr
-			c.reportedGen = c.errGen
 			c.dmu.Unlock()
 			return &writeBackError{cause: err}
 		}

@@ -343,11 +343,15 @@ func TestBackendFailureThenRecovery(t *testing.T) {
 		}
 		want[off] = d
 	}
-	err := c.Flush(ctx)
-	if err == nil || !errors.Is(err, block.ErrIO) {
-		t.Fatalf("Flush with failing backend: %v, want an ErrIO", err)
+	for i := 0; i < 3; i++ { // every FLUSH fails while the backend does
+		err := c.Flush(ctx)
+		if err == nil || !errors.Is(err, block.ErrIO) {
+			t.Fatalf("Flush %d with failing backend: %v, want an ErrIO", i, err)
+		}
+		if i == 0 {
+			t.Logf("flush error: %v", err)
+		}
 	}
-	t.Logf("flush error: %v", err)
 	// Every acknowledged write is still readable while the backend fails.
 	for off, d := range want {
 		got := make([]byte, 4096)
@@ -549,12 +553,17 @@ func TestEvictionKeepsDirty(t *testing.T) {
 	if c.Stats().Evictions == 0 {
 		t.Fatal("no evictions happened; the test did not test anything")
 	}
-	dev.SetFault(nil)
-	if err := c.Flush(ctx); err == nil {
-		t.Fatal("the earlier write-back failures were not reported by Flush")
+	if err := c.Flush(ctx); !errors.Is(err, block.ErrIO) {
+		t.Fatalf("Flush while write-backs fail: %v", err)
 	}
+	dev.SetFault(nil)
 	if err := c.Flush(ctx); err != nil {
 		t.Fatal(err)
+	}
+	for i := int64(0); i < 32; i++ {
+		if !bytes.Equal(dev.Durable(i*4096, 4096), fill(4096, byte(i))) {
+			t.Fatalf("page %d not on the backend after recovery", i)
+		}
 	}
 }
 
@@ -780,4 +789,71 @@ func TestCachePagesOutsideHeap(t *testing.T) {
 	if grew > size/8 {
 		t.Fatalf("heap grew by %d bytes for a %d-byte cache: pages are on the Go heap", grew, size)
 	}
+}
+
+// TestOddDeviceSize uses a device whose size is not a multiple of the page size.
+func TestOddDeviceSize(t *testing.T) {
+	ctx := context.Background()
+	const size = 1<<20 + 1536
+	c, dev := newTest(t, size, stdLimits(512), Config{Size: 1 << 20, MaxDirtyAge: time.Hour})
+	tail := fill(2048, 42)
+	if err := c.WriteAt(ctx, tail, size-2048, 0); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 2048)
+	if err := c.ReadAt(ctx, got, size-2048); err != nil || !bytes.Equal(got, tail) {
+		t.Fatalf("tail read: %v", err)
+	}
+	// Sequential reads up to the end exercise read-ahead clipping at the device end.
+	buf := make([]byte, 512)
+	for off := int64(size - 64<<10); off < size; off += 512 {
+		if err := c.ReadAt(ctx, buf, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dev.Durable(size-2048, 2048), tail) {
+		t.Fatal("tail not on the backend")
+	}
+	if err := c.ReadAt(ctx, buf, size); !errors.Is(err, block.ErrInvalid) {
+		t.Fatalf("read past the end: %v", err)
+	}
+}
+
+func TestFlushHonoursContext(t *testing.T) {
+	c, dev := newTest(t, 1<<20, stdLimits(4096), Config{Size: 1 << 20, MaxDirtyAge: time.Hour})
+	if err := c.WriteAt(context.Background(), fill(4096, 1), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, release := blockingWrites(dev, 0, 4096)
+	defer close(release)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := c.Flush(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Flush with a stuck backend: %v, want the context's error", err)
+	}
+	dev.SetBefore(nil)
+}
+
+// TestThrottledWriterHonoursContext: a writer blocked at the dirty limit gives up with its
+// context's error, never with a spurious I/O error.
+func TestThrottledWriterHonoursContext(t *testing.T) {
+	c, dev := newTest(t, 4<<20, stdLimits(4096), Config{Size: 1 << 20, DirtyLimit: 64 << 10, MaxDirtyAge: time.Hour})
+	_, release := blockingWrites(dev, 0, 4<<20)
+	defer close(release)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	var err error
+	for i := int64(0); i < 64 && err == nil; i++ {
+		err = c.WriteAt(ctx, fill(4096, byte(i)), i*4096, 0)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("writer at the limit: %v, want the context's error", err)
+	}
+	if c.Stats().DirtyBytes > 64<<10 || c.Stats().ThrottledWrites == 0 {
+		t.Fatalf("stats %+v", c.Stats())
+	}
+	dev.SetBefore(nil)
 }

@@ -31,6 +31,7 @@ type job struct {
 	end     int64
 	endPage int64 // page and sector where the forward part of the run stopped
 	endSec  int
+	seq     uint64 // start order (Cache.jobSeq)
 	buf     []byte // heap staging buffer, used when no IOPool is configured
 }
 
@@ -112,6 +113,8 @@ func (c *Cache) buildJobLocked(j *job, s int32, pg int64, minSec int, lo, hi int
 		c.slots[jp.slot].inflight = true
 	}
 	c.inflightPages += int64(len(j.pages))
+	c.jobSeq++
+	j.seq = c.jobSeq
 }
 
 // runJob copies the job's sectors into a staging buffer, writes them to the backend and
@@ -174,9 +177,11 @@ func (c *Cache) complete(j *job, err error, bg bool) {
 	c.inflightPages -= int64(len(j.pages))
 	if err != nil {
 		c.st.wbErrors.Add(1)
-		if bg {
-			c.errGen++
+		if j.seq > c.failSeq {
+			c.failSeq = j.seq
 			c.lastErr = err
+		}
+		if bg {
 			if c.backoff == 0 {
 				c.log.Warn("write-back failed; keeping the data dirty and retrying",
 					zap.Int64("off", j.off), zap.Int64("len", n), zap.Error(err))

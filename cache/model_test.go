@@ -38,8 +38,8 @@ import (
 
 const (
 	modelBS      = 512
-	modelStripe  = 24 // blocks per stripe: 12 KiB, deliberately not page aligned
-	modelDevSize = 4 << 20
+	modelStripe  = 20             // blocks per stripe: 10 KiB, deliberately not page aligned
+	modelDevSize = 8200 * modelBS // 410 stripes; the last page is cut short
 )
 
 type modelBlock struct {
@@ -86,6 +86,16 @@ type model struct {
 	rng      *rand.Rand // used under the fake's lock (fault hook) only
 
 	ops, flushes, crashes, fuas, faults atomic.Int64
+	total                               Stats // of the caches dropped at crashes
+}
+
+func (m *model) addStats(st Stats) {
+	m.total.Hits += st.Hits
+	m.total.Misses += st.Misses
+	m.total.Evictions += st.Evictions
+	m.total.ThrottledWrites += st.ThrottledWrites
+	m.total.WriteBackErrors += st.WriteBackErrors
+	m.total.WriteBackBytes += st.WriteBackBytes
 }
 
 // patterns[k] is the body of a block whose tag has byte(tag*31) == k (precomputed so that
@@ -355,6 +365,7 @@ func (m *model) flushAndCheckExact(ctx context.Context) error {
 func (m *model) crashAndCheck() error {
 	m.cmu.Lock()
 	defer m.cmu.Unlock()
+	m.addStats(m.c.Stats())
 	m.c.shutdown()
 	m.crashes.Add(1)
 	m.dev.Crash()
@@ -434,8 +445,9 @@ func runModel(t *testing.T, seed uint64, totalOps int, failRate float64) {
 	if o := m.dev.Overlaps(); len(o) > 0 {
 		t.Fatalf("seed %d: overlapping writes in flight on the backend: %v", seed, o[:min(len(o), 5)])
 	}
-	st := m.cache().Stats()
-	t.Logf("seed %d (%s, FUA native %v): %d ops, %d flushes, %d crashes, %d FUA writes, %d injected faults; last cache: %d hits, %d misses, %d evictions, %d throttled, %d write-back errors",
+	m.addStats(m.cache().Stats())
+	st := m.total
+	t.Logf("seed %d (%s, FUA native %v): %d ops, %d flushes, %d crashes, %d FUA writes, %d injected faults; caches: %d hits, %d misses, %d evictions, %d throttled writes, %d write-back errors",
 		seed, m.cfg.Mode, m.dev.Limits().CanFUA, m.ops.Load(), m.flushes.Load(), m.crashes.Load(), m.fuas.Load(), m.faults.Load(),
 		st.Hits, st.Misses, st.Evictions, st.ThrottledWrites, st.WriteBackErrors)
 }
