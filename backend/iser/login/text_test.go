@@ -16,12 +16,12 @@ func TestDecodeText(t *testing.T) {
 		{"A=1\x00", []KeyValue{{"A", "1"}}, true},
 		{"A=1\x00B=\x00C=x=y\x00", []KeyValue{{"A", "1"}, {"B", ""}, {"C", "x=y"}}, true},
 		{"A=1\x00\x00\x00", []KeyValue{{"A", "1"}}, true}, // padding
-		{"A=1", nil, false},                              // no NUL
-		{"A\x00", nil, false},                            // no '='
-		{"=1\x00", nil, false},                           // empty key
-		{"A=1\x00A=2\x00", nil, false},                   // repeated key
-		{"A=1\x00\x00B=2\x00", nil, false},               // empty pair in the middle
-		{"A B=1\x00", nil, false},                        // bad key byte
+		{"A=1", nil, false},                // no NUL
+		{"A\x00", nil, false},              // no '='
+		{"=1\x00", nil, false},             // empty key
+		{"A=1\x00A=2\x00", nil, false},     // repeated key
+		{"A=1\x00\x00B=2\x00", nil, false}, // empty pair in the middle
+		{"A B=1\x00", nil, false},          // bad key byte
 	}
 	for _, tt := range tests {
 		got, err := DecodeText([]byte(tt.in))
