@@ -2,7 +2,8 @@
 # test/vm/selftest.sh — host-side checks of the runner itself (run by `make test-vm`):
 #   1. the guest command's exit status and output come back unchanged (quoting survives);
 #   2. a hung guest is killed at VM_TIMEOUT, reported as such, exit status 124;
-#   3. SIGTERM to the runner kills its QEMU;
+#   3. a guest that dies without returning the command's status is a VM failure, exit status 125;
+#   4. SIGTERM to the runner kills its QEMU;
 # and after each, no QEMU of that run is left (found by its unique -name, so QEMUs that other
 # people run on this machine are never looked at or touched).
 # Prints PASS/FAIL per check and "N passed, M failed"; TALLY=FILE appends "vm-self P F 0".
@@ -48,7 +49,16 @@ else bad "timeout: rc=$rc wall=${wall}s stderr: $(tail -3 "$tmp/err2")"; fi
 if [ $seen = 1 ] && ! qemu_of "$id"; then ok "QEMU was running during the hang and is gone after the timeout"
 else bad "QEMU seen during the run: $seen; still running after: $(pgrep -af -- "-name $id " || echo no)"; fi
 
-# 3. SIGTERM to the runner while the guest runs
+# 3. the guest dies under the command (sysrq power-off: no exit status comes back): VM failure, 125
+id=vm-selftest-$$-vmfail
+VM_RUN_ID=$id VM_RESULTS=$tmp/r4 "$run" sh -c 'echo o >/proc/sysrq-trigger; sleep 60' >"$tmp/out4" 2>"$tmp/err4"
+rc=$?
+echo "  run.sh sh -c 'echo o >/proc/sysrq-trigger': exit $rc; stderr: $(grep -m1 'VM failure' "$tmp/err4")"
+if [ $rc = 125 ] && grep -q 'VM failure' "$tmp/err4" && ! qemu_of "$id"; then
+	ok "a guest that dies without an exit status is a VM failure (exit 125)"
+else bad "VM failure: rc=$rc stderr: $(tail -3 "$tmp/err4")"; fi
+
+# 4. SIGTERM to the runner while the guest runs
 id=vm-selftest-$$-term
 VM_RUN_ID=$id VM_RESULTS=$tmp/r3 "$run" sleep 1000 >"$tmp/out3" 2>"$tmp/err3" &
 pid=$!
