@@ -56,7 +56,7 @@ const (
 	DefaultDirtyPct    = 50
 	DefaultPageSize    = 4096
 	DefaultMaxDirtyAge = 10 * time.Second
-	DefaultWorkers     = 4
+	DefaultWorkers     = 16      // random write-back is one page per request: keep the target's queue busy
 	DefaultWriteBack   = 1 << 20 // largest write-back when the backend sets no MaxTransfer
 	maxWriteBackCap    = 8 << 20
 	DefaultReadAhead   = 512 << 10
@@ -76,7 +76,8 @@ type Config struct {
 	LowWater int64
 	// MaxDirtyAge bounds how long a page stays dirty before it is written back. Default 10 s.
 	MaxDirtyAge time.Duration
-	// Workers is the number of concurrent write-backs. Default 4.
+	// Workers is the number of concurrent write-backs. Default 16: random dirty pages cannot be
+	// coalesced, so write-back throughput then depends on the queue depth offered to the target.
 	Workers int
 	// MaxWriteBack caps one coalesced write-back in bytes. Default: the backend's MaxTransfer
 	// (1 MiB when it has none), at most 8 MiB.

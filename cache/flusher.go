@@ -131,8 +131,8 @@ func (c *Cache) runJob(ctx context.Context, j *job, flags block.WriteFlags, bg b
 		}
 		buf, pooled = b, true
 	} else {
-		if cap(j.buf) < int(n) {
-			j.buf = make([]byte, c.cfg.maxJob)
+		if cap(j.buf) < int(n) { // grow in powers of two: random write-back needs only a page
+			j.buf = make([]byte, min(int64(1)<<bits.Len64(uint64(n-1)), c.cfg.maxJob))
 		}
 		buf = j.buf[:n]
 	}
