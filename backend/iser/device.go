@@ -121,9 +121,21 @@ func NewDevice(ctx context.Context, execs []scsi.Executor, lun uint16, opts Opti
 	d := &Device{
 		lun:    scsi.EncodeLUN(lun),
 		log:    opts.logger(),
-		retry:  opts.Retry,
 		closer: closer,
 	}
+	// Every UNIT ATTENTION is logged (capacity changed, LUN reset, mode parameters changed...)
+	// before the command is re-issued: the device keeps working, but an operator should know.
+	policy := scsi.RetryPolicy{}
+	if opts.Retry != nil {
+		policy = *opts.Retry
+	}
+	if policy.OnUnitAttention == nil {
+		log := d.log
+		policy.OnUnitAttention = func(cmd *scsi.Command, resp *scsi.Response) {
+			log.Warn("unit attention", zap.Error(scsi.CheckCommand(cmd, resp)))
+		}
+	}
+	d.retry = &policy
 	for _, ex := range execs {
 		d.paths = append(d.paths, &path{ex: ex})
 	}

@@ -85,8 +85,8 @@ func TestProbeLimits(t *testing.T) {
 					t.Errorf("info %+v", info)
 				}
 			}},
-		{"read-only 512e", scsitest.Config{ReadOnly: true, PhysBlockExponent: 3}, func(t *testing.T, l block.Limits, info Info) {
-			if !l.ReadOnly || !info.ReadOnly || l.PhysicalBlockSize != 4096 {
+		{"read-only 512e rotating", scsitest.Config{ReadOnly: true, PhysBlockExponent: 3, RotationRate: 7200}, func(t *testing.T, l block.Limits, info Info) {
+			if !l.ReadOnly || !info.ReadOnly || l.PhysicalBlockSize != 4096 || !l.Rotational || !info.Rotational {
 				t.Errorf("limits %+v", l)
 			}
 		}},

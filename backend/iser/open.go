@@ -30,7 +30,9 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	log := opts.logger().With(zap.String("target", t.IQN), zap.String("portal", t.Portal()), zap.Uint16("lun", t.LUN))
+	// The session logger names target and portal itself; the device's adds the LUN.
+	sessionLog := opts.logger()
+	log := sessionLog.With(zap.String("target", t.IQN), zap.String("portal", t.Portal()), zap.Uint16("lun", t.LUN))
 	opts.Logger = log
 	dialer, err := transport.Lookup(t.Transport)
 	if err != nil {
@@ -68,7 +70,7 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 		TargetName:    t.IQN,
 		CHAP:          chap,
 		LoginTimeout:  opts.LoginTimeout,
-		Logger:        log,
+		Logger:        sessionLog,
 	}
 	if opts.Proposal != nil {
 		cfg.Proposal = *opts.Proposal

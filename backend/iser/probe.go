@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/bits"
 	"slices"
+	"strings"
 
 	"go.uber.org/zap"
 
@@ -40,6 +41,7 @@ type Info struct {
 	WriteCacheKnown  bool
 	FUA              bool // DPOFUA
 	ReadOnly         bool // WP: the LUN is write-protected (Limits().ReadOnly also reflects Options.ReadOnly)
+	Rotational       bool // VPD 0xB1 reports a rotating medium
 	Sessions         int
 }
 
@@ -52,7 +54,7 @@ func (d *Device) probe(ctx context.Context, opts Options) error {
 	notFound := func(err error) error {
 		var se *scsi.SenseError
 		if errors.As(err, &se) && se.Key == scsi.KeyIllegalRequest && se.Code() == scsi.ASCLUNotSupported {
-			return fmt.Errorf("iser: LUN %d: %w: %w", d.info.LUN, ErrLUNNotFound, err)
+			return fmt.Errorf("iser: LUN %d: %w%s: %w", d.info.LUN, ErrLUNNotFound, d.availableLUNs(ctx, ex), err)
 		}
 		return err
 	}
@@ -71,7 +73,7 @@ func (d *Device) probe(ctx context.Context, opts Options) error {
 		return fmt.Errorf("iser: %w", err)
 	}
 	if inq.Qualifier == 3 || (inq.Qualifier != 0 && inq.DeviceType == scsi.TypeNone) {
-		return fmt.Errorf("iser: LUN %d: %w", d.info.LUN, ErrLUNNotFound)
+		return fmt.Errorf("iser: LUN %d: %w%s", d.info.LUN, ErrLUNNotFound, d.availableLUNs(ctx, ex))
 	}
 	if inq.DeviceType != scsi.TypeDisk {
 		return fmt.Errorf("iser: LUN %d has peripheral device type 0x%02x: %w", d.info.LUN, inq.DeviceType, ErrNotDisk)
@@ -114,6 +116,14 @@ func (d *Device) probe(ctx context.Context, opts Options) error {
 			}
 		} else {
 			d.log.Debug("block limits VPD failed", zap.Error(err))
+		}
+	}
+	var rotational bool
+	if slices.Contains(pages, scsi.VPDBlockCharacteristics) {
+		if b, err := d.vpd(run, r, scsi.VPDBlockCharacteristics, 64); err == nil {
+			if bc, err := scsi.ParseBlockCharacteristics(b); err == nil {
+				rotational = bc.Rotational()
+			}
 		}
 	}
 	var lbp scsi.LogicalBlockProvisioning
@@ -258,6 +268,7 @@ func (d *Device) probe(ctx context.Context, opts Options) error {
 		CanWriteZeroes:    true,
 		CanFastZero:       ws != wsNo,
 		DiscardZeroes:     d.lbprz && (d.lbpu || d.lbpws),
+		Rotational:        rotational,
 		MultiConn:         true,
 	}
 	if l.CanDiscard {
@@ -290,6 +301,7 @@ func (d *Device) probe(ctx context.Context, opts Options) error {
 	d.info.WriteCache = d.volatile
 	d.info.WriteCacheKnown = msOK && ms.CachingPage
 	d.info.FUA = ms.DPOFUA
+	d.info.Rotational = rotational
 	d.info.ReadOnly = ms.WriteProtect // the LUN's own state, not Options.ReadOnly
 	d.log.Debug("probed LUN",
 		zap.String("vendor", d.info.Vendor), zap.String("product", d.info.Product),
@@ -372,4 +384,36 @@ func received(buf []byte, r *request) []byte {
 		return buf[:0]
 	}
 	return buf[:int64(len(buf))-res]
+}
+
+// availableLUNs asks the target (REPORT LUNS to LUN 0, which SPC-5 §6.33 requires to answer)
+// which LUNs exist, for the "not found" message: " (the target has LUNs 0, 1)", or "".
+func (d *Device) availableLUNs(ctx context.Context, ex scsi.Executor) string {
+	r := &request{}
+	buf := make([]byte, 8+8*256)
+	r.cmd.ReportLUNs(0, buf)
+	if err := d.retry.Execute(ctx, ex, &r.cmd, &r.resp); err != nil {
+		return ""
+	}
+	luns, _, err := scsi.ParseReportLUNs(received(buf, r))
+	if err != nil || len(luns) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString(" (the target has LUN")
+	if len(luns) > 1 {
+		b.WriteString("s")
+	}
+	for i, l := range luns {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		if n, ok := scsi.DecodeLUN(l); ok {
+			fmt.Fprintf(&b, " %d", n)
+		} else {
+			fmt.Fprintf(&b, " 0x%016x", l)
+		}
+	}
+	b.WriteString(")")
+	return b.String()
 }

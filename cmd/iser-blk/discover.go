@@ -61,7 +61,7 @@ func runDiscover(ctx context.Context, args []string) int {
 	if err != nil {
 		return fail("discover", err)
 	}
-	log := newLogger(tf.debug)
+	log := commandLogger(tf.debug)
 	defer log.Sync() //nolint:errcheck
 	opts, err := tf.options("", log)
 	if err != nil {

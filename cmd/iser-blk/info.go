@@ -34,7 +34,7 @@ func runInfo(ctx context.Context, args []string) int {
 	if err != nil {
 		return fail("info", err)
 	}
-	log := newLogger(tf.debug)
+	log := commandLogger(tf.debug)
 	defer log.Sync() //nolint:errcheck
 	opts, err := tf.options(t.User, log)
 	if err != nil {
@@ -112,6 +112,7 @@ func writeInfo(w io.Writer, in iser.Info) error {
 	row("Write cache", wc)
 	row("FUA", yesNo(in.FUA))
 	row("Write same", in.WriteSame)
+	row("Rotational", yesNo(in.Rotational))
 	row("Read-only", yesNo(in.ReadOnly))
 	return tw.Flush()
 }
@@ -140,6 +141,7 @@ type infoJSON struct {
 	WriteCache        bool     `json:"write_cache"`
 	WriteCacheKnown   bool     `json:"write_cache_known"`
 	FUA               bool     `json:"fua"`
+	Rotational        bool     `json:"rotational"`
 	ReadOnly          bool     `json:"read_only"`
 }
 
@@ -151,7 +153,7 @@ func writeInfoJSON(w io.Writer, in iser.Info) error {
 		MaxTransfer: in.MaxTransfer, OptimalTransfer: in.OptimalTransfer, ThinProvisioned: in.ThinProvisioned,
 		Unmap: in.UnmapSupported, WriteSameUnmap: in.WriteSameUnmap, ZeroesAfterUnmap: in.ZeroesAfterUnmap,
 		WriteSame: in.WriteSame, WriteCache: in.WriteCache, WriteCacheKnown: in.WriteCacheKnown,
-		FUA: in.FUA, ReadOnly: in.ReadOnly,
+		FUA: in.FUA, Rotational: in.Rotational, ReadOnly: in.ReadOnly,
 	}
 	for _, d := range in.Designators {
 		out.Designators = append(out.Designators, d.String())

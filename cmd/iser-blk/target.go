@@ -73,6 +73,16 @@ func defaultInitiatorName() string {
 	return "iqn.2025-01.io.iser-blk:" + b.String()
 }
 
+// commandLogger is the logger of a one-shot command (info, discover): warnings and errors only,
+// unless --debug, so that the command's output is not buried in session chatter.
+func commandLogger(debug bool) *zap.Logger {
+	log := newLogger(debug)
+	if debug {
+		return log
+	}
+	return log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))
+}
+
 // usageError is a command-line mistake (exit code 2).
 type usageError struct{ msg string }
 

@@ -82,6 +82,43 @@ func TestDeviceInfoISERMatchesTCP(t *testing.T) {
 	}
 }
 
+// TestCLIInfoISERMatchesTCP runs the built CLI: `iser-blk info iser://…` must print what
+// `iser-blk info iscsi://…` prints for the same LUN, line for line, except the URL and the
+// transfer sizes that the iSER per-command cap lowers.
+func TestCLIInfoISERMatchesTCP(t *testing.T) {
+	vmtest.Require(t)
+	bin := os.Getenv("ISERBLK_BIN")
+	if bin == "" {
+		t.Fatal("ISERBLK_BIN not set: test/vm/gotest.sh builds the CLI and sets it")
+	}
+	tg := vmtest.StartLIO(t, vmtest.LIOOptions{SizeMiB: 64})
+	info := func(url string) []string {
+		cmd := exec.Command(bin, "info", "--initiator-name", devInitiator, url)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output() // the table is on stdout; logs go to stderr
+		if err != nil {
+			t.Fatalf("iser-blk info %s: %v\n%s%s", url, err, out, stderr.String())
+		}
+		t.Logf("iser-blk info %s:\n%s", url, out)
+		var keep []string
+		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			if strings.HasPrefix(l, "URL:") || strings.HasPrefix(l, "Max transfer:") || strings.HasPrefix(l, "Optimal transfer:") {
+				continue
+			}
+			keep = append(keep, l)
+		}
+		return keep
+	}
+	ii, ti := info(tg.URL("iser")), info(tg.URL("iscsi"))
+	if !reflect.DeepEqual(ii, ti) {
+		t.Fatalf("iser-blk info differs:\niser:\n%s\ntcp:\n%s", strings.Join(ii, "\n"), strings.Join(ti, "\n"))
+	}
+	if len(ii) < 10 {
+		t.Fatalf("info printed only %d lines", len(ii))
+	}
+}
+
 // pattern fills (or checks) b, which holds the device bytes at off, with a deterministic
 // pseudo-random sequence: every 8-byte word is a hash of its byte offset, so no reference copy of
 // the data is kept. check returns the offset of the first differing byte, or -1.

@@ -250,3 +250,25 @@ func TestParseOpcodeSupport(t *testing.T) {
 		t.Fatal("short accepted")
 	}
 }
+
+func TestParseBlockCharacteristics(t *testing.T) {
+	tests := []struct {
+		in         []byte
+		rate       uint16
+		rotational bool
+		wantErr    bool
+	}{
+		{vpdPage(0xB1, []byte{0x1C, 0x20, 0, 0x02}), 7200, true, false},
+		{vpdPage(0xB1, []byte{0, 1, 0, 0}), 1, false, false},
+		{vpdPage(0xB1, []byte{0, 0}), 0, false, false},
+		{vpdPage(0xB1, []byte{0xFF, 0xFF}), 0xFFFF, false, false},
+		{vpdPage(0xB1, []byte{0}), 0, false, true},
+		{vpdPage(0xB0, []byte{0, 1}), 0, false, true},
+	}
+	for _, tt := range tests {
+		c, err := ParseBlockCharacteristics(tt.in)
+		if (err != nil) != tt.wantErr || c.MediumRotationRate != tt.rate || c.Rotational() != tt.rotational {
+			t.Errorf("% x: %+v %v", tt.in, c, err)
+		}
+	}
+}

@@ -63,7 +63,11 @@ func FuzzParseVPD(f *testing.F) {
 	f.Add(vpdPage(0xB0, make([]byte, 0x3C)))
 	f.Add(vpdPage(0xB2, []byte{0, 0xE4, 2, 0}))
 	f.Add([]byte{0, 0xB0, 0xFF, 0xFF})
+	f.Add(vpdPage(0xB1, []byte{0x1C, 0x20, 0, 0x02}))
 	f.Fuzz(func(t *testing.T, b []byte) {
+		if c, err := ParseBlockCharacteristics(b); err == nil && c.FormFactor > 0x0F {
+			t.Fatalf("form factor out of range: %+v", c)
+		}
 		if p, err := ParseSupportedVPDPages(b); err == nil && len(p) > len(b) {
 			t.Fatal("more pages than bytes")
 		}

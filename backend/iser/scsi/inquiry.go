@@ -304,3 +304,37 @@ func ParseLogicalBlockProvisioning(b []byte) (LogicalBlockProvisioning, error) {
 	}
 	return l, nil
 }
+
+// BlockCharacteristics is VPD page 0xB1 (SBC-4 §6.6.2).
+type BlockCharacteristics struct {
+	// MediumRotationRate: 0 not reported, 1 non-rotating (solid state), 0x0401..0xFFFE rpm.
+	MediumRotationRate uint16
+	ProductType        uint8
+	FormFactor         uint8 // NOMINAL FORM FACTOR
+}
+
+// Rotational reports a rotating medium; an unreported rate counts as not rotating, as Linux
+// sd does.
+func (b BlockCharacteristics) Rotational() bool {
+	return b.MediumRotationRate >= 0x0401 && b.MediumRotationRate <= 0xFFFE
+}
+
+// ParseBlockCharacteristics decodes VPD page 0xB1.
+func ParseBlockCharacteristics(b []byte) (BlockCharacteristics, error) {
+	var c BlockCharacteristics
+	p, err := vpdPayload(b, VPDBlockCharacteristics, "block device characteristics")
+	if err != nil {
+		return c, err
+	}
+	if len(p) < 2 {
+		return c, fmt.Errorf("block device characteristics VPD: %w (%d-byte page)", ErrShortData, len(p))
+	}
+	c.MediumRotationRate = binary.BigEndian.Uint16(p[0:2])
+	if len(p) > 2 {
+		c.ProductType = p[2]
+	}
+	if len(p) > 3 {
+		c.FormFactor = p[3] & 0x0F
+	}
+	return c, nil
+}

@@ -7,7 +7,10 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/iser-blk/iser-blk/backend/iser/login"
 	"github.com/iser-blk/iser-blk/backend/iser/pdu"
@@ -66,6 +69,7 @@ type TCPConn struct {
 	hasData   bool
 	ahs       [pdu.MaxAHSLength]byte
 	trailer   [3 + pdu.DigestLen]byte
+	hd        [pdu.DigestLen]byte
 	scratch   []byte
 
 	// Send state (serialised by the caller).
@@ -73,11 +77,73 @@ type TCPConn struct {
 	tail [3 + pdu.DigestLen]byte
 	iov  [3][]byte
 	bufs net.Buffers
+
+	// Vectored writes straight through the socket's RawConn: net.Buffers.WriteTo allocates an
+	// iovec slice header per call, this does not. rc is nil for non-socket conns (net.Pipe).
+	rc      syscall.RawConn
+	wfn     func(fd uintptr) bool
+	pending [][]byte
+	werr    error
 }
 
 // NewTCPConn wraps nc.
 func NewTCPConn(nc net.Conn) *TCPConn {
-	return &TCPConn{nc: nc, br: bufio.NewReaderSize(nc, readBufferSize), maxRecv: 8192 * 2}
+	c := &TCPConn{nc: nc, br: bufio.NewReaderSize(nc, readBufferSize), maxRecv: 8192 * 2}
+	if sc, ok := nc.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			c.rc = rc
+			c.wfn = c.writevFD
+		}
+	}
+	return c
+}
+
+// writevFD runs inside RawConn.Write: it writes c.pending with writev(2) until done, returning
+// false on EAGAIN so the runtime poller waits for writability (honouring deadlines).
+func (c *TCPConn) writevFD(fd uintptr) bool {
+	for len(c.pending) > 0 {
+		n, err := unix.Writev(int(fd), c.pending)
+		switch err {
+		case nil:
+		case unix.EAGAIN:
+			return false
+		case unix.EINTR:
+			continue
+		default:
+			c.werr = err
+			return true
+		}
+		for n > 0 && len(c.pending) > 0 {
+			if n >= len(c.pending[0]) {
+				n -= len(c.pending[0])
+				c.pending = c.pending[1:]
+			} else {
+				c.pending[0] = c.pending[0][n:]
+				n = 0
+			}
+		}
+		// Skip empty buffers so a zero-length tail never loops.
+		for len(c.pending) > 0 && len(c.pending[0]) == 0 {
+			c.pending = c.pending[1:]
+		}
+	}
+	return true
+}
+
+func (c *TCPConn) writev(iov [][]byte) error {
+	if c.rc == nil {
+		c.bufs = iov
+		_, err := c.bufs.WriteTo(c.nc)
+		c.bufs = nil
+		return err
+	}
+	c.pending, c.werr = iov, nil
+	err := c.rc.Write(c.wfn)
+	if err == nil {
+		err = c.werr
+	}
+	c.pending = nil
+	return err
 }
 
 // WritePDU implements Conn: header, AHS, header digest, data, padding and data digest go out in
@@ -110,10 +176,7 @@ func (c *TCPConn) WritePDU(bhs *pdu.BHS, ahs, data []byte) error {
 			iov = append(iov, c.tail[:t])
 		}
 	}
-	c.bufs = iov
-	_, err := c.bufs.WriteTo(c.nc)
-	c.bufs = nil
-	if err != nil {
+	if err := c.writev(iov); err != nil {
 		return fmt.Errorf("transport: write to %s: %w", c.RemoteAddr(), err)
 	}
 	return nil
@@ -140,11 +203,10 @@ func (c *TCPConn) ReadHeader(bhs *pdu.BHS) ([]byte, error) {
 		}
 	}
 	if c.headerDigest {
-		var d [pdu.DigestLen]byte
-		if _, err := io.ReadFull(c.br, d[:]); err != nil {
+		if _, err := io.ReadFull(c.br, c.hd[:]); err != nil {
 			return nil, c.readErr(err)
 		}
-		if got, want := pdu.GetDigest(d[:]), pdu.HeaderDigest(bhs, ahs); got != want {
+		if got, want := pdu.GetDigest(c.hd[:]), pdu.HeaderDigest(bhs, ahs); got != want {
 			return nil, &pdu.DigestError{What: "header", Got: got, Want: want}
 		}
 	}
@@ -158,6 +220,9 @@ func (c *TCPConn) ReadHeader(bhs *pdu.BHS) ([]byte, error) {
 
 // ReadData implements Conn: the segment is read from the socket into dst directly.
 func (c *TCPConn) ReadData(dst []byte) error {
+	if len(dst) == 0 && !c.hasData {
+		return nil
+	}
 	if !c.hasData || len(dst) != c.remaining {
 		return fmt.Errorf("transport: ReadData of %d bytes, the segment has %d", len(dst), c.remaining)
 	}

@@ -55,6 +55,8 @@ type Config struct {
 	NoLBPVPD         bool // page 0xB2 not offered
 	NoRSOC           bool // REPORT SUPPORTED OPERATION CODES is an invalid operation code
 
+	RotationRate uint16 // VPD 0xB1 MEDIUM ROTATION RATE (0: page not offered)
+
 	DeviceType uint8 // peripheral device type (default 0: disk)
 	LUN        uint16
 	Vendor     string // default "ISERTEST"
@@ -678,6 +680,9 @@ func (l *LUN) inquiry(cmd *scsi.Command, resp *scsi.Response) {
 		if !l.cfg.NoBlockLimitsVPD {
 			payload = append(payload, 0xB0)
 		}
+		if l.cfg.RotationRate != 0 {
+			payload = append(payload, 0xB1)
+		}
 		if !l.cfg.NoLBPVPD {
 			payload = append(payload, 0xB2)
 		}
@@ -702,6 +707,13 @@ func (l *LUN) inquiry(cmd *scsi.Command, resp *scsi.Response) {
 		binary.BigEndian.PutUint32(p(28), l.cfg.UnmapGranularity)
 		binary.BigEndian.PutUint64(p(36), l.cfg.MaxWriteSameBlocks)
 		p(4)[0] = 0x01 // WSNZ
+	case scsi.VPDBlockCharacteristics:
+		if l.cfg.RotationRate == 0 {
+			illegal(resp, scsi.ASCInvalidFieldInCDB)
+			return
+		}
+		payload = make([]byte, 0x3C)
+		binary.BigEndian.PutUint16(payload[0:2], l.cfg.RotationRate)
 	case scsi.VPDLogicalBlockProvisn:
 		if l.cfg.NoLBPVPD {
 			illegal(resp, scsi.ASCInvalidFieldInCDB)

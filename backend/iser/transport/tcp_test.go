@@ -1,0 +1,204 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"testing"
+
+	"github.com/iser-blk/iser-blk/backend/iser/login"
+	"github.com/iser-blk/iser-blk/backend/iser/pdu"
+	"github.com/iser-blk/iser-blk/backend/iser/scsi"
+)
+
+// loopPair returns two TCPConns over a loopback TCP connection (real sockets, so writev is used).
+func loopPair(t testing.TB) (*TCPConn, *TCPConn) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := l.Accept()
+		acc <- c
+	}()
+	a, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := <-acc
+	ca, cb := NewTCPConn(a), NewTCPConn(b)
+	t.Cleanup(func() { ca.Close(); cb.Close() })
+	return ca, cb
+}
+
+func start(t testing.TB, c *TCPConn, digests bool) {
+	p := login.Defaults()
+	p.HeaderDigest, p.DataDigest = digests, digests
+	p.MaxRecvDataSegmentLength = 1 << 20
+	if err := c.Start(&p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTCPRoundTrip(t *testing.T) {
+	for _, digests := range []bool{false, true} {
+		a, b := loopPair(t)
+		start(t, a, digests)
+		start(t, b, digests)
+		// The "target" side writes target PDUs through the same framing code.
+		for _, n := range []int{0, 1, 3, 4, 4097, 65536} {
+			data := bytes.Repeat([]byte{byte(n)}, n)
+			var h pdu.BHS
+			pdu.EncodeDataIn(&h, pdu.FlagFinal|pdu.FlagStatus, 0, n, 1, pdu.ReservedTag, pdu.TargetHeader{}, 0, 0, 0)
+			errc := make(chan error, 1)
+			go func() { errc <- b.WritePDU(&h, nil, data) }()
+			var got pdu.BHS
+			if _, err := a.ReadHeader(&got); err != nil {
+				t.Fatalf("digests=%v n=%d: %v", digests, n, err)
+			}
+			if got != h {
+				t.Fatalf("header differs")
+			}
+			dst := make([]byte, got.DataSegmentLength())
+			if n%2 == 0 {
+				if err := a.ReadData(dst); err != nil || !bytes.Equal(dst, data) {
+					t.Fatalf("ReadData n=%d: %v", n, err)
+				}
+			} else if err := a.DiscardData(); err != nil {
+				t.Fatalf("DiscardData n=%d: %v", n, err)
+			}
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+func TestTCPDigestMismatch(t *testing.T) {
+	a, b := loopPair(t)
+	start(t, a, true)
+	// b writes without digests but lies: raw bytes with a wrong data digest.
+	var h pdu.BHS
+	pdu.EncodeDataIn(&h, pdu.FlagFinal|pdu.FlagStatus, 0, 4, 1, pdu.ReservedTag, pdu.TargetHeader{}, 0, 0, 0)
+	raw := append([]byte(nil), h[:]...)
+	var d [4]byte
+	pdu.PutDigest(d[:], pdu.HeaderDigest(&h, nil))
+	raw = append(raw, d[:]...)
+	raw = append(raw, 1, 2, 3, 4, 9, 9, 9, 9)
+	go b.nc.Write(raw)
+	var got pdu.BHS
+	if _, err := a.ReadHeader(&got); err != nil {
+		t.Fatal(err)
+	}
+	var de *pdu.DigestError
+	if err := a.ReadData(make([]byte, 4)); !errors.As(err, &de) || de.What != "data" {
+		t.Fatalf("ReadData with a bad digest: %v", err)
+	}
+}
+
+func TestTCPMisuse(t *testing.T) {
+	a, b := loopPair(t)
+	var h pdu.BHS
+	pdu.EncodeNOPIn(&h, 8, 0, 1, pdu.ReservedTag, pdu.TargetHeader{})
+	go b.WritePDU(&h, nil, make([]byte, 8))
+	var got pdu.BHS
+	if _, err := a.ReadHeader(&got); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ReadData(make([]byte, 4)); err == nil {
+		t.Fatal("ReadData with the wrong length accepted")
+	}
+	if _, err := a.ReadHeader(&got); err == nil {
+		t.Fatal("ReadHeader before the data was consumed accepted")
+	}
+	if err := a.WritePDU(&h, nil, make([]byte, 3)); err == nil {
+		t.Fatal("WritePDU with a length mismatch accepted")
+	}
+	b.Close()
+	if err := a.DiscardData(); err == nil || !errors.Is(err, io.EOF) {
+		t.Logf("discard after close: %v", err)
+	}
+}
+
+// TestTCPZeroAlloc: steady-state send and receive of a PDU allocate nothing.
+func TestTCPZeroAlloc(t *testing.T) {
+	a, b := loopPair(t)
+	start(t, a, true)
+	start(t, b, true)
+	data := make([]byte, 16384)
+	dst := make([]byte, 16384)
+	var h, got pdu.BHS
+	pdu.EncodeDataIn(&h, 0, 0, len(data), 1, pdu.ReservedTag, pdu.TargetHeader{}, 0, 0, 0)
+	task := Task{ITT: 1, Dir: scsi.DirWrite, Buf: data, Immediate: 0}
+	var cmd pdu.BHS
+	(&pdu.SCSICommand{Write: true, ITT: 1, CDB: make([]byte, 16)}).Encode(&cmd)
+	drain := make([]byte, pdu.BHSLen+pdu.DigestLen)
+	allocs := testing.AllocsPerRun(200, func() {
+		if err := b.WritePDU(&h, nil, data); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.ReadHeader(&got); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.ReadData(dst); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.WriteCommand(&cmd, nil, &task); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(b.nc, drain); err != nil { // drain the command a sent, raw
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per PDU round trip", allocs)
+	}
+}
+
+func BenchmarkTCPWriteRead16K(b *testing.B) {
+	x, y := loopPair(b)
+	data := make([]byte, 16384)
+	dst := make([]byte, 16384)
+	var h, got pdu.BHS
+	pdu.EncodeDataIn(&h, 0, 0, len(data), 1, pdu.ReservedTag, pdu.TargetHeader{}, 0, 0, 0)
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < b.N; i++ {
+			if _, err := x.ReadHeader(&got); err != nil {
+				return
+			}
+			if err := x.ReadData(dst); err != nil {
+				return
+			}
+		}
+	}()
+	for i := 0; i < b.N; i++ {
+		if err := y.WritePDU(&h, nil, data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-done
+}
+
+func TestRegistry(t *testing.T) {
+	d, err := Lookup("iscsi")
+	if err != nil || d.DefaultPort() != 3260 {
+		t.Fatalf("iscsi transport: %v", err)
+	}
+	if _, err := Lookup("nope"); err == nil {
+		t.Fatal("unknown scheme found")
+	}
+	for in, want := range map[string]string{
+		"host": "host:3260", "host:99": "host:99", "[::1]": "[::1]:3260", "::1": "[::1]:3260", "[::1]:5": "[::1]:5",
+	} {
+		if got := JoinHostPort(in, 3260); got != want {
+			t.Errorf("JoinHostPort(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
