@@ -455,9 +455,26 @@ func (a *Attachment) ioctlConnect(remotes []*os.File, opts AttachOptions) error 
 	if err := <-setup; err != nil {
 		return err
 	}
-	// DO_IT has been issued (or is about to be); the kernel takes its socket references at
-	// SET_SOCK time, so the caller may close its copies now.
-	return nil
+	// The kernel applies size and flags when NBD_DO_IT starts the device, and then creates the
+	// device's "pid" attribute: wait for it, or for DO_IT failing, so that the device is usable
+	// when Attach returns.
+	pidFile := fmt.Sprintf("/sys/block/nbd%d/pid", a.index)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(pidFile); err == nil {
+			return nil
+		}
+		select {
+		case err := <-a.doItErr:
+			_ = unix.IoctlSetInt(int(a.devFile.Fd()), nbdClearSock, 0)
+			a.devFile.Close()
+			return fmt.Errorf("nbd: NBD_DO_IT on %s: %w", path, err)
+		case <-time.After(10 * time.Millisecond): // polling sysfs: the kernel offers no event for it
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("nbd: %s did not start within 30 s", path)
+		}
+	}
 }
 
 func (a *Attachment) ioctlDisconnect() error {

@@ -1,0 +1,270 @@
+//go:build vm
+
+package nbd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"math/big"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	"golang.org/x/sys/unix"
+
+	"github.com/iser-blk/iser-blk/backend/memdev"
+	"github.com/iser-blk/iser-blk/test/vm/vmtest"
+)
+
+// These tests run inside the QEMU guest (test/vm/run.sh go-test ./frontend/nbd): the host kernel
+// has no nbd driver.
+
+func requireNBD(t *testing.T) {
+	t.Helper()
+	vmtest.Require(t)
+	vmtest.LoadModules(t, "nbd")
+}
+
+func sysBlock(t *testing.T, dev, attr string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), attr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// checkKernelFlags: the transmission flags reached the kernel — a volatile write cache with FUA
+// (so filesystems send flushes), discard and write-zeroes enabled.
+func checkKernelFlags(t *testing.T, dev string, size int64) {
+	t.Helper()
+	if got := sysBlock(t, dev, "queue/write_cache"); got != "write back" {
+		t.Errorf("%s write_cache = %q, want \"write back\"", dev, got)
+	}
+	if got := sysBlock(t, dev, "queue/fua"); got != "1" {
+		t.Errorf("%s fua = %q, want 1", dev, got)
+	}
+	if n, _ := strconv.ParseInt(sysBlock(t, dev, "queue/discard_max_bytes"), 10, 64); n <= 0 {
+		t.Errorf("%s discard_max_bytes = %d, want > 0", dev, n)
+	}
+	if n, _ := strconv.ParseInt(sysBlock(t, dev, "queue/write_zeroes_max_bytes"), 10, 64); n <= 0 {
+		t.Errorf("%s write_zeroes_max_bytes = %d, want > 0", dev, n)
+	}
+	if n, _ := strconv.ParseInt(sysBlock(t, dev, "size"), 10, 64); n*512 != size {
+		t.Errorf("%s size = %d sectors, want %d bytes", dev, n, size)
+	}
+}
+
+// TestVMAttachFlagsAndFlush attaches in-process (netlink, then the ioctl path) and proves that an
+// fsync on /dev/nbdX arrives as a Flush on the device, and that the data written through the
+// kernel is what the device holds.
+func TestVMAttachFlagsAndFlush(t *testing.T) {
+	requireNBD(t)
+	for _, tc := range []struct {
+		name  string
+		ioctl bool
+		conns int
+		dev   string
+	}{{"netlink", false, 4, ""}, {"ioctl", true, 2, "/dev/nbd3"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			mem, err := memdev.New(256<<20, memdev.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dev := &countingDevice{Device: mem}
+			srv, err := NewServer(dev, Options{Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, err := Attach(srv, AttachOptions{Device: tc.dev, Connections: tc.conns, ForceIoctl: tc.ioctl,
+				DeadConnTimeout: 10 * time.Second, Logger: zaptest.NewLogger(t)})
+			if err != nil {
+				t.Fatalf("Attach: %v", err)
+			}
+			if a.ViaNetlink() == tc.ioctl {
+				t.Fatalf("attached via netlink=%v", a.ViaNetlink())
+			}
+			t.Logf("attached %s (netlink=%v, %d connections)", a.Path(), a.ViaNetlink(), tc.conns)
+			checkKernelFlags(t, a.Path(), 256<<20)
+
+			f, err := os.OpenFile(a.Path(), os.O_RDWR|unix.O_DIRECT, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			buf := alignedBuf(1 << 20)
+			rand.Read(buf)
+			before := dev.flushes.Load()
+			if _, err := f.WriteAt(buf, 8<<20); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			if dev.flushes.Load() == before {
+				t.Error("fsync on the nbd device did not reach Device.Flush")
+			}
+			got := make([]byte, 1<<20)
+			if err := mem.ReadAt(context.Background(), got, 8<<20); err != nil || !bytes.Equal(got, buf) {
+				t.Errorf("device content differs after write through %s (%v)", a.Path(), err)
+			}
+			back := alignedBuf(1 << 20)
+			if _, err := f.ReadAt(back, 8<<20); err != nil || !bytes.Equal(back, buf) {
+				t.Errorf("read back through %s differs (%v)", a.Path(), err)
+			}
+			// BLKDISCARD reaches the device as Discard.
+			rng := [2]uint64{16 << 20, 1 << 20}
+			if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKDISCARD, uintptrOf(&rng)); e != 0 {
+				t.Errorf("BLKDISCARD: %v", e)
+			} else if mem.Stats().Discards == 0 {
+				t.Error("discard did not reach the device")
+			}
+			f.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := a.Detach(ctx); err != nil {
+				t.Fatalf("Detach: %v", err)
+			}
+			select {
+			case <-a.Done():
+			default:
+				t.Error("connections still open after Detach")
+			}
+			if err := srv.Shutdown(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestVMAttachExt4 is the acceptance workload through the CLI: `iser-blk attach` with 4
+// connections, ext4 with 2000 files of random sizes, sync, umount, fsck clean, remount, every
+// checksum verified, fstrim, detach on SIGTERM with exit 0.
+func TestVMAttachExt4(t *testing.T) {
+	requireNBD(t)
+	target := os.Getenv("ISERBLK_NBD_VM_TARGET") // e.g. an LIO LUN; default: an in-memory device
+	if target == "" {
+		target = "mem://1GiB"
+	}
+	bin := os.Getenv("ISERBLK_BIN")
+	if bin == "" {
+		t.Fatal("ISERBLK_BIN is not set (test/vm/run.sh go-test builds the CLI)")
+	}
+	cmd := exec.Command(bin, "attach", "--target", target, "--nbd", "/dev/nbd1", "--connections", "4")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(stdout).ReadString('\n')
+		line <- strings.TrimSpace(s)
+		io.Copy(io.Discard, stdout)
+		exited <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+	var dev string
+	select {
+	case dev = <-line:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("attach printed no device: %s", stderr.String())
+	}
+	if dev != "/dev/nbd1" {
+		t.Fatalf("attach printed %q: %s", dev, stderr.String())
+	}
+	checkKernelFlags(t, dev, 1<<30)
+
+	mnt := t.TempDir()
+	sh := func(name string, args ...string) string {
+		t.Helper()
+		out, err := exec.Command(name, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	sh("mkfs.ext4", "-q", "-F", dev)
+	sh("mount", dev, mnt)
+	mounted := true
+	t.Cleanup(func() {
+		if mounted {
+			exec.Command("umount", mnt).Run()
+		}
+	})
+	sums := map[string][32]byte{}
+	for i := range 2000 {
+		n, _ := rand.Int(rand.Reader, big.NewInt(256<<10))
+		data := make([]byte, n.Int64())
+		rand.Read(data)
+		name := filepath.Join(fmt.Sprintf("d%02d", i%50), fmt.Sprintf("f%04d", i))
+		if err := os.MkdirAll(filepath.Join(mnt, filepath.Dir(name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(mnt, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		sums[name] = sha256.Sum256(data)
+	}
+	sh("sync")
+	sh("umount", mnt)
+	mounted = false
+	out := sh("fsck.ext4", "-fn", dev)
+	t.Logf("fsck: %s", strings.TrimSpace(out))
+	// Drop the page cache so the verification reads come from the device, not memory.
+	os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0)
+	sh("mount", dev, mnt)
+	mounted = true
+	for name, want := range sums {
+		data, err := os.ReadFile(filepath.Join(mnt, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sha256.Sum256(data) != want {
+			t.Fatalf("%s: checksum differs after remount", name)
+		}
+	}
+	t.Logf("verified %d files", len(sums))
+	t.Logf("fstrim: %s", strings.TrimSpace(sh("fstrim", "-v", mnt)))
+	sh("umount", mnt)
+	mounted = false
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("attach exited with %v: %s", err, stderr.String())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("attach did not exit after SIGTERM: %s", stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "nbd device detached") {
+		t.Errorf("no detach logged: %s", stderr.String())
+	}
+	if n := sysBlock(t, dev, "size"); n != "0" {
+		t.Errorf("%s still has size %s after detach", dev, n)
+	}
+}
