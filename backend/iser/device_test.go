@@ -6,10 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi/scsitest"
@@ -145,8 +149,14 @@ func TestProbeFailures(t *testing.T) {
 	lun := scsitest.New(scsitest.Config{})
 	lun.SetUnitAttention(0x29, 0)
 	lun.SetUnitAttention(0x2A, 0x09)
-	if _, err := NewDevice(context.Background(), []scsi.Executor{lun}, 0, Options{}, nil); err != nil {
+	core, logs := observer.New(zap.WarnLevel)
+	if _, err := NewDevice(context.Background(), []scsi.Executor{lun}, 0, Options{Logger: zap.New(core)}, nil); err != nil {
 		t.Fatalf("UA not retried: %v", err)
+	}
+	// Each UNIT ATTENTION is logged with its decoded sense.
+	uas := logs.FilterMessage("unit attention").All()
+	if len(uas) != 2 || !strings.Contains(uas[1].ContextMap()["error"].(string), "capacity data has changed") {
+		t.Fatalf("unit attention logs: %+v", uas)
 	}
 }
 
