@@ -188,6 +188,7 @@ type Stats struct {
 	Flushes         uint64
 	FlushErrors     uint64
 	ThrottledWrites uint64 // writes that waited for dirty room
+	ThrottledNow    int    // writers waiting for dirty room right now
 	Evictions       uint64
 }
 
@@ -1196,6 +1197,7 @@ func (c *Cache) Stats() Stats {
 		Flushes:         c.st.flushes.Load(),
 		FlushErrors:     c.st.flushErrors.Load(),
 		ThrottledWrites: c.st.throttledWrites.Load(),
+		ThrottledNow:    int(c.throttled.Load()),
 		Evictions:       c.st.evictions.Load(),
 	}
 }

@@ -142,6 +142,9 @@ func ParseConfig(mode, size, dirty string) (Config, error) {
 	}
 	if cfg.dirtyPct > 0 {
 		cfg.DirtyLimit = int64(float64(cfg.Size) * cfg.dirtyPct / 100)
+		if cfg.DirtyLimit < 1 {
+			return Config{}, fmt.Errorf("--cache-dirty %q of a %d-byte cache is nothing", dirty, cfg.Size)
+		}
 	}
 	return cfg, nil
 }
