@@ -102,3 +102,31 @@ func TestLIOACLWithOpenISCSI(t *testing.T) {
 		t.Fatalf("unlisted initiator: err %v, want ErrLoginRefused", err)
 	}
 }
+
+// Demo mode (no ACLs) with CHAP and mutual CHAP set on the TPG, and a write-protected LUN: a
+// wrong secret is refused, the right ones log in, and the kernel sees a read-only disk.
+func TestLIODemoModeCHAPAndWriteProtect(t *testing.T) {
+	Require(t)
+	chap := &Credentials{User: "vmtest-user", Secret: "vmtest-secret-1"}
+	mutual := &Credentials{User: "vmtest-target", Secret: "vmtest-secret-2"}
+	tg := StartLIO(t, LIOOptions{
+		IQN: "iqn.2003-01.org.linux-iscsi.iserblk-vm:vmtest-tpgauth", SizeMiB: 8, Port: 3265,
+		NoISER: true, CHAP: chap, MutualCHAP: mutual, WriteProtect: true,
+	})
+	if tg.ISER || tg.RDMADev != "" {
+		t.Fatalf("NoISER target reports iSER: %+v", tg)
+	}
+	_, err := OpenISCSILogin(t, LoginOptions{Portal: tg.Portal, IQN: tg.IQN,
+		CHAP: &Credentials{User: chap.User, Secret: "wrong-secret-00"}, MutualCHAP: mutual})
+	if !errors.Is(err, ErrLoginRefused) {
+		t.Fatalf("wrong CHAP secret: err %v, want ErrLoginRefused", err)
+	}
+	sess, err := OpenISCSILogin(t, LoginOptions{Portal: tg.Portal, IQN: tg.IQN, CHAP: chap, MutualCHAP: mutual})
+	if err != nil {
+		t.Fatalf("right CHAP secrets: %v", err)
+	}
+	ro, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(sess.Dev), "ro"))
+	if err != nil || strings.TrimSpace(string(ro)) != "1" {
+		t.Fatalf("%s read-only flag %q, %v; want 1 for a write-protected LUN", sess.Dev, ro, err)
+	}
+}

@@ -87,7 +87,7 @@ func Script(t testing.TB, name string, args ...string) map[string]string {
 	t.Helper()
 	kv, stderr, err := RunScript(context.Background(), GuestDir(t), name, args...)
 	if s := strings.TrimSpace(stderr); s != "" && err == nil {
-		t.Logf("%s: %s", name, s)
+		t.Log(s) // the helpers prefix their own lines with their name
 	}
 	if err != nil {
 		t.Fatalf("guest helper: %v", err)
