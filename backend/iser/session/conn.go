@@ -43,9 +43,13 @@ type event struct {
 // task is one slot of the task table. Fields below mu are shared between the task's goroutine and
 // the reader and are guarded by mu; the rest belong to whoever holds the slot.
 type task struct {
-	idx  uint32
-	gen  uint32
-	itt  uint32
+	idx uint32
+	gen uint32
+	itt uint32
+	// tag is the ITT while the task may receive PDUs, 0 otherwise. The owner stores it after
+	// filling the task and before sending; the reader matches ITTs against it. The atomic store
+	// and load order the owner's writes before the reader's reads.
+	tag  atomic.Uint32
 	kind uint8
 	ev   chan event // R2Ts and the final completion; capacity MaxOutstandingR2T+1
 
@@ -180,6 +184,7 @@ func (c *conn) acquire(ctx context.Context, kind uint8) (*task, error) {
 // release returns a slot to the free list. Called exactly once per acquire: by the owner, or by
 // the reader for an abandoned task.
 func (c *conn) release(t *task) {
+	t.tag.Store(0)
 	if t.kind == kindSCSI {
 		c.tc.TaskDone(t.itt)
 	}
@@ -209,7 +214,7 @@ func (c *conn) lookup(itt uint32) *task {
 		return nil
 	}
 	t := &c.tasks[idx]
-	if t.itt != itt || !t.active {
+	if t.tag.Load() != itt {
 		return nil
 	}
 	return t
@@ -315,6 +320,7 @@ func (c *conn) execute(ctx context.Context, cmd *scsi.Command, resp *scsi.Respon
 	}
 	sc.CmdSN, sc.ExpStatSN = c.cmdSN, c.expStatSN.Load()
 	t.cmdSN = c.cmdSN
+	t.tag.Store(t.itt) // from here on the reader may route PDUs to the task
 	c.cmdSN++
 	sc.Encode(&t.bhs)
 	err = c.tc.WriteCommand(&t.bhs, nil, &t.xfer)

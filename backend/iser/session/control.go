@@ -20,6 +20,7 @@ import (
 // control PDU for task t.
 func (c *conn) sendControl(t *task, encode func(t *task, cmdSN, expStatSN uint32), data []byte) error {
 	c.sendMu.Lock()
+	t.tag.Store(t.itt) // publish the filled task to the reader (see task.tag)
 	encode(t, c.cmdSN, c.expStatSN.Load())
 	err := c.tc.WritePDU(&t.bhs, nil, data)
 	c.sendMu.Unlock()

@@ -182,7 +182,7 @@ func TestE2EReadWrite256MiB(t *testing.T) {
 // TestE2EKeyCombinations repeats the write/read check for ImmediateData × InitialR2T and for
 // both digest settings, with larger segments so R2T sequences span several Data-Out PDUs.
 func TestE2EKeyCombinations(t *testing.T) {
-	const size = 48 << 20
+	const size = 96 << 20
 	for _, digest := range []string{"None", "CRC32C"} {
 		for _, imm := range []string{"Yes", "No"} {
 			for _, r2t := range []string{"Yes", "No"} {
@@ -206,7 +206,7 @@ func TestE2EKeyCombinations(t *testing.T) {
 					}
 					total := int64(size)
 					if digest == "CRC32C" {
-						total = 24 << 20
+						total = 64 << 20
 					}
 					writeReadVerify(t, s, total, uint64(len(name)))
 				})
