@@ -81,7 +81,7 @@ import (
 	"github.com/iser-blk/iser-blk/pool"
 )
 
-const nShards = 64
+const nShards = 256
 
 type shard struct {
 	mu   sync.Mutex

@@ -675,9 +675,14 @@ func TestReadHitZeroAllocs(t *testing.T) {
 	}
 }
 
+// BenchmarkReadHit measures steady-state hits; the qd128 variants run 128 goroutines (4 NBD
+// connections × 32 requests deep) to show the sharded index does not collapse under contention.
 func BenchmarkReadHit(b *testing.B) {
-	for _, size := range []int{4096, 65536} {
-		b.Run(fmt.Sprint(size), func(b *testing.B) {
+	for _, bc := range []struct {
+		size, par int
+	}{{4096, 1}, {65536, 1}, {4096, 64}} {
+		size := bc.size
+		b.Run(fmt.Sprintf("%d/qd%d", size, bc.par*runtime.GOMAXPROCS(0)), func(b *testing.B) {
 			ctx := context.Background()
 			c, _ := newTest(b, 64<<20, stdLimits(4096), Config{Size: 64 << 20})
 			const span = 32 << 20
@@ -691,6 +696,7 @@ func BenchmarkReadHit(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			var next atomic.Int64
+			b.SetParallelism(bc.par)
 			b.RunParallel(func(pb *testing.PB) {
 				buf := make([]byte, size)
 				i := next.Add(7919)
