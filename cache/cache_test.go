@@ -873,3 +873,70 @@ func TestThrottledWriterHonoursContext(t *testing.T) {
 	}
 	dev.SetBefore(nil)
 }
+
+// TestDirtyAgeLimit: a lone dirty page (far below the low watermark) is written back once it
+// is older than MaxDirtyAge, without any Flush.
+func TestDirtyAgeLimit(t *testing.T) {
+	ctx := context.Background()
+	c, dev := newTest(t, 1<<20, stdLimits(4096), Config{Size: 1 << 20, MaxDirtyAge: 30 * time.Millisecond})
+	data := fill(4096, 77)
+	start := time.Now()
+	if err := c.WriteAt(ctx, data, 8192, 0); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(10 * time.Second)
+	for {
+		ch := c.progress.wait() // closed by every write-back completion
+		if c.DirtyBytes() == 0 {
+			break
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatal("dirty page never written back by age")
+		}
+	}
+	if age := time.Since(start); age < 30*time.Millisecond {
+		t.Fatalf("written back after %v, before the age limit", age)
+	}
+	if !bytes.Equal(dev.Current(8192, 4096), data) {
+		t.Fatal("backend does not have the aged page")
+	}
+}
+
+// TestFlushNotStarvedByNewWrites: writers that keep dirtying new pages cannot keep a Flush from
+// completing; it waits only for what was dirty when it started.
+func TestFlushNotStarvedByNewWrites(t *testing.T) {
+	ctx := context.Background()
+	c, dev := newTest(t, 64<<20, stdLimits(4096), Config{Size: 8 << 20, DirtyLimit: 4 << 20, MaxDirtyAge: time.Hour})
+	dev.SetBefore(func(op fakedev.Op) { runtime.Gosched() })
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			buf := fill(4096, byte(w))
+			for i := int64(0); ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := c.WriteAt(ctx, buf, ((i*4+int64(w))%(16<<8))*4096, 0); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}(w)
+	}
+	fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for i := 0; i < 5; i++ {
+		if err := c.Flush(fctx); err != nil {
+			t.Fatalf("flush %d under a write storm: %v", i, err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+}
