@@ -5,7 +5,11 @@
 //
 // The device is cut into pages of PageSize bytes (4 KiB by default), each made of up to 64
 // logical blocks ("sectors"). Page memory comes from a private pool.Pool (mmap, outside the Go
-// heap, so a 1 GiB cache costs the garbage collector nothing). A cached page ("slot") carries:
+// heap, so a 1 GiB cache costs the garbage collector almost nothing: what stays on the heap is
+// about 180 bytes of pointer-free metadata per page, ~45 MiB for 1 GiB of 4 KiB pages). Backend
+// I/O goes through staging buffers from Config.IOPool when set (registered memory for iSER): a
+// write-back gathers its pages into one buffer, a miss reads into one and is copied into pages.
+// A cached page ("slot") carries:
 //
 //   - valid: the sectors whose bytes in the page are the device's current content. A sector is
 //     valid because it was read from the backend, or written through the cache.
@@ -469,12 +473,13 @@ func (c *Cache) readMiss(ctx context.Context, p []byte, off int64) error {
 		for pg := a; pg <= b; pg++ {
 			fills = append(fills, c.placeholder(pg, pg > reqLast))
 		}
-		if pg := b; pg > reqLast {
-			// read-ahead pages found present by placeholder() were not pinned; trim the tail
-			for len(fills) > 0 && fills[len(fills)-1].slot == -2 {
-				fills = fills[:len(fills)-1]
-				b--
-			}
+		// Read-ahead pages found cached by placeholder() were not pinned; trim them off the tail.
+		for b > reqLast && len(fills) > 0 && fills[len(fills)-1].slot == -2 {
+			fills = fills[:len(fills)-1]
+			b--
+		}
+		if b < a {
+			break
 		}
 		install := !c.directOverlaps(a*c.ps, (b-a+1)*c.ps)
 		err := c.fillChunk(ctx, p, off, a, b, reqLast, fills, install)
