@@ -52,6 +52,7 @@ type task struct {
 	tag  atomic.Uint32
 	kind uint8
 	ev   chan event // R2Ts and the final completion; capacity MaxOutstandingR2T+1
+	sent chan error // write results when another sender flushed this task's PDU
 
 	// Set by the owner before the command is sent, read-only afterwards.
 	lun  uint64
@@ -89,8 +90,15 @@ type conn struct {
 	tasks []task
 	free  chan uint32 // free slot indices
 
-	sendMu sync.Mutex // serialises writes and CmdSN assignment
-	cmdSN  uint32     // next CmdSN (guarded by sendMu)
+	// Sending: sendMu guards CmdSN assignment and the combining queue (see send.go). PDUs are
+	// queued in CmdSN order; whichever sender finds no flush in progress writes the whole queue
+	// in one batch while the others wait for their PDU to be on the wire.
+	sendMu   sync.Mutex
+	cmdSN    uint32 // next CmdSN
+	queue    []queued
+	spare    []queued
+	flushing bool
+	outs     []transport.OutPDU // flusher scratch
 
 	winMu    sync.Mutex
 	expCmdSN atomic.Uint32
@@ -127,6 +135,7 @@ func newConn(s *Session, tc transport.Conn, portal string, p *login.Params) *con
 		t := &c.tasks[i]
 		t.idx, t.gen = uint32(i), 1
 		t.ev = make(chan event, evCap)
+		t.sent = make(chan error, 1)
 		c.free <- uint32(i)
 	}
 	return c
@@ -323,8 +332,7 @@ func (c *conn) execute(ctx context.Context, cmd *scsi.Command, resp *scsi.Respon
 	t.tag.Store(t.itt) // from here on the reader may route PDUs to the task
 	c.cmdSN++
 	sc.Encode(&t.bhs)
-	err = c.tc.WriteCommand(&t.bhs, nil, &t.xfer)
-	c.sendMu.Unlock()
+	err = c.submitLocked(transport.OutPDU{BHS: &t.bhs, Data: t.xfer.Buf[:t.xfer.Immediate], Task: &t.xfer}, t.sent)
 	if err != nil {
 		c.shutdown(err)
 		return c.finishAfterConnLoss(t, nil)
@@ -422,8 +430,7 @@ func (c *conn) sendDataOut(t *task, ttt, off, length uint32) error {
 		c.sendMu.Lock()
 		d.ExpStatSN = c.expStatSN.Load()
 		d.Encode(&t.bhs)
-		err := c.tc.WritePDU(&t.bhs, nil, t.buf[off+sent:off+sent+n])
-		c.sendMu.Unlock()
+		err := c.submitLocked(transport.OutPDU{BHS: &t.bhs, Data: t.buf[off+sent : off+sent+n]}, t.sent)
 		if err != nil {
 			return err
 		}
@@ -685,8 +692,7 @@ func (c *conn) nopIn(bhs *pdu.BHS) error {
 		n := pdu.NOPOut{Immediate: true, DataSegmentLength: len(echo), LUN: lun, ITT: pdu.ReservedTag, TTT: ttt,
 			CmdSN: c.cmdSN, ExpStatSN: c.expStatSN.Load()}
 		n.Encode(&out)
-		err := c.tc.WritePDU(&out, nil, echo)
-		c.sendMu.Unlock()
+		err := c.submitLocked(transport.OutPDU{BHS: &out, Data: echo}, make(chan error, 1))
 		if err != nil {
 			c.shutdown(err)
 		}

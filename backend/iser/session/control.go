@@ -10,6 +10,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/backend/iser/login"
 	"github.com/iser-blk/iser-blk/backend/iser/pdu"
+	"github.com/iser-blk/iser-blk/backend/iser/transport"
 )
 
 // Control tasks: NOP-Out ping, Text, Logout and Task Management. They are immediate commands
@@ -22,8 +23,7 @@ func (c *conn) sendControl(t *task, encode func(t *task, cmdSN, expStatSN uint32
 	c.sendMu.Lock()
 	t.tag.Store(t.itt) // publish the filled task to the reader (see task.tag)
 	encode(t, c.cmdSN, c.expStatSN.Load())
-	err := c.tc.WritePDU(&t.bhs, nil, data)
-	c.sendMu.Unlock()
+	err := c.submitLocked(transport.OutPDU{BHS: &t.bhs, Data: data}, t.sent)
 	if err != nil {
 		c.shutdown(err)
 	}

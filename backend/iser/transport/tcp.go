@@ -78,6 +78,11 @@ type TCPConn struct {
 	iov  [3][]byte
 	bufs net.Buffers
 
+	// Batch send scratch (allocated on first use).
+	bheads [][pdu.BHSLen + pdu.DigestLen]byte
+	btails [][3 + pdu.DigestLen]byte
+	biov   [][]byte
+
 	// Vectored writes straight through the socket's RawConn: net.Buffers.WriteTo allocates an
 	// iovec slice header per call, this does not. rc is nil for non-socket conns (net.Pipe).
 	rc      syscall.RawConn
@@ -175,6 +180,80 @@ func (c *TCPConn) WritePDU(bhs *pdu.BHS, ahs, data []byte) error {
 		if t > 0 {
 			iov = append(iov, c.tail[:t])
 		}
+	}
+	if err := c.writev(iov); err != nil {
+		return fmt.Errorf("transport: write to %s: %w", c.RemoteAddr(), err)
+	}
+	return nil
+}
+
+// maxBatch bounds the PDUs of one writev (each takes up to 3 iovecs; IOV_MAX is 1024).
+const maxBatch = 64
+
+// WritePDUs implements BatchWriter: the whole batch goes out in as few writev calls as possible.
+func (c *TCPConn) WritePDUs(batch []OutPDU) error {
+	for len(batch) > 0 {
+		n := min(len(batch), maxBatch)
+		if err := c.writeBatch(batch[:n]); err != nil {
+			return err
+		}
+		batch = batch[n:]
+	}
+	return nil
+}
+
+func (c *TCPConn) writeBatch(batch []OutPDU) error {
+	if c.bheads == nil {
+		c.bheads = make([][pdu.BHSLen + pdu.DigestLen]byte, maxBatch)
+		c.btails = make([][3 + pdu.DigestLen]byte, maxBatch)
+		c.biov = make([][]byte, 0, 3*maxBatch)
+	}
+	iov := c.biov[:0]
+	for i := range batch {
+		p := &batch[i]
+		data := p.Data
+		if p.Task != nil {
+			data = p.Task.Buf[:p.Task.Immediate]
+		}
+		if len(p.AHS) != 0 || p.BHS.TotalAHSLength() != 0 {
+			// Rare (extended CDBs): flush what we have and send this one alone.
+			if len(iov) > 0 {
+				if err := c.writev(iov); err != nil {
+					return fmt.Errorf("transport: write to %s: %w", c.RemoteAddr(), err)
+				}
+				iov = c.biov[:0]
+			}
+			if err := c.WritePDU(p.BHS, p.AHS, data); err != nil {
+				return err
+			}
+			continue
+		}
+		if len(data) > pdu.MaxDataSegmentLength || p.BHS.DataSegmentLength() != len(data) {
+			return fmt.Errorf("transport: header says data %d, got %d", p.BHS.DataSegmentLength(), len(data))
+		}
+		h := &c.bheads[i]
+		n := copy(h[:], p.BHS[:])
+		if c.headerDigest {
+			pdu.PutDigest(h[n:], pdu.HeaderDigest(p.BHS, nil))
+			n += pdu.DigestLen
+		}
+		iov = append(iov, h[:n])
+		if len(data) > 0 {
+			iov = append(iov, data)
+			tl := &c.btails[i]
+			pad := pdu.PadLen(len(data))
+			t := copy(tl[:], pdu.ZeroPad(pad))
+			if c.dataDigest {
+				pdu.PutDigest(tl[t:], pdu.DataDigest(data))
+				t += pdu.DigestLen
+			}
+			if t > 0 {
+				iov = append(iov, tl[:t])
+			}
+		}
+	}
+	if len(iov) == 0 {
+		return nil
 	}
 	if err := c.writev(iov); err != nil {
 		return fmt.Errorf("transport: write to %s: %w", c.RemoteAddr(), err)

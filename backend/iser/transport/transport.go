@@ -139,3 +139,19 @@ func schemesLocked() []string {
 	sort.Strings(s)
 	return s
 }
+
+// OutPDU is one PDU of a batch for BatchWriter.
+type OutPDU struct {
+	BHS  *pdu.BHS
+	AHS  []byte
+	Data []byte // the data segment (for a command: Task.Buf[:Task.Immediate])
+	// Task is set for a SCSI Command PDU: the PDU is sent with WriteCommand semantics.
+	Task *Task
+}
+
+// BatchWriter is implemented by transports that can send several PDUs at once (TCP: one writev
+// for the whole batch; iSER: one chained post). The session combines the PDUs of concurrent
+// senders into batches when it finds one. Same serialisation rule as WritePDU.
+type BatchWriter interface {
+	WritePDUs(batch []OutPDU) error
+}

@@ -1,0 +1,77 @@
+package session
+
+import "github.com/iser-blk/iser-blk/backend/iser/transport"
+
+// queued is one PDU waiting in the send queue.
+type queued struct {
+	out  transport.OutPDU
+	done chan error // gets the write result when another sender flushes this PDU
+}
+
+// submitLocked queues one PDU and returns when it has been written (or the write failed). The
+// caller holds sendMu, having filled CmdSN/ExpStatSN, so PDUs are queued in CmdSN order;
+// submitLocked releases sendMu.
+//
+// Combining: if no flush is in progress the caller becomes the flusher and writes the queue
+// (its own PDU plus whatever concurrent senders add meanwhile) in batches, one vectored write
+// each, until the queue is empty; otherwise it waits for the flusher to report its PDU's result.
+// The PDU's header and data must stay untouched until submitLocked returns.
+func (c *conn) submitLocked(out transport.OutPDU, done chan error) error {
+	c.queue = append(c.queue, queued{out: out, done: done})
+	if c.flushing {
+		c.sendMu.Unlock()
+		return <-done
+	}
+	// No flush in progress means the queue was empty: our PDU is the first of the batch.
+	c.flushing = true
+	var own error
+	first := true
+	for len(c.queue) > 0 {
+		batch := c.queue
+		c.queue = c.spare[:0]
+		c.sendMu.Unlock()
+		err := c.writeBatch(batch)
+		for i := range batch {
+			if first && i == 0 {
+				own = err
+				continue
+			}
+			batch[i].done <- err
+		}
+		first = false
+		clear(batch) // drop references to buffers
+		c.sendMu.Lock()
+		c.spare = batch[:0]
+	}
+	c.flushing = false
+	c.sendMu.Unlock()
+	return own
+}
+
+// writeBatch writes PDUs in order, in one call when the transport supports batches. Only the
+// flusher calls it, so the transport sees serialised writes.
+func (c *conn) writeBatch(batch []queued) error {
+	if bw, ok := c.tc.(transport.BatchWriter); ok && len(batch) > 1 {
+		outs := c.outs[:0]
+		for i := range batch {
+			outs = append(outs, batch[i].out)
+		}
+		err := bw.WritePDUs(outs)
+		clear(outs)
+		c.outs = outs[:0]
+		return err
+	}
+	for i := range batch {
+		o := &batch[i].out
+		var err error
+		if o.Task != nil {
+			err = c.tc.WriteCommand(o.BHS, o.AHS, o.Task)
+		} else {
+			err = c.tc.WritePDU(o.BHS, o.AHS, o.Data)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
