@@ -202,3 +202,75 @@ func TestRegistry(t *testing.T) {
 		}
 	}
 }
+
+// TestTCPWritePDUs: a batch (commands with immediate data, Data-Out, an AHS-carrying PDU) arrives
+// intact and in order, with and without digests, also when larger than one writev batch.
+func TestTCPWritePDUs(t *testing.T) {
+	for _, digests := range []bool{false, true} {
+		a, b := loopPair(t)
+		start(t, a, digests)
+		start(t, b, digests)
+		var batch []OutPDU
+		var want [][]byte
+		for i := 0; i < 150; i++ {
+			h := new(pdu.BHS)
+			data := bytes.Repeat([]byte{byte(i)}, i*13)
+			switch i % 3 {
+			case 0:
+				(&pdu.SCSICommand{Write: true, ITT: uint32(i), DataSegmentLength: len(data), CDB: make([]byte, 16)}).Encode(h)
+				task := &Task{ITT: uint32(i), Dir: scsi.DirWrite, Buf: append(data, 1, 2, 3), Immediate: len(data)}
+				batch = append(batch, OutPDU{BHS: h, Task: task})
+			case 1:
+				(&pdu.DataOut{ITT: uint32(i), DataSegmentLength: len(data)}).Encode(h)
+				batch = append(batch, OutPDU{BHS: h, Data: data})
+			default:
+				(&pdu.SCSICommand{Read: true, ITT: uint32(i), AHSLength: 8, CDB: make([]byte, 16)}).Encode(h)
+				batch = append(batch, OutPDU{BHS: h, AHS: pdu.AppendBidiReadLength(nil, 5)})
+				data = nil
+			}
+			want = append(want, data)
+		}
+		errc := make(chan error, 1)
+		go func() { errc <- a.WritePDUs(batch) }()
+		// Read them back raw on b (b parses initiator PDUs here only for the test).
+		for i := range batch {
+			var h pdu.BHS
+			if _, err := io.ReadFull(b.br, h[:]); err != nil {
+				t.Fatal(err)
+			}
+			if h != *batch[i].BHS {
+				t.Fatalf("PDU %d header differs", i)
+			}
+			ahs := make([]byte, h.TotalAHSLength())
+			io.ReadFull(b.br, ahs)
+			if digests {
+				var d [4]byte
+				io.ReadFull(b.br, d[:])
+				if pdu.GetDigest(d[:]) != pdu.HeaderDigest(&h, ahs) {
+					t.Fatalf("PDU %d header digest", i)
+				}
+			}
+			n := h.DataSegmentLength()
+			if n != len(want[i]) {
+				t.Fatalf("PDU %d: %d data bytes, want %d", i, n, len(want[i]))
+			}
+			if n > 0 {
+				got := make([]byte, pdu.Padded(n))
+				io.ReadFull(b.br, got)
+				if !bytes.Equal(got[:n], want[i]) {
+					t.Fatalf("PDU %d data differs", i)
+				}
+				if digests {
+					var d [4]byte
+					io.ReadFull(b.br, d[:])
+					if pdu.GetDigest(d[:]) != pdu.DataDigest(want[i]) {
+						t.Fatalf("PDU %d data digest", i)
+					}
+				}
+			}
+		}
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
