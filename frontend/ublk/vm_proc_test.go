@@ -38,6 +38,16 @@ import (
 // lioTarget(t): that one line is the switch.
 func memTarget(*testing.T) string { return "mem://256MiB" }
 
+// lioISERTarget starts a LIO RAM LUN with an iSER portal on soft-RoCE and returns its iser:// URL.
+func lioISERTarget(t *testing.T) string {
+	t.Helper()
+	lio := vmtest.StartLIO(t, vmtest.LIOOptions{SizeMiB: 256})
+	if !lio.ISER {
+		t.Fatal("LIO target has no iSER portal")
+	}
+	return fmt.Sprintf("iser://%s/%s/%d", lio.Portal, lio.IQN, lio.LUN)
+}
+
 // lioTarget starts a LIO fileio LUN in the guest (TCP portal) with thin provisioning enabled
 // (UNMAP and WRITE SAME with UNMAP, so discard and fstrim have something to reach) and returns
 // its iscsi:// URL.
@@ -263,6 +273,7 @@ func run(t *testing.T, name string, args ...string) string {
 func TestVMExt4(t *testing.T) {
 	t.Run("memdev", func(t *testing.T) { testExt4(t, memTarget(t)) })
 	t.Run("lio-tcp", func(t *testing.T) { testExt4(t, lioTarget(t)) })
+	t.Run("lio-iser", func(t *testing.T) { testExt4(t, lioISERTarget(t)) })
 }
 
 func testExt4(t *testing.T, target string) {
@@ -310,7 +321,15 @@ func testExt4(t *testing.T, target string) {
 		}
 	}
 	t.Logf("all %d files match after umount/fsck/remount", files)
-	t.Logf("fstrim: %s", strings.TrimSpace(run(t, "fstrim", "-v", mnt)))
+	if dm, _ := os.ReadFile("/sys/block/" + base + "/queue/discard_max_bytes"); strings.TrimSpace(string(dm)) == "0" {
+		// A LUN without UNMAP (LIO rd): the disk must say so, and fstrim must refuse.
+		if out, err := exec.Command("fstrim", mnt).CombinedOutput(); err == nil {
+			t.Fatalf("fstrim succeeded on a disk without discard: %s", out)
+		}
+		t.Logf("LUN without UNMAP: no discard advertised, fstrim refused")
+	} else {
+		t.Logf("fstrim: %s", strings.TrimSpace(run(t, "fstrim", "-v", mnt)))
+	}
 	run(t, "umount", mnt)
 	mounted = false
 	took := p.terminate(t, 60*time.Second)
