@@ -83,6 +83,30 @@ func TestE2EDeviceProbe(t *testing.T) {
 		if l.MaxTransfer <= 0 || l.MaxTransfer%int64(tc.blockSize) != 0 || !l.MultiConn || !l.CanFlush {
 			t.Fatalf("limits %+v", l)
 		}
+		// I/O in this LUN's block size: FUA write, read back, zeroing, and the alignment check.
+		ctx := context.Background()
+		data := make([]byte, 1<<20)
+		_, _ = rand.NewChaCha8([32]byte{byte(tc.lun)}).Read(data)
+		off := int64(3 * tc.blockSize)
+		if err := d.WriteAt(ctx, data, off, block.FUA); err != nil {
+			t.Fatalf("LUN %d write: %v", tc.lun, err)
+		}
+		got := make([]byte, len(data))
+		if err := d.ReadAt(ctx, got, off); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("LUN %d read back: %v (equal %v)", tc.lun, err, bytes.Equal(got, data))
+		}
+		if err := d.WriteZeroes(ctx, off, int64(tc.blockSize)*4, 0); err != nil {
+			t.Fatalf("LUN %d write zeroes: %v", tc.lun, err)
+		}
+		if err := d.ReadAt(ctx, got[:tc.blockSize*5], off); err != nil || !bytes.Equal(got[:tc.blockSize*4], make([]byte, tc.blockSize*4)) ||
+			!bytes.Equal(got[tc.blockSize*4:tc.blockSize*5], data[tc.blockSize*4:tc.blockSize*5]) {
+			t.Fatalf("LUN %d after zeroing: %v", tc.lun, err)
+		}
+		if tc.blockSize > 512 {
+			if err := d.ReadAt(ctx, got[:tc.blockSize], 512); !errors.Is(err, block.ErrInvalid) {
+				t.Fatalf("LUN %d: 512-byte offset on a %d-byte LUN: %v", tc.lun, tc.blockSize, err)
+			}
+		}
 	}
 	// LUN 0 of tgt is the array controller: not a disk. LUN 9 does not exist.
 	ctx := context.Background()

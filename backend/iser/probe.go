@@ -308,7 +308,7 @@ func (d *Device) probe(ctx context.Context, opts Options) error {
 		zap.Uint64("blocks", d.blocks), zap.Uint32("block_size", c.BlockSize),
 		zap.Int64("max_transfer", l.MaxTransfer), zap.Bool("fua", l.CanFUA),
 		zap.Bool("write_cache", d.volatile), zap.Bool("read_only", l.ReadOnly),
-		zap.Bool("unmap", d.lbpu), zap.Bool("ws_unmap", d.lbpws), zap.String("write_same", d.info.WriteSame))
+		zap.Bool("unmap", d.lbpu), zap.Bool("ws_unmap", d.lbpws), zap.String("write_same", d.info.WriteSame), zap.Bool("ndob", d.ndob.Load()))
 	return nil
 }
 
