@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser/login"
+	"github.com/iser-blk/iser-blk/backend/iser/rdma"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 	"github.com/iser-blk/iser-blk/backend/iser/session"
 	"github.com/iser-blk/iser-blk/backend/iser/transport"
@@ -102,6 +104,9 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 	for _, err := range errs {
 		if err != nil {
 			closeAll()
+			if noRDMA(t.Transport, err) {
+				return nil, fmt.Errorf("%w: %w", ErrTransportUnavailable, err)
+			}
 			return nil, err
 		}
 	}
@@ -118,4 +123,10 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 	}
 	d.info.URL = t.String()
 	return d, nil
+}
+
+// noRDMA reports a dial failure that means "this machine cannot do iSER": a build without
+// rdma-core, or no RDMA device (rdma_create_event_channel fails with ENODEV).
+func noRDMA(scheme string, err error) bool {
+	return errors.Is(err, rdma.ErrNoRDMA) || (scheme == "iser" && errors.Is(err, syscall.ENODEV))
 }

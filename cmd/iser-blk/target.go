@@ -15,12 +15,14 @@ import (
 	"io"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/backend/iser/login"
+	"github.com/iser-blk/iser-blk/backend/iser/rdma"
 )
 
 // Environment variables holding CHAP secrets.
@@ -234,10 +236,12 @@ func exitCode(err error) int {
 		return exitAuth
 	case errors.Is(err, login.ErrTargetNotFound), errors.Is(err, login.ErrTargetRemoved), errors.Is(err, iser.ErrLUNNotFound):
 		return exitNotFound
+	case errors.Is(err, iser.ErrTransportUnavailable), errors.Is(err, rdma.ErrNoRDMA), errors.Is(err, syscall.ENODEV):
+		// A build without rdma-core, or no RDMA device: checked before "unreachable", which
+		// the login layer also reports for these dial failures.
+		return exitNoKernel
 	case errors.Is(err, login.ErrPortalUnreachable):
 		return exitUnreachable
-	case errors.Is(err, iser.ErrTransportUnavailable):
-		return exitNoKernel
 	}
 	return exitFailure
 }

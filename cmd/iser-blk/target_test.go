@@ -9,10 +9,12 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/backend/iser/login"
+	"github.com/iser-blk/iser-blk/backend/iser/rdma"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 )
 
@@ -132,6 +134,8 @@ func TestExitCode(t *testing.T) {
 		{fmt.Errorf("iser: LUN 3: %w", iser.ErrLUNNotFound), exitNotFound},
 		{loginErr(login.ErrPortalUnreachable), exitUnreachable},
 		{fmt.Errorf("%w", iser.ErrTransportUnavailable), exitNoKernel},
+		{&login.Error{Kind: login.ErrPortalUnreachable, Err: rdma.ErrNoRDMA}, exitNoKernel},
+		{&login.Error{Kind: login.ErrPortalUnreachable, Err: fmt.Errorf("rdma_create_event_channel: %w", syscall.ENODEV)}, exitNoKernel},
 		{fmt.Errorf("iser: %w", iser.ErrNotDisk), exitFailure},
 		{&scsi.SenseError{Command: "READ(16)", Sense: scsi.Sense{Key: scsi.KeyMediumError}}, exitFailure},
 	}
