@@ -211,6 +211,15 @@ func (h *loginHook) Finish(p *login.Params) error {
 	}
 	p.MaxRecvDataSegmentLength = h.finalIRDSL
 	p.TargetMaxRecvDataSegmentLength = h.finalTRDSL
+	// tgt's iSER login path (fujita/tgt usr/iscsi/iser_text.c, iser_login_exec) creates the
+	// session expecting the login's CmdSN as the first command's, then answers the final login
+	// with ExpCmdSN = that CmdSN + 1 and MaxCmdSN = that CmdSN: a closed window that no response
+	// would ever reopen. The first full-feature command must carry the login's CmdSN anyway
+	// (RFC 7143 §11.12.6: login requests are immediate and consume no CmdSN), which is MaxCmdSN
+	// here; a target that really closed its window at login would have nothing to offer either.
+	if p.MaxCmdSN == p.ExpCmdSN-1 {
+		p.ExpCmdSN = p.MaxCmdSN
+	}
 	if p.Extra == nil {
 		p.Extra = map[string]string{}
 	}

@@ -216,3 +216,25 @@ func atou(s string) uint32 {
 	}
 	return n
 }
+
+func TestLoginHookTgtCmdSNWindow(t *testing.T) {
+	cases := []struct{ exp, max, wantExp uint32 }{
+		{exp: 2, max: 1, wantExp: 1},                   // tgt's iSER login answer after a login with CmdSN 1
+		{exp: 1, max: 64, wantExp: 1},                  // LIO: ExpCmdSN = the login's CmdSN, open window
+		{exp: 5, max: 5, wantExp: 5},                   // window of one
+		{exp: 0, max: 0xffffffff, wantExp: 0xffffffff}, // wrap-around form of the same quirk
+	}
+	for _, c := range cases {
+		h := newLoginHook(8192, 8192, 8)
+		h.Accept("RDMAExtensions", "Yes")
+		p := login.Defaults()
+		p.TargetName = "iqn.x"
+		p.ExpCmdSN, p.MaxCmdSN = c.exp, c.max
+		if err := h.Finish(&p); err != nil {
+			t.Fatal(err)
+		}
+		if p.ExpCmdSN != c.wantExp {
+			t.Errorf("ExpCmdSN %d MaxCmdSN %d: first CmdSN %d, want %d", c.exp, c.max, p.ExpCmdSN, c.wantExp)
+		}
+	}
+}
