@@ -43,6 +43,10 @@ type Hook interface {
 	// makes login answer NotUnderstood.
 	Accept(key, value string) (reply string, handled bool, err error)
 	// Finish sees the final parameters; it may record extra results in p.Extra or reject the login.
+	// It may also rewrite the segment limits the session uses: with RDMAExtensions=Yes (RFC 7145
+	// §6.3) MaxRecvDataSegmentLength is replaced by InitiatorRecvDataSegmentLength (store it in
+	// p.MaxRecvDataSegmentLength) and TargetRecvDataSegmentLength (store it in
+	// p.TargetMaxRecvDataSegmentLength), and digests must be off.
 	Finish(p *Params) error
 }
 

@@ -783,10 +783,12 @@ func (c *conn) asyncMessage(bhs *pdu.BHS) error {
 			}
 			c.shutdown(errors.New("target requested logout"))
 		}()
-	case 2: // the target will drop this connection
+	case 2: // the target will drop this connection (Parameter2/3: Time2Wait/Time2Retain)
 		log.Warn("iSCSI target will drop the connection")
+		c.closing.Store(true) // the coming EOF is announced, not a failure to warn about again
 	case 3: // the target will drop all connections of the session
 		log.Warn("iSCSI target will drop all connections of the session")
+		c.closing.Store(true)
 	case 4: // the target requests parameter renegotiation
 		log.Info("iSCSI target requests parameter negotiation; keeping the current parameters")
 	default:
