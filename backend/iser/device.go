@@ -63,8 +63,18 @@ const (
 // path is one session (or any Executor) and its outstanding command count.
 type path struct {
 	ex          scsi.Executor
+	liveness    Liveness // nil: always considered connected
 	outstanding atomic.Int64
 }
+
+// Liveness is implemented by an Executor that knows whether its connection is up (a
+// session.Session). The Device steers commands away from paths that are down, so a dead session,
+// which fails commands instantly and so always looks least loaded, does not attract all of them.
+type Liveness interface {
+	Connected() bool
+}
+
+func (p *path) up() bool { return p.liveness == nil || p.liveness.Connected() }
 
 // request is a free-listed command slot: the Command, its Response and room for a one-descriptor
 // UNMAP parameter list.
@@ -137,7 +147,9 @@ func NewDevice(ctx context.Context, execs []scsi.Executor, lun uint16, opts Opti
 	}
 	d.retry = &policy
 	for _, ex := range execs {
-		d.paths = append(d.paths, &path{ex: ex})
+		p := &path{ex: ex}
+		p.liveness, _ = ex.(Liveness)
+		d.paths = append(d.paths, p)
 	}
 	d.free.New = func() any { return &request{} }
 	if err := d.probe(ctx, opts); err != nil {
@@ -169,30 +181,64 @@ func (d *Device) put(r *request) {
 	d.free.Put(r)
 }
 
-// pick returns the path with the fewest outstanding commands.
-func (d *Device) pick() *path {
+// pick returns the connected path with the fewest outstanding commands, other than skip; when
+// none is connected, any path (its command then fails with the connection's error).
+func (d *Device) pick(skip *path) *path {
 	if len(d.paths) == 1 {
 		return d.paths[0]
 	}
 	start := int(d.rr.Add(1)) % len(d.paths)
-	best := d.paths[start]
-	bestN := best.outstanding.Load()
-	for i := 1; i < len(d.paths) && bestN > 0; i++ {
+	var best *path
+	var bestN int64
+	for i := range d.paths {
 		p := d.paths[(start+i)%len(d.paths)]
-		if n := p.outstanding.Load(); n < bestN {
-			best, bestN = p, n
+		if p == skip || !p.up() {
+			continue
 		}
+		if n := p.outstanding.Load(); best == nil || n < bestN {
+			best, bestN = p, n
+			if n == 0 {
+				break
+			}
+		}
+	}
+	if best == nil {
+		best = d.paths[start]
 	}
 	return best
 }
 
-// run executes r's command with the retry policy on the least loaded path.
+// run executes r's command with the retry policy on the least loaded path. When the command
+// fails because its path went down (not with a SCSI status), it is re-issued once on each other
+// connected path: READ and WRITE are idempotent, and the block contract forbids failing a
+// request that another session could serve.
 func (d *Device) run(ctx context.Context, r *request) error {
-	p := d.pick()
-	p.outstanding.Add(1)
-	err := d.retry.Execute(ctx, p.ex, &r.cmd, &r.resp)
-	p.outstanding.Add(-1)
-	return err
+	var failed *path
+	for attempt := 0; ; attempt++ {
+		p := d.pick(failed)
+		p.outstanding.Add(1)
+		err := d.retry.Execute(ctx, p.ex, &r.cmd, &r.resp)
+		p.outstanding.Add(-1)
+		if err == nil || attempt+1 >= len(d.paths) || !pathFailure(err, p) || ctx.Err() != nil {
+			return err
+		}
+		failed = p
+		if next := d.pick(failed); next == failed || !next.up() {
+			return err
+		}
+		d.log.Warn("path failed; re-issuing on another session", zap.String("command", r.cmd.Name()), zap.Error(err))
+	}
+}
+
+// pathFailure reports an error of the path itself (its connection is now down), as opposed to
+// a completed command's SCSI status or the caller's context.
+func pathFailure(err error, p *path) bool {
+	var se *scsi.SenseError
+	var st *scsi.StatusError
+	if errors.As(err, &se) || errors.As(err, &st) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	return !p.up()
 }
 
 // check is the entry check of every request: open, in range, aligned.

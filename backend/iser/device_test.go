@@ -730,3 +730,77 @@ func TestPreferredDesignator(t *testing.T) {
 		}
 	}
 }
+
+// flakyPath is a session that can go down: then every command fails with a connection error
+// and Connected reports false.
+type flakyPath struct {
+	ex   scsi.Executor
+	down atomic.Bool
+	// dieOnNext makes the next command kill the path (the command fails, as on a connection
+	// loss mid-command).
+	dieOnNext atomic.Bool
+	n         atomic.Int64
+}
+
+var errConnLost = fmt.Errorf("connection reset by peer: %w", block.ErrIO)
+
+func (f *flakyPath) Execute(ctx context.Context, cmd *scsi.Command, resp *scsi.Response) error {
+	f.n.Add(1)
+	if f.dieOnNext.CompareAndSwap(true, false) {
+		f.down.Store(true)
+	}
+	if f.down.Load() {
+		return errConnLost
+	}
+	return f.ex.Execute(ctx, cmd, resp)
+}
+
+func (f *flakyPath) Connected() bool { return !f.down.Load() }
+
+func TestPathFailover(t *testing.T) {
+	lun := scsitest.New(scsitest.Config{MaxTransferBlocks: 8})
+	a, b := &flakyPath{ex: lun}, &flakyPath{ex: lun}
+	d, err := NewDevice(context.Background(), []scsi.Executor{a, b}, 0, Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	data := randBytes(64 << 10)
+
+	// A path that is down is never chosen.
+	a.down.Store(true)
+	a.n.Store(0)
+	if err := d.WriteAt(ctx, data, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if a.n.Load() != 0 {
+		t.Fatalf("%d commands sent to a path that is down", a.n.Load())
+	}
+
+	// A path that dies under a command: the command is re-issued on the other one.
+	a.down.Store(false)
+	b.dieOnNext.Store(true)
+	got := make([]byte, len(data))
+	for i := range 4 { // enough commands that b is picked at least once
+		if err := d.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("read %d after a path died: %v", i, err)
+		}
+	}
+	if !b.down.Load() {
+		t.Fatal("path b was never used")
+	}
+
+	// Every path down: the connection error surfaces as ErrIO.
+	a.down.Store(true)
+	if err := d.ReadAt(ctx, got, 0); !errors.Is(err, block.ErrIO) {
+		t.Fatalf("all paths down: %v", err)
+	}
+	// SCSI errors are not path failures: no re-issue.
+	a.down.Store(false)
+	b.down.Store(false)
+	lun.InjectFault(scsitest.Fault{Opcode: scsi.OpRead16, Key: scsi.KeyMediumError, ASC: 0x11})
+	lun.ResetOps()
+	if err := d.ReadAt(ctx, got[:4096], 0); !errors.Is(err, block.ErrMedium) || lun.Count(scsi.OpRead16) != 1 {
+		t.Fatalf("medium error: %v after %d reads", err, lun.Count(scsi.OpRead16))
+	}
+}
