@@ -776,7 +776,9 @@ func (c *Cache) markDirtyLocked(s int32, sl *slot, page int64, mask uint64) bool
 	c.dirtyIdx[page] = s
 	c.dirtyPages.Add(1)
 	sl.busy.Store(1)
-	if c.dirtyPages.Load()-c.inflightPages >= c.cfg.lowPages {
+	// Wake a flusher when there is enough to write, or when this is the only dirty page: the
+	// flushers may all be idle without an age timer armed.
+	if c.head == s || c.dirtyPages.Load()-c.inflightPages >= c.cfg.lowPages {
 		c.doKick()
 	}
 	return true
