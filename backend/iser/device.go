@@ -5,7 +5,8 @@
 // MODE SENSE, REPORT SUPPORTED OPERATION CODES) and derives block.Limits from what the target
 // reports, never from assumptions. Requests larger than one command may carry (the LUN's
 // MAXIMUM TRANSFER LENGTH, a transport cap, the 10-byte CDB limit) are split and the pieces run
-// concurrently, spread over the sessions by least outstanding commands. Features the LUN lacks
+// concurrently, spread over the sessions by least outstanding commands; a session that is down is
+// skipped, and a command its connection loss failed is re-issued on another. Features the LUN lacks
 // are emulated: FUA by WRITE + SYNCHRONIZE CACHE, WRITE ZEROES by writing zero buffers.
 //
 // Invariants: every request is range-checked (block.CheckRange) before anything is sent; every
