@@ -61,6 +61,8 @@ type task struct {
 	resp *scsi.Response
 	xfer transport.Task
 	bhs  pdu.BHS // the owner's send scratch
+	dout [16]pdu.BHS
+	outs []transport.OutPDU // scratch for dout, capacity len(dout)
 
 	// Reader-only progress.
 	dataSN   uint32 // next expected Data-In DataSN
@@ -136,6 +138,7 @@ func newConn(s *Session, tc transport.Conn, portal string, p *login.Params) *con
 		t.idx, t.gen = uint32(i), 1
 		t.ev = make(chan event, evCap)
 		t.sent = make(chan error, 1)
+		t.outs = make([]transport.OutPDU, 0, len(t.dout))
 		c.free <- uint32(i)
 	}
 	return c
@@ -423,19 +426,26 @@ func (c *conn) sendDataOut(t *task, ttt, off, length uint32) error {
 	seg := c.params.TargetMaxRecvDataSegmentLength
 	d := pdu.DataOut{LUN: t.lun, ITT: t.itt, TTT: ttt}
 	for sent := uint32(0); sent < length; {
-		n := min(seg, length-sent)
-		d.Final = sent+n == length
-		d.DataSegmentLength = int(n)
-		d.BufferOffset = off + sent
+		// Queue up to len(t.dout) PDUs at once so that a burst leaves in one vectored write.
 		c.sendMu.Lock()
-		d.ExpStatSN = c.expStatSN.Load()
-		d.Encode(&t.bhs)
-		err := c.submitLocked(transport.OutPDU{BHS: &t.bhs, Data: t.buf[off+sent : off+sent+n]}, t.sent)
+		expStatSN := c.expStatSN.Load()
+		outs := t.outs[:0]
+		for i := 0; i < len(t.dout) && sent < length; i++ {
+			n := min(seg, length-sent)
+			d.Final = sent+n == length
+			d.DataSegmentLength = int(n)
+			d.BufferOffset = off + sent
+			d.ExpStatSN = expStatSN
+			d.Encode(&t.dout[i])
+			outs = append(outs, transport.OutPDU{BHS: &t.dout[i], Data: t.buf[off+sent : off+sent+n]})
+			d.DataSN++
+			sent += n
+		}
+		err := c.submitManyLocked(outs, t.sent)
+		clear(outs)
 		if err != nil {
 			return err
 		}
-		d.DataSN++
-		sent += n
 	}
 	return nil
 }

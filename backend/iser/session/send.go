@@ -18,6 +18,27 @@ type queued struct {
 // The PDU's header and data must stay untouched until submitLocked returns.
 func (c *conn) submitLocked(out transport.OutPDU, done chan error) error {
 	c.queue = append(c.queue, queued{out: out, done: done})
+	return c.flushLocked(done)
+}
+
+// submitManyLocked queues several PDUs of one sender (contiguous, in order) and returns when all
+// have been written; only the last carries the completion signal.
+func (c *conn) submitManyLocked(outs []transport.OutPDU, done chan error) error {
+	if len(outs) == 0 {
+		c.sendMu.Unlock()
+		return nil
+	}
+	for i := range outs {
+		var d chan error
+		if i == len(outs)-1 {
+			d = done
+		}
+		c.queue = append(c.queue, queued{out: outs[i], done: d})
+	}
+	return c.flushLocked(done)
+}
+
+func (c *conn) flushLocked(done chan error) error {
 	if c.flushing {
 		c.sendMu.Unlock()
 		return <-done
@@ -32,8 +53,11 @@ func (c *conn) submitLocked(out transport.OutPDU, done chan error) error {
 		c.sendMu.Unlock()
 		err := c.writeBatch(batch)
 		for i := range batch {
-			if first && i == 0 {
-				own = err
+			if batch[i].done == nil {
+				continue // not the last PDU of a multi-PDU submission
+			}
+			if first && batch[i].done == done {
+				own = err // ours: the queue was empty when we came, so our PDUs are in this batch
 				continue
 			}
 			batch[i].done <- err
