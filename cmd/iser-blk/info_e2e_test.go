@@ -97,9 +97,36 @@ func addLUN(t *testing.T, tg *tgtd.Target, lun int, size int64, blockSize int) {
 	}
 }
 
+// tgtadmLUNs parses `tgtadm --mode target --op show` (one target per fixture) into LUN → (size in MB as tgtadm rounds
+// it, block size), the target's own view of what it exports.
+func tgtadmLUNs(t *testing.T, tg *tgtd.Target) map[int][2]int64 {
+	t.Helper()
+	// Without --tid, show lists targets with their LUNs (with --tid it lists parameters).
+	out, err := tg.TGTAdm("--mode", "target", "--op", "show")
+	if err != nil {
+		t.Fatal(err)
+	}
+	luns := map[int][2]int64{}
+	cur := -1
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if n, ok := strings.CutPrefix(line, "LUN: "); ok {
+			cur, _ = strconv.Atoi(n)
+			continue
+		}
+		// "Size: 105 MB, Block size: 512"
+		var mb, bs int64
+		if _, err := fmt.Sscanf(line, "Size: %d MB, Block size: %d", &mb, &bs); err == nil && cur >= 0 {
+			luns[cur] = [2]int64{mb, bs}
+		}
+	}
+	return luns
+}
+
 func TestE2EInfo(t *testing.T) {
 	tg := tgtd.Start(t, tgtd.Options{Size: 100 << 20})
 	addLUN(t, tg, 2, 48<<20, 4096)
+	configured := tgtadmLUNs(t, tg)
 	for _, tc := range []struct {
 		lun       int
 		size      int64
@@ -129,6 +156,11 @@ func TestE2EInfo(t *testing.T) {
 		}
 		if got.CapacityBytes != tc.size || int(got.LogicalBlockSize) != tc.blockSize || got.Blocks != uint64(tc.size)/uint64(tc.blockSize) {
 			t.Fatalf("LUN %d: json %+v, want %d bytes in %d-byte blocks", tc.lun, got, tc.size, tc.blockSize)
+		}
+		// And against what tgtadm itself reports (sizes in decimal MB, rounded).
+		c, ok := configured[tc.lun]
+		if !ok || c[1] != int64(got.LogicalBlockSize) || (got.CapacityBytes+500_000)/1_000_000 != c[0] {
+			t.Fatalf("LUN %d: tgtadm shows %v (MB, block size), info says %d bytes, %d-byte blocks", tc.lun, c, got.CapacityBytes, got.LogicalBlockSize)
 		}
 	}
 }
