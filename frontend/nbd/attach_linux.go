@@ -455,13 +455,13 @@ func (a *Attachment) ioctlConnect(remotes []*os.File, opts AttachOptions) error 
 	if err := <-setup; err != nil {
 		return err
 	}
-	// The kernel applies size and flags when NBD_DO_IT starts the device, and then creates the
-	// device's "pid" attribute: wait for it, or for DO_IT failing, so that the device is usable
-	// when Attach returns.
-	pidFile := fmt.Sprintf("/sys/block/nbd%d/pid", a.index)
+	// The kernel applies the queue limits (write cache, FUA, discard) and then the capacity when
+	// NBD_DO_IT starts the device: wait until the capacity shows, or DO_IT fails, so that the
+	// device is fully configured when Attach returns.
+	sizeFile := fmt.Sprintf("/sys/block/nbd%d/size", a.index)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if _, err := os.Stat(pidFile); err == nil {
+		if b, err := os.ReadFile(sizeFile); err == nil && strings.TrimSpace(string(b)) != "0" {
 			return nil
 		}
 		select {

@@ -153,15 +153,35 @@ func TestVMAttachFlagsAndFlush(t *testing.T) {
 // checksum verified, fstrim, detach on SIGTERM with exit 0.
 func TestVMAttachExt4(t *testing.T) {
 	requireNBD(t)
-	target := os.Getenv("ISERBLK_NBD_VM_TARGET") // e.g. an LIO LUN; default: an in-memory device
-	if target == "" {
-		target = "mem://1GiB"
+	ext4Workload(t, "mem://1GiB", "/dev/nbd1", 1<<30)
+}
+
+// TestVMAttachExt4LIO runs the same workload with the kernel's own iSCSI target (LIO, fileio
+// LUN) behind the gateway over iSCSI/TCP.
+func TestVMAttachExt4LIO(t *testing.T) {
+	requireNBD(t)
+	lio := vmtest.StartLIO(t, vmtest.LIOOptions{File: true, SizeMiB: 512, NoISER: true})
+	// Thin provisioning (UNMAP and WRITE SAME with UNMAP) is off by default on LIO backstores;
+	// turn it on so that the LUN can discard and NBD TRIM / fstrim have something to reach.
+	attrs, _ := filepath.Glob("/sys/kernel/config/target/core/fileio_*/*/attrib")
+	if len(attrs) != 1 {
+		t.Fatalf("expected one LIO fileio backstore, found %v", attrs)
 	}
+	for _, a := range []string{"emulate_tpu", "emulate_tpws"} {
+		if err := os.WriteFile(filepath.Join(attrs[0], a), []byte("1"), 0); err != nil {
+			t.Fatalf("LIO %s: %v", a, err)
+		}
+	}
+	ext4Workload(t, lio.URL("iscsi"), "/dev/nbd2", lio.SizeBytes)
+}
+
+func ext4Workload(t *testing.T, target, nbdDev string, size int64) {
+	t.Helper()
 	bin := os.Getenv("ISERBLK_BIN")
 	if bin == "" {
 		t.Fatal("ISERBLK_BIN is not set (test/vm/run.sh go-test builds the CLI)")
 	}
-	cmd := exec.Command(bin, "attach", "--target", target, "--nbd", "/dev/nbd1", "--connections", "4")
+	cmd := exec.Command(bin, "attach", "--target", target, "--nbd", nbdDev, "--connections", "4")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
@@ -191,10 +211,10 @@ func TestVMAttachExt4(t *testing.T) {
 	case <-time.After(2 * time.Minute):
 		t.Fatalf("attach printed no device: %s", stderr.String())
 	}
-	if dev != "/dev/nbd1" {
+	if dev != nbdDev {
 		t.Fatalf("attach printed %q: %s", dev, stderr.String())
 	}
-	checkKernelFlags(t, dev, 1<<30)
+	checkKernelFlags(t, dev, size)
 
 	mnt := t.TempDir()
 	sh := func(name string, args ...string) string {
