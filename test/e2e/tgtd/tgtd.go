@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -113,7 +114,7 @@ func start(t testing.TB, opts Options) (*Target, error) {
 	if _, err := tg.tgtadm("--mode", "system", "--op", "show"); err == nil {
 		return nil, fmt.Errorf("control port %d is already served by another tgtd", ctl)
 	}
-	var logBuf bytes.Buffer
+	var logBuf syncBuffer
 	cmd := exec.Command("tgtd", "-f", "-C", strconv.Itoa(ctl), "-t", strconv.Itoa(opts.IOThreads),
 		"--iscsi", "portal="+tg.Portal)
 	cmd.Stdout, cmd.Stderr = &logBuf, &logBuf
@@ -141,7 +142,16 @@ func start(t testing.TB, opts Options) (*Target, error) {
 			return nil, fmt.Errorf("tgtd exited during start-up (%v): %s", err, logBuf.String())
 		default:
 		}
-		_, aerr := tg.tgtadm("--mode", "system", "--op", "show")
+		// tgtd that cannot bind our portal falls back to 0.0.0.0:3260, so insist on seeing our
+		// exact portal in its list before trusting the port.
+		portals, aerr := tg.tgtadm("--mode", "portal", "--op", "show")
+		if aerr == nil && !strings.Contains(portals, "Portal: "+tg.Portal+",") {
+			if strings.Contains(logBuf.String(), "failed to create/bind") {
+				stop()
+				return nil, fmt.Errorf("tgtd could not bind %s: %s", tg.Portal, logBuf.String())
+			}
+			aerr = fmt.Errorf("portal %s not listed yet: %q", tg.Portal, portals)
+		}
 		if aerr == nil {
 			c, derr := net.DialTimeout("tcp", tg.Portal, time.Second)
 			if derr == nil {
@@ -281,6 +291,24 @@ func freeTCPPort() (int, error) {
 		return 0, errors.New("not a TCP address")
 	}
 	return a.Port, nil
+}
+
+// syncBuffer collects tgtd's output; exec copies into it from its own goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func randHex(n int) string {
