@@ -37,6 +37,8 @@ type Account struct {
 type Options struct {
 	// Size of LUN 1 in bytes (default 64 MiB). The backing file is sparse, in /dev/shm.
 	Size int64
+	// BlockSize is LUN 1's logical block size (tgtadm --blocksize; default: tgt's 512).
+	BlockSize int
 	// TargetName is the IQN (default: a unique iqn.2026-11.io.iser-blk:e2e-<random>).
 	TargetName string
 	// CHAP, if set, is an incoming account: the initiator must authenticate as it.
@@ -58,6 +60,7 @@ type Target struct {
 	Name        string // target IQN
 	LUN         uint64 // 1
 	Size        int64
+	BlockSize   int // 512 unless Options.BlockSize said otherwise
 	BackingFile string
 	ControlPort int
 	TID         int
@@ -190,9 +193,15 @@ func (tg *Target) configure(opts Options) error {
 	}
 	f.Close()
 	tid := strconv.Itoa(tg.TID)
+	lu := []string{"--mode", "logicalunit", "--op", "new", "--tid", tid, "--lun", "1", "--backing-store", tg.BackingFile}
+	tg.BlockSize = 512
+	if opts.BlockSize != 0 {
+		lu = append(lu, "--blocksize", strconv.Itoa(opts.BlockSize))
+		tg.BlockSize = opts.BlockSize
+	}
 	steps := [][]string{
 		{"--mode", "target", "--op", "new", "--tid", tid, "--targetname", tg.Name},
-		{"--mode", "logicalunit", "--op", "new", "--tid", tid, "--lun", "1", "--backing-store", tg.BackingFile},
+		lu,
 		{"--mode", "target", "--op", "bind", "--tid", tid, "--initiator-address", "ALL"},
 	}
 	if a := opts.CHAP; a != nil {
@@ -224,8 +233,14 @@ func (tg *Target) Update(key, value string) error {
 	return err
 }
 
-// Show returns `tgtadm --mode target --op show` for the target.
+// Show returns `tgtadm --mode target --op show` (targets, LUNs with size and block size,
+// accounts, ACLs) of this private tgtd.
 func (tg *Target) Show() (string, error) {
+	return tg.tgtadm("--mode", "target", "--op", "show")
+}
+
+// Params returns the target's iSCSI parameters (`tgtadm --mode target --op show --tid N`).
+func (tg *Target) Params() (string, error) {
 	return tg.tgtadm("--mode", "target", "--op", "show", "--tid", strconv.Itoa(tg.TID))
 }
 
