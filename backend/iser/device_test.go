@@ -421,6 +421,21 @@ func TestDiscard(t *testing.T) {
 		t.Fatalf("ops %+v", ops)
 	}
 
+	// LBPU but a Block Limits page with MAXIMUM UNMAP LBA COUNT 0: UNMAP is not really there;
+	// WRITE SAME with UNMAP is used instead.
+	lun4 := scsitest.New(scsitest.Config{Thin: true, LBPU: true, LBPWS: true, Log: true})
+	d4, err := NewDevice(context.Background(), []scsi.Executor{zeroUnmapLimits{lun4}}, 0, Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lun4.ResetOps()
+	if err := d4.Discard(context.Background(), 0, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if ops := lun4.Ops(); len(ops) != 1 || ops[0].Opcode != scsi.OpWriteSame16 || !ops[0].Unmap || d4.Info().UnmapSupported {
+		t.Fatalf("ops %+v", ops)
+	}
+
 	d3, lun3 := open(t, scsitest.Config{})
 	if err := d3.Discard(context.Background(), 0, 4096); !errors.Is(err, block.ErrNotSupported) || len(lun3.Ops()) != 0 {
 		t.Fatalf("discard without LBP: %v, %d ops", err, len(lun3.Ops()))
@@ -803,4 +818,15 @@ func TestPathFailover(t *testing.T) {
 	if err := d.ReadAt(ctx, got[:4096], 0); !errors.Is(err, block.ErrMedium) || lun.Count(scsi.OpRead16) != 1 {
 		t.Fatalf("medium error: %v after %d reads", err, lun.Count(scsi.OpRead16))
 	}
+}
+
+// zeroUnmapLimits rewrites the Block Limits VPD to report MAXIMUM UNMAP LBA COUNT 0.
+type zeroUnmapLimits struct{ *scsitest.LUN }
+
+func (z zeroUnmapLimits) Execute(ctx context.Context, cmd *scsi.Command, resp *scsi.Response) error {
+	err := z.LUN.Execute(ctx, cmd, resp)
+	if cmd.CDB[0] == scsi.OpInquiry && cmd.CDB[1]&1 != 0 && cmd.CDB[2] == scsi.VPDBlockLimits && len(cmd.Data) >= 28 {
+		clear(cmd.Data[20:24])
+	}
+	return err
 }

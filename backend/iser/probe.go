@@ -238,7 +238,10 @@ func (d *Device) probe(ctx context.Context, opts Options) error {
 	d.maxXferBlocks = maxX
 
 	d.lbprz = c.LBPRZ || (haveLBP && lbp.LBPRZ != 0)
-	d.lbpu = haveLBP && lbp.LBPU
+	// A Block Limits page long enough to carry the UNMAP limits but with either at zero says
+	// UNMAP is not implemented after all (SBC-4 §6.6.4), whatever LBPU claims.
+	unmapLimitsZero := bl.Length >= 24 && (bl.MaxUnmapLBACount == 0 || bl.MaxUnmapDescriptorCount == 0)
+	d.lbpu = haveLBP && lbp.LBPU && !unmapLimitsZero
 	d.lbpws = haveLBP && lbp.LBPWS
 	d.maxUnmapBlocks = 0xFFFFFFFF
 	if bl.MaxUnmapLBACount != 0 {

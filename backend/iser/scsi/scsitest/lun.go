@@ -702,8 +702,11 @@ func (l *LUN) inquiry(cmd *scsi.Command, resp *scsi.Response) {
 		p := func(off int) []byte { return payload[off-4:] }
 		binary.BigEndian.PutUint32(p(8), l.cfg.MaxTransferBlocks)
 		binary.BigEndian.PutUint32(p(12), l.cfg.OptimalTransferBlocks)
-		binary.BigEndian.PutUint32(p(20), l.cfg.MaxUnmapLBACount)
-		binary.BigEndian.PutUint32(p(24), l.cfg.MaxUnmapDescriptors)
+		if l.cfg.LBPU {
+			// SBC-4 §6.6.4: 0 would mean "UNMAP not supported"; no limit is all ones.
+			binary.BigEndian.PutUint32(p(20), orAllOnes(l.cfg.MaxUnmapLBACount))
+			binary.BigEndian.PutUint32(p(24), orAllOnes(l.cfg.MaxUnmapDescriptors))
+		}
 		binary.BigEndian.PutUint32(p(28), l.cfg.UnmapGranularity)
 		binary.BigEndian.PutUint64(p(36), l.cfg.MaxWriteSameBlocks)
 		p(4)[0] = 0x01 // WSNZ
@@ -749,4 +752,11 @@ func pad(dst []byte, s string) {
 		dst[i] = ' '
 	}
 	copy(dst, s)
+}
+
+func orAllOnes(v uint32) uint32 {
+	if v == 0 {
+		return 0xFFFFFFFF
+	}
+	return v
 }
