@@ -20,6 +20,10 @@ import (
 // generation counter in the high 16 bits, so a stale tag from a reaped task never matches.
 const maxTasks = 4096
 
+// maxOutstandingR2T bounds what we offer for MaxOutstandingR2T (the result is the minimum of both
+// sides, RFC 7143 §13.17, so the target can never exceed it).
+const maxOutstandingR2T = 64
+
 // Task kinds.
 const (
 	kindSCSI uint8 = iota
@@ -132,7 +136,7 @@ func newConn(s *Session, tc transport.Conn, portal string, p *login.Params) *con
 	c.expCmdSN.Store(p.ExpCmdSN)
 	c.maxCmdSN.Store(p.MaxCmdSN)
 	c.expStatSN.Store(p.StatSN + 1)
-	evCap := int(min(p.MaxOutstandingR2T, 64)) + 1
+	evCap := int(min(p.MaxOutstandingR2T, maxOutstandingR2T)) + 1
 	for i := range c.tasks {
 		t := &c.tasks[i]
 		t.idx, t.gen = uint32(i), 1

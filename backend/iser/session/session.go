@@ -146,6 +146,11 @@ func New(cfg Config) (*Session, error) {
 	if cfg.Proposal.MaxRecvDataSegmentLength == 0 {
 		cfg.Proposal = login.DefaultProposal()
 	}
+	if cfg.Proposal.MaxOutstandingR2T > maxOutstandingR2T {
+		// Each task queues at most MaxOutstandingR2T R2Ts for its goroutine; bound the queue.
+		return nil, fmt.Errorf("session: %w: MaxOutstandingR2T %d above %d", login.ErrConfig,
+			cfg.Proposal.MaxOutstandingR2T, maxOutstandingR2T)
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
