@@ -106,10 +106,11 @@ type conn struct {
 	flushing bool
 	outs     []transport.OutPDU // flusher scratch
 
-	winMu    sync.Mutex
-	expCmdSN atomic.Uint32
-	maxCmdSN atomic.Uint32
-	winCh    chan struct{} // closed when MaxCmdSN advances; nil when nobody waits
+	winMu      sync.Mutex
+	expCmdSN   atomic.Uint32
+	maxCmdSN   atomic.Uint32
+	winCh      chan struct{} // closed when MaxCmdSN advances; nil when nobody waits
+	winWaiters atomic.Int32  // commands waiting for the window
 
 	expStatSN atomic.Uint32
 
@@ -247,7 +248,9 @@ func (c *conn) waitWindow(ctx context.Context) error {
 		cmdSN := c.cmdSN
 		c.sendMu.Unlock()
 		c.winMu.Lock()
+		c.winWaiters.Add(1)
 		if serialLE(cmdSN, c.maxCmdSN.Load()) {
+			c.winWaiters.Add(-1)
 			c.winMu.Unlock()
 			continue
 		}
@@ -256,12 +259,17 @@ func (c *conn) waitWindow(ctx context.Context) error {
 		}
 		ch := c.winCh
 		c.winMu.Unlock()
+		var err error
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return ctx.Err()
+			err = ctx.Err()
 		case <-c.done:
-			return c.connErr()
+			err = c.connErr()
+		}
+		c.winWaiters.Add(-1)
+		if err != nil {
+			return err
 		}
 	}
 }
@@ -277,13 +285,18 @@ func (c *conn) updateWindow(bhs *pdu.BHS) {
 		c.expCmdSN.Store(exp)
 	}
 	if serialGT(maxSN, c.maxCmdSN.Load()) {
-		c.winMu.Lock()
+		// The reader is the only writer of maxCmdSN. Waiters register (winWaiters) before they
+		// re-check maxCmdSN, so either they see the new value or we see them: the lock is taken
+		// only when someone waits.
 		c.maxCmdSN.Store(maxSN)
-		if c.winCh != nil {
-			close(c.winCh)
-			c.winCh = nil
+		if c.winWaiters.Load() > 0 {
+			c.winMu.Lock()
+			if c.winCh != nil {
+				close(c.winCh)
+				c.winCh = nil
+			}
+			c.winMu.Unlock()
 		}
-		c.winMu.Unlock()
 	}
 }
 
