@@ -15,8 +15,14 @@ pids=()
 
 cleanup() {
   set +e
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+  # the gateway first (it flushes and logs out), then tgtd, which ignores SIGTERM while it
+  # has targets configured: SIGKILL is its normal way out here, its LUN is a scratch file.
+  for ((i=${#pids[@]}-1; i>=0; i--)); do
+    p=${pids[$i]}
+    kill -0 "$p" 2>/dev/null || continue
+    if [ "$p" = "${tgtd_pid:-}" ]; then kill -KILL "$p"; else kill -TERM "$p"; fi
+    wait "$p" 2>/dev/null
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -26,7 +32,7 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 step "starting tgtd on 127.0.0.1:$PORT (control port $CTL) with a ${SIZE_MB} MiB file-backed LUN"
 truncate -s "${SIZE_MB}M" "$work/lun0.img"
 tgtd -f -C "$CTL" --iscsi "portal=127.0.0.1:$PORT" >"$work/tgtd.log" 2>&1 &
-pids+=($!)
+tgtd_pid=$!; pids+=($tgtd_pid)
 for _ in $(seq 100); do
   tgtadm -C "$CTL" --lld iscsi --mode sys --op show >/dev/null 2>&1 && break
   kill -0 "${pids[0]}" 2>/dev/null || { cat "$work/tgtd.log"; echo "tgtd died"; exit 1; }
@@ -54,8 +60,8 @@ if "$BIN" serve --help >/dev/null 2>&1; then
   step "nbdcopy: 64 MiB of random data in through the gateway, back out, compare"
   head -c 64M /dev/urandom >"$work/in.bin"
   nbdcopy --flush "$work/in.bin" "nbd+unix:///?socket=$SOCK"
-  nbdcopy --length=$((64<<20)) "nbd+unix:///?socket=$SOCK" "$work/out.bin"
-  cmp "$work/in.bin" "$work/out.bin" && echo "byte-exact: 64 MiB written and read back through iser-blk"
+  nbdcopy "nbd+unix:///?socket=$SOCK" "$work/out.bin"
+  cmp -n $((64<<20)) "$work/in.bin" "$work/out.bin" && echo "byte-exact: 64 MiB written and read back through iser-blk"
   step "the same bytes, read straight from tgtd's backing file"
   cmp -n $((64<<20)) "$work/in.bin" "$work/lun0.img" && echo "the flushed data is on the target"
   kill -TERM $spid; wait $spid && echo "serve: clean shutdown (exit 0)"
