@@ -26,6 +26,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -280,22 +281,12 @@ func (s *Session) loginOnce(ctx context.Context, portal string) (*conn, error) {
 		CHAP: s.cfg.CHAP, Proposal: s.cfg.Proposal, Hook: tc.LoginHook(), Logger: s.log,
 	}
 	params, err := login.Login(ctx, tc, lc)
-	if !stop() {
-		// The context ended (timeout or cancel) and closed the connection.
-		tc.Close()
-		if err == nil {
-			err = ctx.Err()
-		}
-		var le *login.Error
-		var re *login.RedirectError
-		if !errors.As(err, &le) && !errors.As(err, &re) {
-			return nil, fmt.Errorf("iSCSI login to %s at %s: %w", s.cfg.TargetName, portal, ctx.Err())
-		}
-		return nil, err
+	if !stop() && err == nil {
+		err = ctx.Err() // the context ended just after login and closed the connection
 	}
 	if err != nil {
 		tc.Close()
-		return nil, err
+		return nil, s.loginFailure(ctx, portal, err)
 	}
 	_ = tc.SetDeadline(time.Time{})
 	if err := tc.Start(params); err != nil {
@@ -303,6 +294,33 @@ func (s *Session) loginOnce(ctx context.Context, portal string) (*conn, error) {
 		return nil, &login.Error{Target: s.cfg.TargetName, Portal: portal, Kind: login.ErrNegotiation, Err: err}
 	}
 	return newConn(s, tc, portal, params), nil
+}
+
+// loginFailure tells a target's decision (status class, redirection, failed authentication or
+// negotiation) from a login cut short by the login timeout or the caller's context, whose
+// symptoms (closed connection, i/o timeout) would otherwise read as protocol violations.
+func (s *Session) loginFailure(ctx context.Context, portal string, err error) error {
+	var re *login.RedirectError
+	if errors.As(err, &re) {
+		return err
+	}
+	var le *login.Error
+	if errors.As(err, &le) && le.Kind != login.ErrProtocol {
+		return err
+	}
+	cause := ctx.Err()
+	var ne net.Error
+	if cause == nil && errors.As(err, &ne) && ne.Timeout() {
+		cause = context.DeadlineExceeded
+	}
+	if errors.Is(cause, context.Canceled) {
+		return fmt.Errorf("iSCSI login to %s at %s cancelled: %w", s.cfg.TargetName, portal, cause)
+	}
+	if cause != nil {
+		return fmt.Errorf("iSCSI login to %s at %s: no complete answer in time (login timeout %v): %w",
+			s.cfg.TargetName, portal, s.cfg.LoginTimeout, cause)
+	}
+	return err
 }
 
 // Execute implements scsi.Executor: it runs one SCSI command and fills resp.
