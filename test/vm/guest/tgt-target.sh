@@ -14,6 +14,8 @@
 #  * for iSER, tgtd allocates and registers (pins) a 1 GiB buffer pool (2048 x 512 KiB, fixed at
 #    build time); in a 1 GiB guest that panics the kernel out of memory, so this script refuses to
 #    start it with less than ~1.8 GiB of guest RAM: run the VM with VM_MEM=2048 or more.
+#  * tgtd registers that pool on the first RDMA connection (~20 s under TCG); this script makes
+#    one throw-away connection first, so a test's first login does not pay for it.
 #  * tgtd's iSER listener is always port 3260 on every address (its `--iser port=` parser checks a
 #    stale errno), so it cannot share a guest with LIO's iSER portal on 3260: move LIO
 #    (lio-target.sh --port 3262) or tear it down first. Its TCP portal is put on --tcp-port (3261).
@@ -110,6 +112,16 @@ if [ "$lld" = iser ]; then
 	listening() { rdma res show cm_id 2>/dev/null | grep -q 'state LISTEN.*:3260'; }
 	wait_until 20 "tgtd's iSER listener on port 3260" listening ||
 		die "no iSER listener: $(tail -5 $state/tgtd.log)"
+	# tgtd sets up an RDMA device (and registers its 1 GiB pool: ~20 s under TCG) on the first
+	# connection to it, which made first logins with a 30 s deadline time out. Pay that here with
+	# one throw-away RDMA CM connection (rping); tgtd drops it as a malformed login.
+	if [ ! -e $state/warm ]; then
+		if timeout 180 rping -c -a "$addr" -p 3260 -C 1 -S 100 >$state/rping.log 2>&1; then
+			touch $state/warm
+		else
+			log "warning: warming tgtd's RDMA device with rping failed: $(tail -2 $state/rping.log)"
+		fi
+	fi
 fi
 tcp_listening() { ss -ltnH "sport = :$tcp_port" | grep -q .; }
 wait_until 20 "tgtd's TCP portal $addr:$tcp_port" tcp_listening
