@@ -73,6 +73,8 @@ type Conn interface {
 	// MovesData reports whether the transport moves solicited SCSI data itself (iSER).
 	MovesData() bool
 	// TaskDone tells the transport that the task is finished and its buffer is no longer used.
+	// It is called once per SCSI task slot release, from the task's goroutine or the reader, and
+	// also for a task whose command never got sent (window wait cancelled): ignore unknown ITTs.
 	TaskDone(itt uint32)
 	// SetDeadline bounds the current and future reads and writes (zero: no deadline). Used during
 	// login and logout; the full-feature phase relies on NOP-Out pings instead.
