@@ -177,7 +177,8 @@ func randomIO(t *testing.T, url string, poolBytes int64) {
 	defer rdma.SetPool(nil)
 	before := rdma.Stats()
 
-	d, err := iser.Open(ctx, url, iser.Options{InitiatorName: devInitiator})
+	// tgtd registers its 1 GiB pool on the first connection: minutes under a loaded TCG host
+	d, err := iser.Open(ctx, url, iser.Options{InitiatorName: devInitiator, LoginTimeout: 3 * time.Minute})
 	if err != nil {
 		t.Fatalf("open %s: %v", url, err)
 	}

@@ -41,17 +41,64 @@ type Options struct {
 const DefaultMaxTransfer = 512 << 10
 
 var (
+	// liveMu guards live and orders SetPool against DialISER (lock order: liveMu, defaultPoolMu).
+	liveMu        sync.Mutex
+	live          = map[*ISERConn]struct{}{}
 	defaultPoolMu sync.Mutex
 	defaultPool   *pool.Pool
 )
 
-// SetPool makes p the pool iSER connections register and bounce through when Options.Pool is
-// nil. The device layer calls it with the pool its callers' buffers come from, so that those
-// buffers go to the target without a copy.
-func SetPool(p *pool.Pool) {
+// SetPool makes p the pool whose buffers iSER connections hand to the target without a copy: its
+// regions are registered with every live iSER connection now and with every later one, and new
+// connections bounce foreign buffers through it when Options.Pool is nil. A frontend or cache
+// calls it with the pool its buffers come from, before or after the device is opened. SetPool(nil)
+// only stops later connections from using the previous pool. The error is a failed registration.
+func SetPool(p *pool.Pool) error {
+	liveMu.Lock()
+	defer liveMu.Unlock()
 	defaultPoolMu.Lock()
 	defaultPool = p
 	defaultPoolMu.Unlock()
+	if p == nil {
+		return nil
+	}
+	var errs []error
+	for ic := range live {
+		if err := ic.addPool(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// addPool registers p's regions with this connection (once; no-op if already done).
+func (ic *ISERConn) addPool(p *pool.Pool) error {
+	r, err := registrarFor(p)
+	if err != nil {
+		return err
+	}
+	old := *ic.regs.Load()
+	for _, have := range old {
+		if have == r {
+			return nil
+		}
+	}
+	if err := r.attach(ic.c); err != nil {
+		return err
+	}
+	n := append(append(make([]*registrar, 0, len(old)+1), old...), r)
+	ic.regs.Store(&n)
+	return nil
+}
+
+// keysFor finds b's keys in any pool registered with this connection; no allocation.
+func (ic *ISERConn) keysFor(b []byte) (lkey, rkey uint32, ok bool) {
+	for _, r := range *ic.regs.Load() {
+		if lkey, rkey, ok = r.keysFor(ic.c, b); ok {
+			return
+		}
+	}
+	return 0, 0, false
 }
 
 func poolFor(o *Options) (*pool.Pool, error) {
@@ -118,7 +165,8 @@ type ISERConn struct {
 	remote string
 	opts   Options
 	pool   *pool.Pool
-	reg    *registrar
+	reg    *registrar                   // the pool bounces come from
+	regs   atomic.Pointer[[]*registrar] // every pool registered with this connection (reg first)
 	hook   *loginHook
 
 	// control descriptors: one mmap, one MR (local access only)
@@ -151,8 +199,17 @@ type ISERConn struct {
 	maxSend atomic.Int32
 	started atomic.Bool
 
-	// sender scratch (serialised by the session's send lock)
-	wr SendWR
+	// Send batching: senders queue work requests; one poster goroutine (parked on kick when
+	// idle) posts everything queued as one chain, so that under load one ibv_post_send (one
+	// doorbell, on rxe one system call) carries many PDUs while the order of the queue (the
+	// session's CmdSN order) is kept.
+	sqMu      sync.Mutex
+	sqPending []SendWR
+	sqSpare   []SendWR
+	sqKick    chan struct{}
+	posterOut chan struct{}
+	// posterStarted is set before the poster goroutine starts (Dial) and read by Close.
+	posterStarted bool
 
 	bmu     sync.Mutex
 	bounces map[uint32]*bounced
@@ -214,6 +271,10 @@ func DialISER(ctx context.Context, portal string, o Options) (_ *ISERConn, err e
 	ic.nsend = o.QueueDepth + 16
 	ic.sendSize = headerRoom + defaultRecvDataSegLength
 	ic.sendFree = make(chan int32, ic.nsend)
+	ic.sqPending = make([]SendWR, 0, ic.nsend)
+	ic.sqSpare = make([]SendWR, 0, ic.nsend)
+	ic.sqKick = make(chan struct{}, 1)
+	ic.posterOut = make(chan struct{})
 	ic.rxq = make(chan rxItem, ic.nrecv)
 	ic.repost = make([]RecvWR, 0, ic.nrecv)
 	for i := range ic.nsend {
@@ -244,6 +305,23 @@ func DialISER(ctx context.Context, portal string, o Options) (_ *ISERConn, err e
 	if err = reg.attach(ic.c); err != nil {
 		return nil, err
 	}
+	regs := []*registrar{reg}
+	ic.regs.Store(&regs)
+	// join the live set, picking up a pool SetPool installed since poolFor looked
+	liveMu.Lock()
+	defaultPoolMu.Lock()
+	dp := defaultPool
+	defaultPoolMu.Unlock()
+	if dp != nil {
+		err = ic.addPool(dp)
+	}
+	if err == nil {
+		live[ic] = struct{}{}
+	}
+	liveMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
 	for i := range ic.nrecv {
 		ic.repost = append(ic.repost, RecvWR{ID: wrRecv | uint64(i), SGE: ic.mr.SGE(ic.recvBuf(int32(i)))})
 	}
@@ -251,6 +329,8 @@ func DialISER(ctx context.Context, portal string, o Options) (_ *ISERConn, err e
 		return nil, fmt.Errorf("iser: post receives: %w", err)
 	}
 	ic.repost = ic.repost[:0]
+	ic.posterStarted = true
+	go ic.poster()
 	return ic, nil
 }
 
@@ -488,10 +568,9 @@ func (ic *ISERConn) send(h *Header, bhs *pdu.BHS, ahs, data []byte) error {
 	copy(b[HeaderLen:], bhs[:])
 	n := HeaderLen + pdu.BHSLen
 	n += copy(b[n:], ahs)
-	w := &ic.wr
-	*w = SendWR{ID: wrSend | uint64(slot), Op: OpSend, Signaled: true, NSGE: 1}
+	w := SendWR{ID: wrSend | uint64(slot), Op: OpSend, Signaled: true, NSGE: 1}
 	if len(data) > 0 {
-		if lkey, _, ok := ic.reg.keysFor(ic.c, data); ok {
+		if lkey, _, ok := ic.keysFor(data); ok {
 			w.NSGE = 2
 			w.SGE[1] = SGE{Addr: AddrOf(data), Len: uint32(len(data)), LKey: lkey}
 		} else if n+len(data) <= len(b) {
@@ -502,12 +581,43 @@ func (ic *ISERConn) send(h *Header, bhs *pdu.BHS, ahs, data []byte) error {
 		}
 	}
 	w.SGE[0] = ic.mr.SGE(b[:n])
-	if err := ic.c.PostSend(*w); err != nil {
-		ic.sendFree <- slot
-		ic.fail(fmt.Errorf("iser: post send: %w", err))
-		return ic.err()
+	ic.sqMu.Lock()
+	ic.sqPending = append(ic.sqPending, w) // never grows: at most one entry per send slot
+	ic.sqMu.Unlock()
+	select {
+	case ic.sqKick <- struct{}{}:
+	default: // the poster is already due to run
 	}
 	return nil
+}
+
+// poster posts queued sends in batches until the connection fails or closes.
+func (ic *ISERConn) poster() {
+	defer close(ic.posterOut)
+	for {
+		select {
+		case <-ic.sqKick:
+		case <-ic.dead:
+			return
+		}
+		ic.sqMu.Lock()
+		batch := ic.sqPending
+		ic.sqPending = ic.sqSpare[:0]
+		ic.sqMu.Unlock()
+		if len(batch) == 0 {
+			continue
+		}
+		if err := ic.c.PostSend(batch...); err != nil {
+			for _, w := range batch {
+				ic.sendFree <- int32(w.ID & wrMask)
+			}
+			ic.fail(fmt.Errorf("iser: post %d sends: %w", len(batch), err))
+			return
+		}
+		ic.sqMu.Lock()
+		ic.sqSpare = batch[:0]
+		ic.sqMu.Unlock()
+	}
 }
 
 // WritePDU implements transport.Conn.
@@ -528,14 +638,14 @@ func (ic *ISERConn) WriteCommand(bhs *pdu.BHS, ahs []byte, t *transport.Task) er
 	if len(buf) == 0 || t.Dir == scsi.DirNone {
 		return ic.send(&h, bhs, ahs, nil)
 	}
-	_, rkey, ok := ic.reg.keysFor(ic.c, buf)
+	_, rkey, ok := ic.keysFor(buf)
 	if !ok {
 		b, err := ic.bounce(t)
 		if err != nil {
 			return err
 		}
 		buf = b
-		if _, rkey, ok = ic.reg.keysFor(ic.c, buf); !ok {
+		if _, rkey, ok = ic.keysFor(buf); !ok {
 			ic.dropBounce(t.ITT)
 			return fmt.Errorf("iser: bounce buffer is not registered: %w", errNotRegistered)
 		}
@@ -668,8 +778,20 @@ func (ic *ISERConn) Close() error {
 	var err error
 	ic.closeOnce.Do(func() {
 		ic.fail(ErrClosed)
+		if ic.posterStarted {
+			<-ic.posterOut // it leaves once dead is closed; ibv_post_send never blocks
+		}
 		if ic.c != nil {
-			ic.reg.detach(ic.c)
+			liveMu.Lock()
+			delete(live, ic)
+			liveMu.Unlock()
+			if regs := ic.regs.Load(); regs != nil {
+				for _, r := range *regs {
+					r.detach(ic.c)
+				}
+			} else {
+				ic.reg.detach(ic.c)
+			}
 			err = ic.c.Close()
 		}
 		ic.memMu.Lock()

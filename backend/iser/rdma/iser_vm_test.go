@@ -214,6 +214,27 @@ func TestISERLoginAndIO(t *testing.T) {
 		t.Fatalf("registrations %d, want pool regions (%d) + 1 descriptor MR", regsAfter-before.MRRegistrations, st.Regions)
 	}
 
+	// A pool installed with SetPool after the connection exists is registered with it at once:
+	// its buffers go to the target without a bounce.
+	p2 := newTestPool(t)
+	b2, err := p2.Get(ctx, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := SetPool(p2); err != nil {
+		t.Fatalf("SetPool on a live connection: %v", err)
+	}
+	defer SetPool(nil)
+	bouncesBefore := s.ic.Bounces.Load()
+	cmd.Read16(0, uint32(len(b2)/bs), false, b2)
+	if _, err := s.exec(&cmd, 0); err != nil {
+		t.Fatalf("READ(16) into a buffer of a pool added later: %v", err)
+	}
+	if n := s.ic.Bounces.Load() - bouncesBefore; n != 0 {
+		t.Fatalf("a buffer of the pool added with SetPool bounced (%d bounces)", n)
+	}
+	p2.Put(b2)
+
 	if err := s.ic.Close(); err != nil {
 		t.Fatalf("close: %v", err)
 	}
@@ -317,6 +338,12 @@ func TestISERTgtLoginAndIO(t *testing.T) {
 	}
 	var cmd scsi.Command
 	cmd.LUN = scsi.EncodeLUN(uint16(tg.LUN))
+	// the first command to a fresh tgt LUN gets UNIT ATTENTION (power on): TEST UNIT READY
+	// takes it, as every initiator does after login
+	cmd.TestUnitReady()
+	if r, err := s.exec(&cmd, 0); err != nil && (r == nil || r.Status() != uint8(scsi.StatusCheckCondition)) {
+		t.Fatalf("TEST UNIT READY: %v", err)
+	}
 	capb, _ := p.Get(ctx, 32)
 	cmd.ReadCapacity16(capb)
 	if _, err := s.exec(&cmd, 0); err != nil {
