@@ -152,6 +152,7 @@ type Pool struct {
 	mappedSlabs int
 	hook        func(Region) (any, error)
 	scratch     []int32 // per-slab counters for reclaim
+	touched     []int32 // slabs with a non-zero scratch counter
 	closed      atomic.Bool
 
 	waiters  atomic.Int32
@@ -212,6 +213,7 @@ func New(cfg Config) (*Pool, error) {
 		state:        make([]uint32, totalSlabs*unitsPerSlab),
 		slabClass:    make([]int32, totalSlabs),
 		scratch:      make([]int32, totalSlabs),
+		touched:      make([]int32, 0, totalSlabs),
 	}
 	for i, size := range classes {
 		p.classes[i].size = size
@@ -555,6 +557,11 @@ func (p *Pool) assignSlab(s, ci int) {
 // appends them to p.freeSlabs. Called with p.mu held. Each class's whole free chain is detached
 // atomically, so the walk owns it exclusively; buffers of slabs that stay are pushed back.
 func (p *Pool) reclaim(want int) bool {
+	// A slab can only be free if at least a slab's worth of carved memory is not out; this keeps
+	// waiters that are woken by every Put at the bound from walking the free lists in vain.
+	if int64(p.carved)*int64(p.slabSize)-p.inUse.Load() < int64(p.slabSize) {
+		return false
+	}
 	found := false
 	for ci := range p.classes {
 		if ci == want {
@@ -572,8 +579,13 @@ func (p *Pool) reclaim(want int) bool {
 		if first < 0 {
 			continue
 		}
+		touched := p.touched[:0]
 		for u := first; u >= 0; u = atomic.LoadInt32(&p.next[u]) {
-			p.scratch[int(u)/p.unitsPerSlab]++
+			s := int(u) / p.unitsPerSlab
+			if p.scratch[s] == 0 {
+				touched = append(touched, int32(s))
+			}
+			p.scratch[s]++
 		}
 		var keep int32 = -1
 		for u := first; u >= 0; {
@@ -587,10 +599,10 @@ func (p *Pool) reclaim(want int) bool {
 			}
 			u = nxt
 		}
-		for s := range p.scratch {
-			if p.scratch[s] == int32(c.perSlab) && atomic.LoadInt32(&p.slabClass[s]) == int32(ci) {
+		for _, s := range touched {
+			if p.scratch[s] == int32(c.perSlab) {
 				atomic.StoreInt32(&p.slabClass[s], -1)
-				p.freeSlabs = append(p.freeSlabs, int32(s))
+				p.freeSlabs = append(p.freeSlabs, s)
 				p.reclaims.Add(1)
 				found = true
 			}
