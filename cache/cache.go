@@ -34,6 +34,17 @@
 // issued, so an old write-back can never land after the discard and resurrect old data. Reads
 // that filled from the backend while a direct operation overlapped do not install what they read.
 //
+// A FUA write (and every write in write-through mode) is copied into pages and then the dirty
+// pages of its range are written back before it returns, waiting for any write-back of them in
+// flight. Those backend writes carry FUA (or are followed by a backend Flush when the backend has
+// no FUA); if some bytes of the range were carried by another write-back without FUA (the flusher
+// got there first), a backend Flush makes them durable before the ack.
+//
+// Reads copy valid sectors from pages; a miss reads the page-aligned span (plus read-ahead for a
+// sequential stream) into placeholder pages, filling only sectors that are not valid, so a
+// sub-page write never needs a read-modify-write and never loses to a concurrent fill. Eviction is
+// CLOCK over clean, unpinned pages.
+//
 // # Why Flush is correct
 //
 // Flush takes seq, the dirtySeq of the most recent clean→dirty transition. Every write
