@@ -331,6 +331,10 @@ func (s *loginState) receive() (*response, error) {
 		s.params.StatSN, s.params.ExpCmdSN, s.params.MaxCmdSN = bhs.StatSN(), bhs.ExpCmdSN(), bhs.MaxCmdSN()
 		s.params.TSIH = bhs.TSIH()
 		if bhs.Continue() {
+			// Bound continuations too: a target may not keep us asking for more forever.
+			if s.rounds++; s.rounds > maxLoginRounds {
+				return nil, fmt.Errorf("%w: more than %d login rounds", ErrProtocol, maxLoginRounds)
+			}
 			csg, nsg := bhs.LoginStages()
 			if err := s.send(csg, nsg, false, false, nil); err != nil {
 				return nil, err
