@@ -15,7 +15,7 @@
 # output into `go test -json` events for internal/testsummary, which prints the failures and a
 # closing "vm-go: N passed, N failed, N skipped" line.
 #
-# Environment: VM_MEM (2048 here); VM_GO_RACE=1 builds with -race (slow under TCG); VM_GO_TIMEOUT per-binary timeout
+# Environment: VM_MEM (2048 here), VM_TIMEOUT (2700 here); VM_GO_RACE=1 builds with -race (slow under TCG); VM_GO_TIMEOUT per-binary timeout
 # (default 10m); TALLY=FILE appends "vm-go PASSED FAILED SKIPPED" for `make test`'s total line;
 # VM_* knobs go to run.sh. Exit status: 0 all passed; 1 a test or build failed; 124/125 as run.sh.
 set -euo pipefail
@@ -27,6 +27,9 @@ VM_CACHE=${VM_CACHE:-/var/tmp/iser-blk-vm}
 # a 2 GiB guest for the Go tests: tests that start tgt's iSER target (backend/iser/rdma) need it,
 # because tgtd pins a 1 GiB buffer pool (see guest/tgt-target.sh)
 export VM_MEM=${VM_MEM:-2048}
+# every package runs in this one guest, each binary bounded by -test.timeout; the guest as a whole
+# gets more than run.sh's default
+export VM_TIMEOUT=${VM_TIMEOUT:-2700}
 
 pkgs=()
 flags=()

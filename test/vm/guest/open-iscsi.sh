@@ -49,7 +49,9 @@ start_iscsid() {
 	modprobe -a iscsi_tcp ib_iser sd_mod
 	mkdir -p /run/lock/iscsi /var/lib/iscsi /etc/iscsi/nodes /etc/iscsi/send_targets
 	if ! iscsiadm -m session >/dev/null 2>&1 && ! pgrep -x iscsid >/dev/null; then
-		iscsid # daemonizes; iscsiadm talks to it over its abstract unix socket
+		# daemonizes; iscsiadm talks to it over its abstract unix socket. Its stdio goes to a file so
+		# the daemon never holds our caller's pipes open (a Go exec.Cmd would wait for them).
+		iscsid </dev/null >>/run/iserblk-iscsid.log 2>&1
 	fi
 	# ready when iscsiadm can reach it ("No active sessions" exits 21, which is fine)
 	iscsid_up() {

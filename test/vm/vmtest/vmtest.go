@@ -70,6 +70,8 @@ func RunScript(ctx context.Context, dir, name string, args ...string) (kv map[st
 	cmd := exec.CommandContext(ctx, filepath.Join(dir, name), args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
+	// a daemon a helper starts (iscsid, tgtd) must not keep Run waiting on our pipes
+	cmd.WaitDelay = 10 * time.Second
 	runErr := cmd.Run()
 	stderr = errb.String()
 	if runErr != nil {
