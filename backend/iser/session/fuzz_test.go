@@ -10,7 +10,7 @@ import (
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 )
 
-// FuzzTargetStream logs in to a fake target, issues a 4 KiB READ, and lets the target answer
+// FuzzTargetStream logs in to a fake target, issues a 4 KiB READ or WRITE, and lets the target answer
 // with arbitrary bytes before closing the connection. Whatever the bytes, the session must not
 // panic, Execute must return, and nothing outside the read buffer may change.
 func FuzzTargetStream(f *testing.F) {
@@ -19,23 +19,28 @@ func FuzzTargetStream(f *testing.F) {
 	var b pdu.BHS
 	pdu.EncodeDataIn(&b, pdu.FlagFinal|pdu.FlagStatus, 0, 4096, itt, pdu.ReservedTag, th, 0, 0, 0)
 	good := append(append([]byte(nil), b[:]...), make([]byte, 4096)...)
-	f.Add(good)
+	f.Add(good, false)
 	pdu.EncodeDataIn(&b, 0, 0, 2048, itt, pdu.ReservedTag, th, 0, 2048, 0)
-	f.Add(append(append([]byte(nil), b[:]...), make([]byte, 2048)...))
+	f.Add(append(append([]byte(nil), b[:]...), make([]byte, 2048)...), false)
 	pdu.EncodeR2T(&b, 0, itt, 5, th, 0, 0, 512)
-	f.Add(append([]byte(nil), b[:]...))
+	f.Add(append([]byte(nil), b[:]...), true)
+	r2t2 := append([]byte(nil), b[:]...)
+	pdu.EncodeR2T(&b, 0, itt, 6, th, 1, 512, 3584)
+	r2t2 = append(r2t2, b[:]...)
+	pdu.EncodeSCSIResponse(&b, 0, 0, 0, 0, itt, th, 0, 0)
+	f.Add(append(r2t2, b[:]...), true)
 	pdu.EncodeSCSIResponse(&b, pdu.FlagUnderflow, 0, 2, 8, itt, th, 0, 4096)
-	f.Add(append(append([]byte(nil), b[:]...), 0, 6, 0x70, 0, 5, 0, 0, 0))
+	f.Add(append(append([]byte(nil), b[:]...), 0, 6, 0x70, 0, 5, 0, 0, 0), false)
 	pdu.EncodeNOPIn(&b, 4, 0, pdu.ReservedTag, 9, th)
-	f.Add(append(append([]byte(nil), b[:]...), 1, 2, 3, 4))
+	f.Add(append(append([]byte(nil), b[:]...), 1, 2, 3, 4), false)
 	pdu.EncodeReject(&b, 4, th)
-	f.Add(append(append([]byte(nil), b[:]...), good[:48]...))
+	f.Add(append(append([]byte(nil), b[:]...), good[:48]...), false)
 	pdu.EncodeAsyncMessage(&b, 0, 0, th, 4, 0, 0, 0, 0)
-	f.Add(append([]byte(nil), b[:]...))
+	f.Add(append([]byte(nil), b[:]...), false)
 	f.Fuzz(fuzzBody)
 }
 
-func fuzzBody(t *testing.T, stream []byte) {
+func fuzzBody(t *testing.T, stream []byte, write bool) {
 	{
 		d := &pipeDialer{}
 		ft := newFake(t, d, "fake:3260", nil)
@@ -71,7 +76,7 @@ func fuzzBody(t *testing.T, stream []byte) {
 		buf := backing[4096:8192:8192]
 		var cmd scsi.Command
 		var resp scsi.Response
-		rw16(&cmd, false, 0, buf)
+		rw16(&cmd, write, 0, buf)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = s.Execute(ctx, &cmd, &resp)
