@@ -112,6 +112,7 @@ type slot struct {
 	valid    uint64
 	pins     int32
 	ref      bool
+	filling  bool // a miss is reading this (new) page from the backend
 	invalSeq uint32
 
 	busy atomic.Uint32 // dirty != 0 || inflight; written under dmu (and the shard lock when set)
@@ -406,7 +407,18 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 		page, pOff := (off+pos)/c.ps, (off+pos)%c.ps
 		n := min(c.ps-pOff, int64(len(p))-pos)
 		if !c.readHit(page, pOff, p[pos:pos+n]) {
-			break
+			// A concurrent miss (typically read-ahead) is already reading this page: wait
+			// for it rather than read the same bytes from the backend twice.
+			ch := c.progress.wait()
+			if !c.beingFilled(page) {
+				break
+			}
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return fmt.Errorf("cache: waiting for a fill: %w", ctx.Err())
+			}
 		}
 		pos += n
 	}
@@ -414,6 +426,15 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 		return nil
 	}
 	return c.readMiss(ctx, p[pos:], off+pos)
+}
+
+func (c *Cache) beingFilled(page int64) bool {
+	sh := c.shard(page)
+	sh.mu.Lock()
+	s, ok := sh.m[page]
+	filling := ok && c.slots[s].filling
+	sh.mu.Unlock()
+	return filling
 }
 
 // Sequential detection runs on misses only, so hits stay cheap: each stream slot holds the
@@ -452,6 +473,7 @@ func (c *Cache) readHit(page, pOff int64, dst []byte) bool {
 type fillPage struct {
 	slot     int32 // -1: not cached
 	invalSeq uint32
+	created  bool // this fill inserted the page (and set its filling flag)
 }
 
 // readMiss reads [off, off+len(p)) (page-aligned, plus read-ahead when sequential) from the
@@ -548,9 +570,9 @@ func (c *Cache) placeholder(pg int64, readAhead bool) fillPage {
 			continue
 		}
 		sl := &c.slots[s]
-		sl.valid, sl.pins, sl.ref = 0, 1, false
+		sl.valid, sl.pins, sl.ref, sl.filling = 0, 1, false, true
 		sh.m[pg] = s
-		fp := fillPage{slot: s, invalSeq: sl.invalSeq}
+		fp := fillPage{slot: s, invalSeq: sl.invalSeq, created: true}
 		sh.mu.Unlock()
 		return fp
 	}
@@ -608,6 +630,9 @@ func (c *Cache) finishFill(pg int64, fp fillPage, data []byte, install bool, p [
 		s = fp.slot
 		sl = &c.slots[s]
 		sl.pins--
+		if fp.created {
+			sl.filling = false
+		}
 		if install && sl.invalSeq == fp.invalSeq {
 			have := c.full // the last page of a device may be cut short
 			if int64(len(data)) < c.ps {
@@ -759,7 +784,7 @@ func (c *Cache) writePage(ctx context.Context, page, pOff int64, data []byte) er
 			continue
 		}
 		sl := &c.slots[s]
-		sl.valid, sl.pins, sl.ref = 0, 0, true
+		sl.valid, sl.pins, sl.ref, sl.filling = 0, 0, true, false
 		sh.m[page] = s
 		sh.mu.Unlock()
 	}

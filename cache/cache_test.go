@@ -948,3 +948,38 @@ func TestFlushNotStarvedByNewWrites(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// TestConcurrentSequentialReadsShareFills: readers streaming through the same region at once
+// (like the kernel's parallel read-ahead requests) wait for fills in progress instead of reading
+// the same pages from the backend again.
+func TestConcurrentSequentialReadsShareFills(t *testing.T) {
+	ctx := context.Background()
+	c, dev := newTest(t, 16<<20, stdLimits(4096), Config{Size: 16 << 20, ReadAhead: 512 << 10})
+	dev.SetBefore(func(op fakedev.Op) { runtime.Gosched() })
+	const span = 8 << 20
+	var wg sync.WaitGroup
+	for r := 0; r < 4; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 64<<10)
+			for off := int64(0); off < span; off += int64(len(buf)) {
+				if err := c.ReadAt(ctx, buf, off); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var read int64
+	for _, op := range dev.Log() {
+		if op.Kind == fakedev.Read {
+			read += op.Len
+		}
+	}
+	t.Logf("4 readers × %d MiB: %d MiB read from the backend; stats %+v", span>>20, read>>20, c.Stats())
+	if read > 2*span {
+		t.Fatalf("backend read %d bytes for 4 concurrent passes over %d", read, span)
+	}
+}
