@@ -823,3 +823,48 @@ func TestBoundedPoolDoesNotDeadlock(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// captureConn is a net.Conn reading a fixed stream and recording what the server writes.
+type captureConn struct {
+	streamConn
+	mu  sync.Mutex
+	out bytes.Buffer
+}
+
+func (c *captureConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.out.Write(p)
+}
+
+// TestRequestsDuringShutdownGetESHUTDOWN: once the server is shutting down, requests still read
+// from a connection are answered with ESHUTDOWN (proto.md "Terminating the transmission phase")
+// — a write's payload is consumed, never executed.
+func TestRequestsDuringShutdownGetESHUTDOWN(t *testing.T) {
+	dev := newMem(t, 1<<20, "")
+	srv, err := NewServer(dev, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := cat(reqBytes(Request{Type: CmdWrite, Handle: 1, Length: 512}, bytes.Repeat([]byte{1}, 512)),
+		reqBytes(Request{Type: CmdRead, Handle: 2, Length: 512}, nil),
+		reqBytes(Request{Type: CmdFlush, Handle: 3}, nil))
+	nc := &captureConn{streamConn: streamConn{r: bytes.NewReader(stream)}}
+	c := newConn(srv, nc)
+	c.exp = srv.export(false)
+	c.shutting.Store(true)
+	c.transmit()
+	out := nc.out.Bytes()
+	if len(out) != 3*simpleReplyLen {
+		t.Fatalf("%d reply bytes, want 3 simple replies", len(out))
+	}
+	for i := range 3 {
+		r := out[i*simpleReplyLen:]
+		if e := uint32(r[4])<<24 | uint32(r[5])<<16 | uint32(r[6])<<8 | uint32(r[7]); e != ESHUTDOWN {
+			t.Errorf("reply %d: errno %d, want ESHUTDOWN", i, e)
+		}
+	}
+	if st := dev.Stats(); st.Writes != 0 || st.Reads != 0 || st.Flushes != 0 {
+		t.Errorf("requests reached the device during shutdown: %+v", st)
+	}
+}
