@@ -48,6 +48,7 @@ func runAttach(ctx context.Context, args []string) int {
 	fs.BoolVar(&useUblk, "ublk", false, "attach as a ublk device instead of nbd")
 	fs.IntVar(&uo.Queues, "queues", 0, "ublk: hardware queues (0: CPUs, at most 4)")
 	fs.IntVar(&uo.Depth, "depth", 0, "ublk: requests in flight per queue (0: 64)")
+	fs.IntVar(&uo.MaxIO, "max-io", 0, "ublk: largest request in bytes (0: 512 KiB, capped by the device)")
 	if _, code, done := parseOrExit(fs, args, 0); done {
 		return code
 	}
@@ -65,6 +66,13 @@ func runAttach(ctx context.Context, args []string) int {
 		return fail("attach", err)
 	}
 	if useUblk {
+		p, _, err := newBufferPool(&ef)
+		if err != nil {
+			dev.Close()
+			return fail("attach", err)
+		}
+		defer p.Close()
+		uo.Pool = p // per-tag buffers in registered memory: the kernel's copy lands where RDMA can reach it
 		code := attachUblk(ctx, dev, uo, log)
 		if c := closeDevice(dev, log); code == exitOK {
 			code = c

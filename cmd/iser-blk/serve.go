@@ -72,15 +72,24 @@ func openTarget(ctx context.Context, tf *targetFlags, ef *exportFlags, log *zap.
 	return iser.Open(ctx, ef.target, opts)
 }
 
-// newExportServer builds the buffer pool and the NBD server for dev.
-func newExportServer(dev block.Device, ef *exportFlags, log *zap.Logger) (*nbd.Server, *pool.Pool, error) {
+// newBufferPool builds the registered-memory buffer pool from --buffer-memory.
+func newBufferPool(ef *exportFlags) (*pool.Pool, int64, error) {
 	mem, err := humanize.ParseBytes(ef.bufferMemory)
-	if err != nil || mem < 2*nbd.MaxPayload {
-		return nil, nil, usagef("--buffer-memory %q: need a size of at least %s", ef.bufferMemory, humanize.IBytes(2*nbd.MaxPayload))
+	if err != nil || mem < 2*nbd.MaxPayload || mem > 1<<40 {
+		return nil, 0, usagef("--buffer-memory %q: need a size of at least %s", ef.bufferMemory, humanize.IBytes(2*nbd.MaxPayload))
 	}
 	p, err := pool.New(pool.Config{MaxBytes: int64(mem), HugePages: true})
 	if err != nil {
-		return nil, nil, fmt.Errorf("buffer pool: %w", err)
+		return nil, 0, fmt.Errorf("buffer pool: %w", err)
+	}
+	return p, int64(mem), nil
+}
+
+// newExportServer builds the buffer pool and the NBD server for dev.
+func newExportServer(dev block.Device, ef *exportFlags, log *zap.Logger) (*nbd.Server, *pool.Pool, error) {
+	p, mem, err := newBufferPool(ef)
+	if err != nil {
+		return nil, nil, err
 	}
 	srv, err := nbd.NewServer(dev, nbd.Options{
 		ExportName:    ef.exportName,
@@ -91,7 +100,7 @@ func newExportServer(dev block.Device, ef *exportFlags, log *zap.Logger) (*nbd.S
 		ForceReadOnly: ef.readOnly,
 		// Three quarters of the pool: size-class rounding never leaves a reserved request
 		// without buffers.
-		PayloadBudget: int64(mem) * 3 / 4,
+		PayloadBudget: mem * 3 / 4,
 	})
 	if err != nil {
 		p.Close()
