@@ -1,0 +1,97 @@
+package main
+
+import (
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+)
+
+func TestListenSpecs(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		spec    string
+		uri     string // prefix of the printed URI
+		wantErr bool
+	}{
+		{"unix://" + filepath.Join(dir, "a.sock"), "nbd+unix:///?socket=" + filepath.Join(dir, "a.sock"), false},
+		{"tcp://127.0.0.1:0", "nbd://127.0.0.1:", false},
+		{"tcp://127.0.0.1", "", true},
+		{"unix://", "", true},
+		{"http://x", "", true},
+		{"::", "", true},
+	} {
+		l, uri, err := listen(tc.spec, zap.NewNop())
+		if (err != nil) != tc.wantErr {
+			t.Errorf("%q: err %v", tc.spec, err)
+			continue
+		}
+		if err != nil {
+			var ue *usageError
+			if !errors.As(err, &ue) {
+				t.Errorf("%q: %v is not a usage error", tc.spec, err)
+			}
+			continue
+		}
+		if !strings.HasPrefix(uri, tc.uri) {
+			t.Errorf("%q: uri %q, want prefix %q", tc.spec, uri, tc.uri)
+		}
+		if l.Addr().Network() == "unix" {
+			st, err := os.Stat(l.Addr().String())
+			if err != nil || st.Mode().Perm() != 0o600 {
+				t.Errorf("%q: socket mode %v (%v), want 0600", tc.spec, st.Mode(), err)
+			}
+		}
+		l.Close()
+	}
+}
+
+func TestRemoveStaleSocket(t *testing.T) {
+	dir := t.TempDir()
+	// Missing: nothing to do.
+	if err := removeStaleSocket(filepath.Join(dir, "none")); err != nil {
+		t.Error(err)
+	}
+	// A regular file is never removed.
+	file := filepath.Join(dir, "file")
+	os.WriteFile(file, []byte("x"), 0o600)
+	if err := removeStaleSocket(file); err == nil {
+		t.Error("regular file accepted")
+	}
+	if _, err := os.Stat(file); err != nil {
+		t.Error("regular file removed")
+	}
+	// A live socket is kept and reported.
+	live := filepath.Join(dir, "live.sock")
+	l, err := net.Listen("unix", live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := removeStaleSocket(live); err == nil || !strings.Contains(err.Error(), "another server") {
+		t.Errorf("live socket: %v", err)
+	}
+	// Once nobody listens (the file left behind), it is stale and removed.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	if err := removeStaleSocket(live); err != nil {
+		t.Errorf("stale socket: %v", err)
+	}
+	if _, err := os.Lstat(live); !os.IsNotExist(err) {
+		t.Error("stale socket not removed")
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"iscsi://alice@host:3260/iqn.x:y/1": "iscsi://host:3260/iqn.x:y/1",
+		"mem://64MiB":                       "mem://64MiB",
+	} {
+		if got := redactURL(in); got != want {
+			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
