@@ -68,10 +68,14 @@ func (c *Config) defaults() {
 type Counters struct {
 	LiveConns, LiveQPs, LiveCQs, LivePDs, LiveMRs int64
 	MRRegistrations                               int64 // ibv_reg_mr calls that succeeded, ever
+	// SendPosts and SendWRs count ibv_post_send calls and the work requests they carried: their
+	// ratio is the send batching factor.
+	SendPosts, SendWRs int64
 }
 
 var counters struct {
 	conns, qps, cqs, pds, mrs, regs atomic.Int64
+	sendPosts, sendWRs              atomic.Int64
 }
 
 // Stats returns a snapshot of the process-wide counters.
@@ -79,6 +83,7 @@ func Stats() Counters {
 	return Counters{
 		LiveConns: counters.conns.Load(), LiveQPs: counters.qps.Load(), LiveCQs: counters.cqs.Load(),
 		LivePDs: counters.pds.Load(), LiveMRs: counters.mrs.Load(), MRRegistrations: counters.regs.Load(),
+		SendPosts: counters.sendPosts.Load(), SendWRs: counters.sendWRs.Load(),
 	}
 }
 
@@ -552,6 +557,8 @@ func (c *Conn) PostSend(wrs ...SendWR) error {
 		if r := C.isb_post_send(c.id.qp, c.sendScratch, C.int(n)); r < 0 {
 			return fmt.Errorf("ibv_post_send (%d work requests): %w", n, syscall.Errno(-r))
 		}
+		counters.sendPosts.Add(1)
+		counters.sendWRs.Add(int64(n))
 		wrs = wrs[n:]
 	}
 	return nil

@@ -114,6 +114,7 @@ func newTestPool(t *testing.T) *pool.Pool {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { p.Close() }) // after the test's connections are closed (deferred)
 	return p
 }
 
