@@ -238,3 +238,26 @@ func TestLoginHookTgtCmdSNWindow(t *testing.T) {
 		}
 	}
 }
+
+// FuzzLoginHookAccept feeds target answers to the iSER keys: no panic, and whatever is accepted
+// keeps the negotiated segment lengths within what our descriptors hold.
+func FuzzLoginHookAccept(f *testing.F) {
+	f.Add("RDMAExtensions", "Yes", "TargetRecvDataSegmentLength", "4096")
+	f.Add("InitiatorRecvDataSegmentLength", "262144", "MaxOutstandingUnexpectedPDUs", "0")
+	f.Add("MaxOutstandingUnexpectedPDUs", "NotUnderstood", "TargetRecvDataSegmentLength", "0x2000")
+	f.Fuzz(func(t *testing.T, k1, v1, k2, v2 string) {
+		h := newLoginHook(8192, 8192, 8)
+		h.Accept("RDMAExtensions", "Yes")
+		h.Accept(k1, v1)
+		h.Accept(k2, v2)
+		p := login.Defaults()
+		p.TargetName = "iqn.x"
+		if err := h.Finish(&p); err != nil {
+			return
+		}
+		if p.MaxRecvDataSegmentLength < 512 || p.MaxRecvDataSegmentLength > 8192 ||
+			p.TargetMaxRecvDataSegmentLength < 512 || p.TargetMaxRecvDataSegmentLength > 8192 {
+			t.Fatalf("negotiated IRDSL %d TRDSL %d outside 512..8192", p.MaxRecvDataSegmentLength, p.TargetMaxRecvDataSegmentLength)
+		}
+	})
+}
