@@ -18,6 +18,9 @@
 # Environment: VM_MEM (2048 here), VM_TIMEOUT (2700 here); VM_GO_RACE=1 builds with -race (slow under TCG); VM_GO_TIMEOUT per-binary timeout
 # (default 10m); TALLY=FILE appends "vm-go PASSED FAILED SKIPPED" for `make test`'s total line;
 # VM_* knobs go to run.sh. Exit status: 0 all passed; 1 a test or build failed; 124/125 as run.sh.
+# One { } block: bash reads all of it before running, so an edit to this file while it runs
+# cannot make the running copy execute shifted bytes.
+{
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 root=$(cd "$here/../.." && pwd -P)
@@ -136,3 +139,5 @@ else
 fi
 case "$vm_rc" in 124 | 125) exit "$vm_rc" ;; esac
 [ "$vm_rc" = 0 ] && [ "$summary_rc" = 0 ] && [ "$build_failed" = 0 ] || exit 1
+exit
+}

@@ -30,6 +30,9 @@
 #   VM_VERBOSE   1 = show kernel messages on the console
 # In the guest: ISERBLK_IN_VM=1, ISERBLK_VM_GUEST_DIR (the guest helper scripts),
 # ISERBLK_VM_RESULTS, ISERBLK_ROOT (the module root), ISERBLK_BIN if set on the host.
+# One { } block: bash reads all of it before running, so an edit to this file while it runs
+# cannot make the running copy execute shifted bytes.
+{
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
@@ -286,3 +289,5 @@ if [ -e "$job/timedout" ]; then
 fi
 [ -s "$job/rc" ] || die "the guest ended without the command's exit status (QEMU exit status $qrc)"
 exit "$(cat "$job/rc")"
+exit
+}

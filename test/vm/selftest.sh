@@ -7,6 +7,9 @@
 # and after each, no QEMU of that run is left (found by its unique -name, so QEMUs that other
 # people run on this machine are never looked at or touched).
 # Prints PASS/FAIL per check and "N passed, M failed"; TALLY=FILE appends "vm-self P F 0".
+# One { } block: bash reads all of it before running, so an edit to this file while it runs
+# cannot make the running copy execute shifted bytes.
+{
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 run=$here/run.sh
@@ -76,3 +79,5 @@ else bad "SIGTERM: QEMU seen $seen, rc=$rc, left: $(pgrep -af -- "-name $id " ||
 echo "$passed passed, $failed failed"
 [ -z "${TALLY:-}" ] || echo "vm-self $passed $failed 0" >>"$TALLY"
 [ $failed = 0 ]
+exit
+}

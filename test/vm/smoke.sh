@@ -7,6 +7,9 @@
 #   CHAP on an ACL (right secrets log in, a wrong one is refused); with SMOKE_TGT=1 (needs
 #   VM_MEM=2048), tgt's iSER target with its initiator-name ACL.
 # One PASS/FAIL line per check, then "N passed, M failed" alone on a line; exit 1 on any failure.
+# One { } block: bash reads all of it before running, so an edit to this file while it runs
+# cannot make the running copy execute shifted bytes.
+{
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 G=${ISERBLK_VM_GUEST_DIR:-$here/guest}
@@ -142,3 +145,5 @@ check "tgt iSER target: open-iscsi login, 4 MiB write lands in its file, logout"
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
+exit
+}

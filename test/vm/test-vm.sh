@@ -4,6 +4,9 @@
 # runs even when an earlier one failed; prints each part's wall time and a closing
 # "vm: N passed, M failed" line; exits non-zero on any failure. TALLY=FILE collects per-part counts
 # for `make test`'s total line.
+# One { } block: bash reads all of it before running, so an edit to this file while it runs
+# cannot make the running copy execute shifted bytes.
+{
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 cd "$here/../.." || exit 2
@@ -47,3 +50,5 @@ echo "=== vm tier: $((${EPOCHREALTIME%.*} - t_start)) s wall in all"
 [ "$rc" = 0 ] || [ "$f" != 0 ] || f=1 # a part failed without counting a failure
 echo "vm: $p passed, $f failed, $s skipped"
 exit $rc
+exit
+}

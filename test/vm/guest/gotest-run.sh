@@ -7,6 +7,9 @@
 #   gotest-run.sh MANIFEST RESULTS [TESTFLAGS...]
 # MANIFEST lines: NAME<TAB>BINARY<TAB>PKGDIR<TAB>IMPORTPATH. TESTFLAGS are -test.* flags.
 # Exit status: 0 when every package passed, 1 otherwise.
+# One { } block: bash reads all of it before running, so an edit to this file while it runs
+# cannot make the running copy execute shifted bytes.
+{
 set -uo pipefail
 manifest=$1
 results=$2
@@ -35,3 +38,5 @@ while IFS=$'\t' read -r name bin dir pkg; do
 	echo "$st" >"$results/$name.status"
 done <"$manifest"
 exit $rc
+exit
+}

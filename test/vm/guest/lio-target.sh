@@ -28,6 +28,9 @@
 # Prints KEY=VALUE lines: LIO_IQN LIO_ADDR LIO_PORT LIO_PORTAL LIO_LUN LIO_SIZE_BYTES
 # LIO_BLOCK_SIZE LIO_ISER (1|0) LIO_BACKSTORE (configfs dir) [LIO_FILE] [RDMA_DEV] [LIO_ACLS].
 # Secrets are never printed.
+# One { } block: bash reads all of it before running, so an edit to this file while it runs
+# cannot make the running copy execute shifted bytes.
+{
 set -euo pipefail
 here=$(dirname "${BASH_SOURCE[0]}")
 . "$here/lib.sh"
@@ -214,3 +217,5 @@ kv LIO_BACKSTORE "$BS"
 if [ "$backstore" = file ]; then kv LIO_FILE "$file"; fi
 if [ $iser = 1 ]; then kv RDMA_DEV "$rdma_dev"; fi
 if [ ${#acls[@]} -gt 0 ]; then kv LIO_ACLS "${acls[*]}"; fi
+exit
+}

@@ -13,6 +13,9 @@
 #   lio      configfs, the LIO core, iSCSI fabric, iSER target, file/RAM backstores
 #   iscsi    the initiator side: iscsi_tcp ib_iser sd_mod
 #   any other word is passed to modprobe as a module name (ublk_drv, sd_mod, ... work too)
+# One { } block: bash reads all of it before running, so an edit to this file while it runs
+# cannot make the running copy execute shifted bytes.
+{
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 require_vm
@@ -49,3 +52,5 @@ for name in "$@"; do
 	esac
 	log "loaded $name"
 done
+exit
+}

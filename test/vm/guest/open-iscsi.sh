@@ -15,6 +15,9 @@
 # --initiator logs in under another initiator name (an open-iscsi iface with iface.initiatorname),
 # so ACL tests need not touch /etc/iscsi. --chap / --mutual-chap set the node's CHAP settings
 # (node.session.auth.*). A refused login exits 1 with iscsiadm's message on stderr.
+# One { } block: bash reads all of it before running, so an edit to this file while it runs
+# cannot make the running copy execute shifted bytes.
+{
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -157,3 +160,5 @@ logout)
 	die "usage: open-iscsi.sh name|login|logout [options] (see the header of $0)"
 	;;
 esac
+exit
+}

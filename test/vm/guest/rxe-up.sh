@@ -10,6 +10,9 @@
 #
 # Defaults: --netdev rxedum0 --addr 192.168.77.1/24 --dev rxe0 --timeout 30.
 # Prints: RDMA_DEV=rxe0 RDMA_PORT=1 RXE_NETDEV=rxedum0 RXE_ADDR=192.168.77.1
+# One { } block: bash reads all of it before running, so an edit to this file while it runs
+# cannot make the running copy execute shifted bytes.
+{
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -65,3 +68,5 @@ kv RDMA_DEV "$dev"
 kv RDMA_PORT 1
 kv RXE_NETDEV "$netdev"
 kv RXE_ADDR "$ip"
+exit
+}

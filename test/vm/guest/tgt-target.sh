@@ -22,6 +22,9 @@
 #
 # Prints KEY=VALUE lines: TGT_IQN TGT_TID TGT_LUN (1; LUN 0 is tgt's controller) TGT_ADDR
 # TGT_ISER_PORTAL TGT_TCP_PORTAL TGT_FILE TGT_SIZE_BYTES TGT_INITIATORS RDMA_DEV.
+# One { } block: bash reads all of it before running, so an edit to this file while it runs
+# cannot make the running copy execute shifted bytes.
+{
 set -euo pipefail
 here=$(dirname "${BASH_SOURCE[0]}")
 . "$here/lib.sh"
@@ -137,3 +140,5 @@ kv TGT_FILE "$file"
 kv TGT_SIZE_BYTES "$size_bytes"
 kv TGT_INITIATORS "${names[*]}"
 kv RDMA_DEV "$rdma_dev"
+exit
+}
