@@ -143,7 +143,15 @@ func NewDevice(ctx context.Context, execs []scsi.Executor, lun uint16, opts Opti
 	if policy.OnUnitAttention == nil {
 		log := d.log
 		policy.OnUnitAttention = func(cmd *scsi.Command, resp *scsi.Response) {
-			log.Warn("unit attention", zap.Error(scsi.CheckCommand(cmd, resp)))
+			err := scsi.CheckCommand(cmd, resp)
+			// "Power on, reset or bus device reset occurred" (29h) is what every target reports
+			// to a new I_T nexus: expected after each login, so it is not a warning.
+			var se *scsi.SenseError
+			if errors.As(err, &se) && se.ASC == 0x29 {
+				log.Info("unit attention", zap.Error(err))
+				return
+			}
+			log.Warn("unit attention", zap.Error(err))
 		}
 	}
 	d.retry = &policy

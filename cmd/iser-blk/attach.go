@@ -61,7 +61,12 @@ func runAttach(ctx context.Context, args []string) int {
 	log := newLogger(tf.debug)
 	defer log.Sync() //nolint:errcheck
 
-	dev, err := openTarget(ctx, &tf, &ef, log)
+	p, mem, err := newBufferPool(&ef)
+	if err != nil {
+		return fail("attach", err)
+	}
+	defer p.Close()
+	dev, err := openStack(ctx, &tf, &ef, p, log)
 	if err != nil {
 		return fail("attach", err)
 	}
@@ -75,12 +80,11 @@ func runAttach(ctx context.Context, args []string) int {
 		return code
 	}
 
-	srv, p, err := newExportServer(dev, &ef, log)
+	srv, err := newExportServer(dev, &ef, p, mem, log)
 	if err != nil {
 		dev.Close()
 		return fail("attach", err)
 	}
-	defer p.Close()
 	if connections > 1 && srv.Flags()&nbd.FlagCanMultiConn == 0 {
 		log.Warn("the device does not support multi-conn; using one connection")
 		connections = 1

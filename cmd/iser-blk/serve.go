@@ -22,6 +22,7 @@ import (
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/backend/memdev"
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/cache"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
 	"github.com/iser-blk/iser-blk/pool"
 )
@@ -37,6 +38,7 @@ type exportFlags struct {
 	readOnly     bool
 	maxInflight  int
 	bufferMemory string
+	cache        cacheFlags
 }
 
 func (ef *exportFlags) register(fs *flag.FlagSet) {
@@ -45,6 +47,25 @@ func (ef *exportFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&ef.readOnly, "read-only", false, "export read-only")
 	fs.IntVar(&ef.maxInflight, "max-inflight", 128, "requests executing concurrently per connection")
 	fs.StringVar(&ef.bufferMemory, "buffer-memory", "512MiB", "bound on the registered buffer pool (mapped lazily)")
+	ef.cache.register(fs)
+}
+
+// openStack opens --target and puts the cache (--cache) in front of it; the cache stages its
+// I/O in buffers from p.
+func openStack(ctx context.Context, tf *targetFlags, ef *exportFlags, p *pool.Pool, log *zap.Logger) (block.Device, error) {
+	if _, err := cache.ParseConfig(ef.cache.mode, ef.cache.size, ef.cache.dirty); err != nil {
+		return nil, usagef("%v", err) // before logging in, so a typo costs no session
+	}
+	dev, err := openTarget(ctx, tf, ef, log)
+	if err != nil {
+		return nil, err
+	}
+	cached, err := ef.cache.wrap(dev, p, log)
+	if err != nil {
+		dev.Close()
+		return nil, err
+	}
+	return cached, nil
 }
 
 // openTarget opens --target as a block.Device. mem:// is an in-memory device for tests and
@@ -85,12 +106,8 @@ func newBufferPool(ef *exportFlags) (*pool.Pool, int64, error) {
 	return p, int64(mem), nil
 }
 
-// newExportServer builds the buffer pool and the NBD server for dev.
-func newExportServer(dev block.Device, ef *exportFlags, log *zap.Logger) (*nbd.Server, *pool.Pool, error) {
-	p, mem, err := newBufferPool(ef)
-	if err != nil {
-		return nil, nil, err
-	}
+// newExportServer builds the NBD server for dev, its payloads in p (of mem bytes).
+func newExportServer(dev block.Device, ef *exportFlags, p *pool.Pool, mem int64, log *zap.Logger) (*nbd.Server, error) {
 	srv, err := nbd.NewServer(dev, nbd.Options{
 		ExportName:    ef.exportName,
 		Description:   "iser-blk " + redactURL(ef.target),
@@ -103,10 +120,9 @@ func newExportServer(dev block.Device, ef *exportFlags, log *zap.Logger) (*nbd.S
 		PayloadBudget: mem * 3 / 4,
 	})
 	if err != nil {
-		p.Close()
-		return nil, nil, err
+		return nil, err
 	}
-	return srv, p, nil
+	return srv, nil
 }
 
 // redactURL drops the user part of a target URL for display.
@@ -189,25 +205,6 @@ func removeStaleSocket(path string) error {
 	return nil
 }
 
-// closeDevice flushes and closes dev at shutdown, logging progress. It returns the exit code.
-func closeDevice(dev block.Device, log *zap.Logger) int {
-	code := exitOK
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	t0 := time.Now()
-	if err := dev.Flush(ctx); err != nil && !errors.Is(err, block.ErrReadOnly) {
-		log.Error("final flush failed: data acknowledged to clients may not be on the target", zap.Error(err))
-		code = exitFailure
-	} else {
-		log.Info("device flushed", zap.Duration("took", time.Since(t0)))
-	}
-	if err := dev.Close(); err != nil {
-		log.Error("closing the device failed", zap.Error(err))
-		code = exitFailure
-	}
-	return code
-}
-
 func runServe(ctx context.Context, args []string) int {
 	var tf targetFlags
 	var ef exportFlags
@@ -227,16 +224,20 @@ func runServe(ctx context.Context, args []string) int {
 	log := newLogger(tf.debug)
 	defer log.Sync() //nolint:errcheck
 
-	dev, err := openTarget(ctx, &tf, &ef, log)
+	p, mem, err := newBufferPool(&ef)
 	if err != nil {
 		return fail("serve", err)
 	}
-	srv, p, err := newExportServer(dev, &ef, log)
+	defer p.Close()
+	dev, err := openStack(ctx, &tf, &ef, p, log)
+	if err != nil {
+		return fail("serve", err)
+	}
+	srv, err := newExportServer(dev, &ef, p, mem, log)
 	if err != nil {
 		dev.Close()
 		return fail("serve", err)
 	}
-	defer p.Close()
 	l, uri, err := listen(listenSpec, log)
 	if err != nil {
 		dev.Close()
