@@ -20,6 +20,11 @@ import (
 // generation counter in the high 16 bits, so a stale tag from a reaped task never matches.
 const maxTasks = 4096
 
+// controlSlots are task slots reserved for control tasks (NOP-Out pings, Text, Logout, ABORT
+// TASK). Without them, SCSI tasks abandoned while the target holds them (say a write waiting for
+// Data-Out) could occupy every slot and leave no room for the ABORT TASK that frees them.
+const controlSlots = 8
+
 // maxOutstandingR2T bounds what we offer for MaxOutstandingR2T (the result is the minimum of both
 // sides, RFC 7143 §13.17, so the target can never exceed it).
 const maxOutstandingR2T = 64
@@ -93,8 +98,10 @@ type conn struct {
 	params login.Params
 	log    *zap.Logger
 
-	tasks []task
-	free  chan uint32 // free slot indices
+	tasks   []task
+	free    chan uint32 // free SCSI slot indices [0, MaxTasks)
+	ctlFree chan uint32 // free control slot indices [MaxTasks, MaxTasks+controlSlots)
+	nSCSI   uint32
 
 	// Sending: sendMu guards CmdSN assignment and the combining queue (see send.go). PDUs are
 	// queued in CmdSN order; whichever sender finds no flush in progress writes the whole queue
@@ -127,8 +134,10 @@ func newConn(s *Session, tc transport.Conn, portal string, p *login.Params) *con
 	c := &conn{
 		s: s, tc: tc, portal: portal, params: *p,
 		log:        s.log.With(zap.String("portal", portal)),
-		tasks:      make([]task, s.cfg.MaxTasks),
+		tasks:      make([]task, s.cfg.MaxTasks+controlSlots),
 		free:       make(chan uint32, s.cfg.MaxTasks),
+		ctlFree:    make(chan uint32, controlSlots),
+		nSCSI:      uint32(s.cfg.MaxTasks),
 		cmdSN:      p.ExpCmdSN,
 		done:       make(chan struct{}),
 		readerDone: make(chan struct{}),
@@ -144,7 +153,11 @@ func newConn(s *Session, tc transport.Conn, portal string, p *login.Params) *con
 		t.ev = make(chan event, evCap)
 		t.sent = make(chan error, 1)
 		t.outs = make([]transport.OutPDU, 0, len(t.dout))
-		c.free <- uint32(i)
+		if i < s.cfg.MaxTasks {
+			c.free <- uint32(i)
+		} else {
+			c.ctlFree <- uint32(i)
+		}
 	}
 	return c
 }
@@ -176,12 +189,16 @@ func (c *conn) connErr() error {
 
 // acquire takes a free slot, waiting while all are busy.
 func (c *conn) acquire(ctx context.Context, kind uint8) (*task, error) {
+	free := c.free
+	if kind != kindSCSI {
+		free = c.ctlFree
+	}
 	var idx uint32
 	select {
-	case idx = <-c.free:
+	case idx = <-free:
 	default:
 		select {
-		case idx = <-c.free:
+		case idx = <-free:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-c.done:
@@ -221,7 +238,11 @@ func (c *conn) release(t *task) {
 		}
 		break
 	}
-	c.free <- t.idx
+	if t.idx < c.nSCSI {
+		c.free <- t.idx
+	} else {
+		c.ctlFree <- t.idx
+	}
 }
 
 // lookup maps an ITT to its active task.

@@ -42,7 +42,11 @@ func TestCancelAbortsAndReaps(t *testing.T) {
 			return nil // the read hangs until aborted
 		case pdu.OpTaskMgmtReq:
 			gotTMF <- b
-			<-release
+			select {
+			case <-release:
+			case <-time.After(10 * time.Second):
+				return fmt.Errorf("test never released the TMF")
+			}
 			// Late Data-In for the aborted read: must be discarded, not written to the buffer.
 			var r pdu.BHS
 			pdu.EncodeDataIn(&r, 0, 0, 512, b.Word20(), pdu.ReservedTag, f.sns(), 0, 0, 0)
@@ -57,7 +61,7 @@ func TestCancelAbortsAndReaps(t *testing.T) {
 		}
 		return fmt.Errorf("unexpected %v", b.Opcode())
 	})
-	s := newTestSession(t, d, func(c *Config) { c.MaxTasks = 2 }) // one SCSI task + the TMF
+	s := newTestSession(t, d, func(c *Config) { c.MaxTasks = 1 }) // one SCSI slot; the TMF uses a control slot
 	mustLogin(t, s)
 
 	buf := make([]byte, 4096)

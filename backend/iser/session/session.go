@@ -57,7 +57,8 @@ type Config struct {
 	// ISID is the 48-bit initiator session ID; 0 picks a random one of type "random" (§11.12.5).
 	ISID uint64
 
-	// MaxTasks is the size of the task table: the most commands in flight (default 128).
+	// MaxTasks is the size of the task table: the most SCSI commands in flight (default 128).
+	// A few more slots are kept for control tasks (pings, logout, ABORT TASK).
 	MaxTasks int
 	// MaxRedirects bounds login redirections (default 4).
 	MaxRedirects int
@@ -135,8 +136,8 @@ func New(cfg Config) (*Session, error) {
 	if cfg.MaxTasks <= 0 {
 		cfg.MaxTasks = 128
 	}
-	if cfg.MaxTasks > maxTasks {
-		return nil, fmt.Errorf("session: %w: MaxTasks %d above %d", login.ErrConfig, cfg.MaxTasks, maxTasks)
+	if cfg.MaxTasks > maxTasks-controlSlots {
+		return nil, fmt.Errorf("session: %w: MaxTasks %d above %d", login.ErrConfig, cfg.MaxTasks, maxTasks-controlSlots)
 	}
 	if cfg.MaxRedirects <= 0 {
 		cfg.MaxRedirects = 4
