@@ -221,6 +221,16 @@ func (s *Session) Err() error {
 	return nil
 }
 
+// Drop ends the current connection at once with cause (no Logout: the connection is presumed
+// unusable, e.g. a keepalive NOP-Out went unanswered or a command timed out). Every outstanding
+// task fails with a *ConnError wrapping cause, and Login may then reinstate the session. It does
+// nothing when there is no connection.
+func (s *Session) Drop(cause error) {
+	if c := s.cur.Load(); c != nil {
+		c.shutdown(cause)
+	}
+}
+
 // Login logs in (again). With a live connection it does nothing. After a connection loss it
 // logs in with the same ISID and TSIH 0, which makes the target reinstate the session (§6.3.5).
 // Redirections (status class 1) are followed up to Config.MaxRedirects times.
