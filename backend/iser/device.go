@@ -21,10 +21,12 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
+	"github.com/iser-blk/iser-blk/backend/iser/session"
 	"github.com/iser-blk/iser-blk/block"
 )
 
@@ -61,11 +63,25 @@ const (
 	wsNo
 )
 
-// path is one session (or any Executor) and its outstanding command count.
+// path is one session (or any Executor), its counters and, for a Recoverable one, the state its
+// maintainer keeps (recovery.go).
 type path struct {
 	ex          scsi.Executor
-	liveness    Liveness // nil: always considered connected
+	name        string      // portal, for logs and PathStats
+	liveness    Liveness    // nil: always considered connected
+	rec         Recoverable // nil: no keepalive or reinstatement
 	outstanding atomic.Int64
+	commands    atomic.Uint64
+	lastActive  atomic.Int64 // unix ns of the last completion (or of the first command after idle)
+
+	downs, restores, replayedTotal atomic.Uint64
+	pending                        atomic.Int64 // commands failed by the current outage, to replay
+}
+
+func (p *path) touch() { p.lastActive.Store(time.Now().UnixNano()) }
+
+func (p *path) idle() time.Duration {
+	return time.Duration(time.Now().UnixNano() - p.lastActive.Load())
 }
 
 // Liveness is implemented by an Executor that knows whether its connection is up (a
@@ -117,6 +133,13 @@ type Device struct {
 	zeroBuf  []byte
 
 	closed atomic.Bool
+
+	rec        Recovery
+	recovering bool // some path is Recoverable: commands wait for a path instead of failing
+	state      pathState
+	bg         context.Context // the maintainers' life; nil without recoverable paths
+	bgCancel   context.CancelFunc
+	bgWG       sync.WaitGroup
 }
 
 var _ block.Device = (*Device)(nil)
@@ -155,13 +178,28 @@ func NewDevice(ctx context.Context, execs []scsi.Executor, lun uint16, opts Opti
 		}
 	}
 	d.retry = &policy
-	for _, ex := range execs {
-		p := &path{ex: ex}
+	d.rec = DefaultRecovery()
+	if opts.Recovery != nil {
+		d.rec = *opts.Recovery
+	}
+	d.rec.normalize()
+	d.state.changed = make(chan struct{})
+	for i, ex := range execs {
+		p := &path{ex: ex, name: fmt.Sprintf("path%d", i)}
+		if i < len(opts.pathNames) {
+			p.name = opts.pathNames[i]
+		}
 		p.liveness, _ = ex.(Liveness)
+		p.rec, _ = ex.(Recoverable)
+		d.recovering = d.recovering || p.rec != nil
 		d.paths = append(d.paths, p)
 	}
 	d.free.New = func() any { return &request{} }
+	if d.recovering {
+		d.startRecovery()
+	}
 	if err := d.probe(ctx, opts); err != nil {
+		d.stopRecovery()
 		return nil, err
 	}
 	return d, nil
@@ -190,11 +228,15 @@ func (d *Device) put(r *request) {
 	d.free.Put(r)
 }
 
-// pick returns the connected path with the fewest outstanding commands, other than skip; when
-// none is connected, any path (its command then fails with the connection's error).
+// pick returns the connected path with the fewest outstanding commands, preferring one other
+// than skip; when none is connected, nil if a path is recovering (the caller waits for it),
+// else any path (its command then fails with the connection's error).
 func (d *Device) pick(skip *path) *path {
 	if len(d.paths) == 1 {
-		return d.paths[0]
+		if p := d.paths[0]; p.up() || !d.recovering {
+			return p
+		}
+		return nil
 	}
 	start := int(d.rr.Add(1)) % len(d.paths)
 	var best *path
@@ -211,23 +253,31 @@ func (d *Device) pick(skip *path) *path {
 			}
 		}
 	}
-	if best == nil {
+	if best == nil && skip != nil && skip.up() {
+		best = skip // it came back already
+	}
+	if best == nil && !d.recovering {
 		best = d.paths[start]
 	}
 	return best
 }
 
 // run executes r's command with the retry policy on the least loaded path. When the command
-// fails because its path went down (not with a SCSI status), it is re-issued once on each other
-// connected path: READ and WRITE are idempotent, and the block contract forbids failing a
-// request that another session could serve.
+// fails because its path went down (not with a SCSI status), it is re-issued: with recoverable
+// paths, on the first path that is up (waiting up to the replacement timeout for one, see
+// recovery.go); otherwise once on each other connected path. READ and WRITE are idempotent, and
+// the block contract forbids failing a request that another session could serve.
 func (d *Device) run(ctx context.Context, r *request) error {
+	if d.recovering {
+		return d.runRecovering(ctx, r)
+	}
 	var failed *path
 	for attempt := 0; ; attempt++ {
 		p := d.pick(failed)
 		p.outstanding.Add(1)
 		err := d.retry.Execute(ctx, p.ex, &r.cmd, &r.resp)
 		p.outstanding.Add(-1)
+		p.commands.Add(1)
 		if err == nil || attempt+1 >= len(d.paths) || !pathFailure(err, p) || ctx.Err() != nil {
 			return err
 		}
@@ -239,6 +289,39 @@ func (d *Device) run(ctx context.Context, r *request) error {
 	}
 }
 
+// runRecovering is run over recoverable paths: a command failed by a connection loss waits for a
+// path (this one reinstated, or another) and is re-issued, at most maxReplays times.
+func (d *Device) runRecovering(ctx context.Context, r *request) error {
+	var failed *path
+	for replays := 0; ; {
+		p := d.pick(failed)
+		if p == nil {
+			if err := d.waitPath(ctx); err != nil {
+				return err
+			}
+			continue
+		}
+		if p.outstanding.Add(1) == 1 {
+			p.touch() // the command watchdog measures from the first command after idle
+		}
+		err := d.retry.Execute(ctx, p.ex, &r.cmd, &r.resp)
+		p.outstanding.Add(-1)
+		p.commands.Add(1)
+		if err == nil || ctx.Err() != nil || !pathFailure(err, p) {
+			p.touch()
+			return err
+		}
+		if replays++; replays > maxReplays || d.closed.Load() {
+			return err
+		}
+		p.pending.Add(1)
+		p.replayedTotal.Add(1)
+		d.log.Debug("connection lost; command will be re-issued", zap.String("portal", p.name),
+			zap.String("command", r.cmd.Name()), zap.Int("replay", replays), zap.Error(err))
+		failed = p
+	}
+}
+
 // pathFailure reports an error of the path itself (its connection is now down), as opposed to
 // a completed command's SCSI status or the caller's context.
 func pathFailure(err error, p *path) bool {
@@ -247,7 +330,8 @@ func pathFailure(err error, p *path) bool {
 	if errors.As(err, &se) || errors.As(err, &st) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
-	return !p.up()
+	var ce *session.ConnError
+	return !p.up() || errors.As(err, &ce)
 }
 
 // check is the entry check of every request: open, in range, aligned.
@@ -589,6 +673,7 @@ func (d *Device) Close() error {
 	if d.closed.Swap(true) {
 		return nil
 	}
+	d.stopRecovery() // no reinstatement races the logout
 	var errs []error
 	if d.closer != nil {
 		if err := d.closer(); err != nil {

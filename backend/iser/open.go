@@ -65,28 +65,58 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 	if n > maxSessions {
 		return nil, fmt.Errorf("iser: %d sessions requested, at most %d: %w", n, maxSessions, login.ErrConfig)
 	}
-	cfg := session.Config{
-		Portal:        t.Portal(),
-		Transport:     dialer,
-		InitiatorName: opts.InitiatorName,
-		TargetName:    t.IQN,
-		CHAP:          chap,
-		LoginTimeout:  opts.LoginTimeout,
-		Logger:        sessionLog,
+	// Every portal (the URL's and the alternates, same IQN and LUN) gets n sessions.
+	portals := []Target{t}
+	for _, alt := range opts.AlternateTargets {
+		at, err := ParseURL(alt)
+		if err != nil {
+			return nil, err
+		}
+		if at.IQN != t.IQN || at.LUN != t.LUN || at.Transport != t.Transport {
+			return nil, fmt.Errorf("iser: alternate target %s is not %s LUN %d over %s: %w", at, t.IQN, t.LUN, t.Transport, ErrBadURL)
+		}
+		for _, p := range portals {
+			if p.Portal() == at.Portal() {
+				return nil, fmt.Errorf("iser: portal %s given twice: %w", at.Portal(), ErrBadURL)
+			}
+		}
+		portals = append(portals, at)
 	}
-	if opts.Proposal != nil {
-		cfg.Proposal = *opts.Proposal
+	total := n * len(portals)
+	cfgs := make([]session.Config, total)
+	names := make([]string, total)
+	for i := range total {
+		pt := portals[i/n]
+		cfgs[i] = session.Config{
+			Portal:        pt.Portal(),
+			Transport:     dialer,
+			InitiatorName: opts.InitiatorName,
+			TargetName:    t.IQN,
+			CHAP:          chap,
+			LoginTimeout:  opts.LoginTimeout,
+			Logger:        sessionLog,
+		}
+		if opts.Proposal != nil {
+			cfgs[i].Proposal = *opts.Proposal
+		}
+		names[i] = pt.Portal()
 	}
+	opts.pathNames = names
 
 	// Log the sessions in concurrently; the first failure wins and the rest are closed.
-	sessions := make([]*session.Session, n)
-	errs := make([]error, n)
+	sessions := make([]*session.Session, total)
+	errs := make([]error, total)
 	var wg sync.WaitGroup
-	for i := range n {
+	for i := range total {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sessions[i], errs[i] = session.Dial(ctx, cfg)
+			s, err := session.New(cfgs[i])
+			if err == nil {
+				sessions[i] = s
+				err = s.Login(ctx)
+			}
+			errs[i] = err
 		}()
 	}
 	wg.Wait()
@@ -101,18 +131,37 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 		}
 		return errors.Join(cerrs...)
 	}
-	for _, err := range errs {
-		if err != nil {
-			closeAll()
-			if noRDMA(t.Transport, err) {
-				return nil, fmt.Errorf("%w: %w", ErrTransportUnavailable, err)
-			}
-			return nil, err
+	// With several portals, one that is unreachable at start is only a path that is down: its
+	// maintainer keeps trying to log in. Any other failure (authentication, no such target,
+	// negotiation) is a configuration problem and fails Open, as does having no path at all.
+	loggedIn := 0
+	var firstErr error
+	for i, err := range errs {
+		if err == nil {
+			loggedIn++
+			continue
+		}
+		if len(portals) > 1 && errors.Is(err, login.ErrPortalUnreachable) && sessions[i] != nil {
+			log.Warn("path down at start; will keep logging in", zap.String("portal", names[i]), zap.Error(err))
+			continue
+		}
+		if firstErr == nil {
+			firstErr = err
 		}
 	}
-	log.Debug("logged in", zap.Int("sessions", n))
+	if firstErr == nil && loggedIn == 0 {
+		firstErr = errs[0]
+	}
+	if firstErr != nil {
+		closeAll()
+		if noRDMA(t.Transport, firstErr) {
+			return nil, fmt.Errorf("%w: %w", ErrTransportUnavailable, firstErr)
+		}
+		return nil, firstErr
+	}
+	log.Debug("logged in", zap.Int("sessions", total), zap.Int("portals", len(portals)))
 
-	execs := make([]scsi.Executor, n)
+	execs := make([]scsi.Executor, total)
 	for i, s := range sessions {
 		execs[i] = s
 	}

@@ -31,8 +31,16 @@ type Options struct {
 	// Retry bounds re-issuing commands after UNIT ATTENTION, BUSY, TASK SET FULL and ABORTED
 	// COMMAND (nil: scsi defaults).
 	Retry *scsi.RetryPolicy
+	// Recovery configures keepalive, command timeout, reinstatement and the replacement timeout
+	// for sessions (nil: DefaultRecovery).
+	Recovery *Recovery
+	// AlternateTargets are URLs of the same target IQN and LUN on other portals (multipath):
+	// Open logs Sessions sessions in to each, and I/O fails over between them.
+	AlternateTargets []string
 	// Logger receives structured logs (nil: none). Secrets are never logged.
 	Logger *zap.Logger
+
+	pathNames []string // set by Open: the portal of each executor, for logs and PathStats
 }
 
 func (o *Options) logger() *zap.Logger {

@@ -50,6 +50,12 @@ func (d *Device) probe(ctx context.Context, opts Options) error {
 	r := &request{}
 	r.cmd.LUN = d.lun
 	ex := d.paths[0].ex
+	for _, p := range d.paths {
+		if p.up() { // with several portals, the first may be down at start
+			ex = p.ex
+			break
+		}
+	}
 	run := func() error { return d.retry.Execute(ctx, ex, &r.cmd, &r.resp) }
 	notFound := func(err error) error {
 		var se *scsi.SenseError

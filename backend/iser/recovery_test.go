@@ -1,0 +1,368 @@
+package iser
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/iser-blk/iser-blk/backend/iser/scsi"
+	"github.com/iser-blk/iser-blk/backend/iser/scsi/scsitest"
+	"github.com/iser-blk/iser-blk/backend/iser/session"
+	"github.com/iser-blk/iser-blk/block"
+)
+
+// fakeSession is a Recoverable executor over a scsitest LUN whose connection the test controls:
+// kill it (outstanding commands fail with a ConnError), refuse logins, make pings or commands hang.
+type fakeSession struct {
+	lun *scsitest.LUN
+
+	mu      sync.Mutex
+	done    chan struct{} // current connection; nil when never logged in
+	err     error
+	refuse  atomic.Bool // Login fails
+	silent  atomic.Bool // Ping never answers (a silent partition)
+	hang    atomic.Bool // commands never complete until the connection dies
+	logins  atomic.Int64
+	execs   atomic.Int64
+	hanging atomic.Int64
+}
+
+func newFakeSession(lun *scsitest.LUN) *fakeSession {
+	f := &fakeSession{lun: lun, done: make(chan struct{})}
+	return f
+}
+
+func (f *fakeSession) conn() (chan struct{}, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.done, f.err
+}
+
+func (f *fakeSession) Connected() bool {
+	done, _ := f.conn()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
+func (f *fakeSession) Done() <-chan struct{} {
+	done, _ := f.conn()
+	if done == nil {
+		return nil
+	}
+	return done
+}
+
+func (f *fakeSession) Err() error { _, err := f.conn(); return err }
+
+func (f *fakeSession) Drop(cause error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.done == nil {
+		return
+	}
+	select {
+	case <-f.done:
+	default:
+		f.err = cause
+		close(f.done)
+	}
+}
+
+func (f *fakeSession) Login(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if f.refuse.Load() {
+		return errors.New("connection refused")
+	}
+	if f.Connected() {
+		return nil
+	}
+	f.mu.Lock()
+	f.done, f.err = make(chan struct{}), nil
+	f.mu.Unlock()
+	f.hang.Store(false) // a new connection: the stuck commands are gone with the old one
+	f.logins.Add(1)
+	return nil
+}
+
+func (f *fakeSession) Ping(ctx context.Context, _ []byte) error {
+	done, err := f.conn()
+	if !f.silent.Load() {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-done:
+		return f.Err()
+	}
+}
+
+func (f *fakeSession) Execute(ctx context.Context, cmd *scsi.Command, resp *scsi.Response) error {
+	f.execs.Add(1)
+	done, _ := f.conn()
+	lost := func() error {
+		return &session.ConnError{Target: "fake", Portal: "fake:3260", Err: f.Err()}
+	}
+	if !f.Connected() {
+		return lost()
+	}
+	if f.hang.Load() && cmd.CDB[0] != scsi.OpInquiry {
+		f.hanging.Add(1)
+		defer f.hanging.Add(-1)
+		select {
+		case <-done:
+			return lost()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return f.lun.Execute(ctx, cmd, resp)
+}
+
+// kill ends the connection as a transport error would.
+func (f *fakeSession) kill() { f.Drop(errors.New("connection reset by peer")) }
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		<-tick.C
+	}
+}
+
+func fastRecovery() Recovery {
+	return Recovery{ReplacementTimeout: -1, ReconnectMin: time.Millisecond, ReconnectMax: 5 * time.Millisecond}
+}
+
+func recoveringDevice(t *testing.T, rec Recovery, sessions ...*fakeSession) *Device {
+	t.Helper()
+	execs := make([]scsi.Executor, len(sessions))
+	for i, s := range sessions {
+		execs[i] = s
+	}
+	d, err := NewDevice(context.Background(), execs, 0, Options{Recovery: &rec, Logger: zaptest.NewLogger(t)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// TestReplayAfterReinstatement: writes in flight when the connection dies are re-issued after
+// the session is reinstated; every write lands; the counters show the outage.
+func TestReplayAfterReinstatement(t *testing.T) {
+	lun := scsitest.New(scsitest.Config{MaxTransferBlocks: 16})
+	s := newFakeSession(lun)
+	d := recoveringDevice(t, fastRecovery(), s)
+	ctx := context.Background()
+
+	s.hang.Store(true)
+	s.refuse.Store(true)
+	const n = 8
+	data := randBytes(n * 8192)
+	errs := make(chan error, n)
+	for i := range n {
+		go func() { errs <- d.WriteAt(ctx, data[i*8192:(i+1)*8192], int64(i*8192), 0) }()
+	}
+	waitFor(t, "all writes in flight", 5*time.Second, func() bool { return s.hanging.Load() == n })
+	s.kill()
+	waitFor(t, "path down", 5*time.Second, func() bool { return d.PathStats()[0].Downs == 1 })
+	if s.hanging.Load() != 0 {
+		t.Fatalf("%d commands still hanging on a dead connection", s.hanging.Load())
+	}
+	s.refuse.Store(false)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatalf("write across a reconnect: %v", err)
+		}
+	}
+	if got := lun.Bytes(0, int64(len(data))); !bytes.Equal(got, data) {
+		t.Fatal("data written across a reconnect differs")
+	}
+	st := d.PathStats()[0]
+	if !st.Up || st.Restores != 1 || st.Replayed < n {
+		t.Fatalf("path stats after one outage: %+v", st)
+	}
+}
+
+// TestReplacementTimeout: with no path, I/O waits at most the replacement timeout, then it and
+// every new request fail with ErrNoPath (EIO) at once; when the session is back, I/O works.
+func TestReplacementTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rt   time.Duration
+	}{{"fails at once", 0}, {"bounded", 150 * time.Millisecond}} {
+		t.Run(tc.name, func(t *testing.T) {
+			lun := scsitest.New(scsitest.Config{})
+			s := newFakeSession(lun)
+			rec := fastRecovery()
+			rec.ReplacementTimeout = tc.rt
+			d := recoveringDevice(t, rec, s)
+			ctx := context.Background()
+			buf := make([]byte, 4096)
+
+			s.refuse.Store(true)
+			s.kill()
+			start := time.Now()
+			err := d.ReadAt(ctx, buf, 0)
+			took := time.Since(start)
+			if !errors.Is(err, block.ErrNoPath) {
+				t.Fatalf("read with no path: %v", err)
+			}
+			if took < tc.rt-10*time.Millisecond || took > tc.rt+2*time.Second {
+				t.Fatalf("read failed after %v, replacement timeout %v", took, tc.rt)
+			}
+			start = time.Now()
+			if err := d.WriteAt(ctx, buf, 0, 0); !errors.Is(err, block.ErrNoPath) || time.Since(start) > time.Second {
+				t.Fatalf("new write after the replacement timeout: %v after %v", err, time.Since(start))
+			}
+			s.refuse.Store(false)
+			waitFor(t, "path back", 5*time.Second, func() bool { return d.PathStats()[0].Up })
+			if err := d.ReadAt(ctx, buf, 0); err != nil {
+				t.Fatalf("read after the session came back: %v", err)
+			}
+		})
+	}
+	t.Run("negative waits", func(t *testing.T) {
+		lun := scsitest.New(scsitest.Config{})
+		s := newFakeSession(lun)
+		d := recoveringDevice(t, fastRecovery(), s) // ReplacementTimeout -1
+		s.refuse.Store(true)
+		s.kill()
+		errc := make(chan error, 1)
+		go func() { errc <- d.ReadAt(context.Background(), make([]byte, 512), 0) }()
+		waitFor(t, "reconnect attempts", 5*time.Second, func() bool { return d.PathStats()[0].Downs == 1 })
+		select {
+		case err := <-errc:
+			t.Fatalf("read returned while the path was down and the timeout is infinite: %v", err)
+		default:
+		}
+		s.refuse.Store(false)
+		if err := <-errc; err != nil {
+			t.Fatalf("queued read after the path came back: %v", err)
+		}
+	})
+}
+
+// TestKeepaliveDropsSilentConnection: pings that go unanswered drop the connection, which is
+// then reinstated.
+func TestKeepaliveDropsSilentConnection(t *testing.T) {
+	s := newFakeSession(scsitest.New(scsitest.Config{}))
+	rec := fastRecovery()
+	rec.NOPInterval, rec.NOPTimeout = 20*time.Millisecond, 30*time.Millisecond
+	d := recoveringDevice(t, rec, s)
+	s.silent.Store(true)
+	s.refuse.Store(true)
+	start := time.Now()
+	waitFor(t, "keepalive to drop the connection", 5*time.Second, func() bool { return d.PathStats()[0].Downs == 1 })
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("silent connection detected after %v", took)
+	}
+	if err := s.Err(); !errors.Is(err, block.ErrTimeout) {
+		t.Fatalf("drop cause: %v", err)
+	}
+	s.silent.Store(false)
+	s.refuse.Store(false)
+	waitFor(t, "reinstatement", 5*time.Second, func() bool { return d.PathStats()[0].Restores == 1 })
+}
+
+// TestCommandTimeoutDropsStuckPath: commands outstanding with no completion for the command
+// timeout drop the connection; they are re-issued on the new one and succeed.
+func TestCommandTimeoutDropsStuckPath(t *testing.T) {
+	lun := scsitest.New(scsitest.Config{})
+	s := newFakeSession(lun)
+	rec := fastRecovery()
+	rec.CommandTimeout = 100 * time.Millisecond
+	d := recoveringDevice(t, rec, s)
+	s.hang.Store(true)
+	data := randBytes(4096)
+	start := time.Now()
+	if err := d.WriteAt(context.Background(), data, 8192, 0); err != nil {
+		t.Fatalf("write on a stuck path: %v", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("stuck write took %v with a 100 ms command timeout", took)
+	}
+	if err := s.Err(); err != nil && !errors.Is(err, block.ErrTimeout) {
+		t.Fatalf("drop cause: %v", err)
+	}
+	if !bytes.Equal(lun.Bytes(8192, 4096), data) {
+		t.Fatal("re-issued write did not land")
+	}
+	if st := d.PathStats()[0]; st.Downs != 1 || st.Replayed != 1 {
+		t.Fatalf("stats: %+v", st)
+	}
+}
+
+// TestFailoverAndFailback: one of two paths dies under load: no request fails; when it is back,
+// commands go to both again.
+func TestFailoverAndFailback(t *testing.T) {
+	lun := scsitest.New(scsitest.Config{MaxTransferBlocks: 8})
+	a, b := newFakeSession(lun), newFakeSession(lun)
+	d := recoveringDevice(t, fastRecovery(), a, b)
+	ctx := context.Background()
+	data := randBytes(256 << 10)
+	if err := d.WriteAt(ctx, data, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	a.refuse.Store(true)
+	a.kill()
+	before := d.PathStats()
+	got := make([]byte, len(data))
+	for i := range 8 {
+		if err := d.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("read %d with one path down: %v", i, err)
+		}
+	}
+	mid := d.PathStats()
+	if mid[0].Commands != before[0].Commands || mid[1].Commands <= before[1].Commands {
+		t.Fatalf("with path a down, commands went: before %+v after %+v", before, mid)
+	}
+	a.refuse.Store(false)
+	waitFor(t, "fail-back", 5*time.Second, func() bool { return d.PathStats()[0].Up })
+	for range 8 {
+		if err := d.ReadAt(ctx, got, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := d.PathStats()
+	if after[0].Commands == mid[0].Commands || after[1].Commands == mid[1].Commands {
+		t.Fatalf("after fail-back, traffic is not on both paths: %+v -> %+v", mid, after)
+	}
+	t.Logf("path counters: %+v", after)
+}
+
+func TestBackoff(t *testing.T) {
+	r := Recovery{ReconnectMin: 100 * time.Millisecond, ReconnectMax: time.Second}
+	if d := r.backoff(0); d != 0 {
+		t.Fatalf("first attempt delayed %v", d)
+	}
+	for n, want := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 3: 400 * time.Millisecond, 10: time.Second, 60: time.Second} {
+		for range 20 {
+			d := r.backoff(n)
+			if d < want*8/10 || d > want*12/10 {
+				t.Fatalf("backoff(%d) = %v, want %v ±20%%", n, d, want)
+			}
+		}
+	}
+}
