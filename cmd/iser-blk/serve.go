@@ -34,6 +34,7 @@ func init() {
 // exportFlags are the flags shared by serve and attach that shape the device and its NBD export.
 type exportFlags struct {
 	target       string
+	alternates   []string // --target given again: the same IQN/LUN on other portals
 	exportName   string
 	readOnly     bool
 	maxInflight  int
@@ -42,7 +43,8 @@ type exportFlags struct {
 }
 
 func (ef *exportFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&ef.target, "target", "", "target URL: iscsi://[user@]host[:port]/IQN/LUN, iser://..., or mem://SIZE (test-only in-memory device)")
+	fs.Var((*targetList)(ef), "target", "target URL: iscsi://[user@]host[:port]/IQN/LUN, iser://..., or mem://SIZE (test-only in-memory device);\n"+
+		"repeat it with the same IQN/LUN on other portals for multipath (failover and fail-back)")
 	fs.StringVar(&ef.exportName, "export-name", "iser-blk", "NBD export name (the empty default name also selects it)")
 	fs.BoolVar(&ef.readOnly, "read-only", false, "export read-only")
 	fs.IntVar(&ef.maxInflight, "max-inflight", 128, "requests executing concurrently per connection")
@@ -90,7 +92,30 @@ func openTarget(ctx context.Context, tf *targetFlags, ef *exportFlags, log *zap.
 		return nil, err
 	}
 	opts.ReadOnly = ef.readOnly
+	opts.AlternateTargets = ef.alternates
 	return iser.Open(ctx, ef.target, opts)
+}
+
+// targetList is --target: the first names the LUN, later ones the same LUN on other portals.
+type targetList exportFlags
+
+func (l *targetList) String() string {
+	if l == nil {
+		return ""
+	}
+	return strings.Join(append([]string{l.target}, l.alternates...), ",")
+}
+
+func (l *targetList) Set(v string) error {
+	if l.target == "" {
+		l.target = v
+		return nil
+	}
+	if strings.HasPrefix(v, "mem://") || strings.HasPrefix(l.target, "mem://") {
+		return fmt.Errorf("mem:// cannot have several portals")
+	}
+	l.alternates = append(l.alternates, v)
+	return nil
 }
 
 // newBufferPool builds the registered-memory buffer pool from --buffer-memory.

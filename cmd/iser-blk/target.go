@@ -41,6 +41,7 @@ type targetFlags struct {
 	sessions         int
 	loginTimeout     time.Duration
 	debug            bool
+	recovery         iser.Recovery
 }
 
 // register adds the shared flags to fs. withSessions adds --sessions (not for discover).
@@ -54,6 +55,14 @@ func (tf *targetFlags) register(fs *flag.FlagSet, withSessions bool) {
 	fs.BoolVar(&tf.debug, "debug", false, "debug logging")
 	if withSessions {
 		fs.IntVar(&tf.sessions, "sessions", 1, "number of iSCSI sessions to the target (1-32)")
+		// Reliability (open-iscsi's defaults): keepalive, stuck commands, how long I/O waits
+		// for a lost session.
+		def := iser.DefaultRecovery()
+		tf.recovery = def
+		fs.DurationVar(&tf.recovery.NOPInterval, "noop-interval", def.NOPInterval, "NOP-Out ping on a connection idle this long (0: no keepalive)")
+		fs.DurationVar(&tf.recovery.NOPTimeout, "noop-timeout", def.NOPTimeout, "a ping unanswered this long drops the connection")
+		fs.DurationVar(&tf.recovery.CommandTimeout, "command-timeout", def.CommandTimeout, "commands outstanding with none completing this long drop the connection; they are re-issued (0: never)")
+		fs.DurationVar(&tf.recovery.ReplacementTimeout, "replacement-timeout", def.ReplacementTimeout, "how long I/O waits for a lost session before failing with EIO (0: at once; negative: forever); reconnecting goes on")
 	}
 }
 
@@ -159,13 +168,24 @@ func (tf *targetFlags) options(urlUser string, log *zap.Logger) (iser.Options, e
 	if tf.sessions < 0 || tf.sessions > 32 {
 		return iser.Options{}, usagef("--sessions must be 1..32")
 	}
-	return iser.Options{
+	if tf.recovery.NOPInterval < 0 || tf.recovery.NOPTimeout < 0 || tf.recovery.CommandTimeout < 0 {
+		return iser.Options{}, usagef("--noop-interval, --noop-timeout and --command-timeout must not be negative")
+	}
+	if tf.recovery.NOPInterval > 0 && tf.recovery.NOPTimeout == 0 {
+		return iser.Options{}, usagef("--noop-timeout must be positive when --noop-interval is")
+	}
+	opts := iser.Options{
 		InitiatorName: tf.initiatorName,
 		CHAP:          chap,
 		Sessions:      tf.sessions,
 		LoginTimeout:  tf.loginTimeout,
 		Logger:        log,
-	}, nil
+	}
+	if tf.recovery != (iser.Recovery{}) {
+		rec := tf.recovery
+		opts.Recovery = &rec
+	}
+	return opts, nil
 }
 
 // newFlagSet returns a flag set whose --help prints the synopsis, description and flags.
