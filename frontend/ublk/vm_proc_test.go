@@ -268,6 +268,30 @@ func run(t *testing.T, name string, args ...string) string {
 	return string(out)
 }
 
+// watchdog dumps what the guest is waiting on if a test step stalls for d: blocked tasks and
+// their kernel stacks, the disk's in-flight counters, the kernel log, and the server's goroutines
+// (SIGQUIT makes the Go runtime print them to its stderr, which the cleanup logs).
+func watchdog(t *testing.T, p *serverProc, d time.Duration) func() {
+	timer := time.AfterFunc(d, func() {
+		var b strings.Builder
+		fmt.Fprintf(&b, "=== watchdog: %s stalled for %v\n", t.Name(), d)
+		sh := func(cmd string) {
+			out, _ := exec.Command("sh", "-c", cmd).CombinedOutput()
+			fmt.Fprintf(&b, "$ %s\n%s\n", cmd, out)
+		}
+		sh("cat /sys/block/ublkb*/inflight /sys/block/ublkb*/stat")
+		sh("for p in $(ps -eo pid=,stat= | awk '$2 ~ /D/ {print $1}'); do echo \"== $p $(cat /proc/$p/comm)\"; cat /proc/$p/stack; done")
+		sh("dmesg | tail -60")
+		fmt.Fprint(os.Stderr, b.String())
+		if p != nil {
+			p.cmd.Process.Signal(syscall.SIGQUIT)
+			<-p.exited
+			fmt.Fprintf(os.Stderr, "=== server stderr after SIGQUIT:\n%s\n", p.stderr.String())
+		}
+	})
+	return func() { timer.Stop() }
+}
+
 // TestVMExt4 is acceptance 1: a filesystem on the ublk disk survives umount, fsck and remount
 // with every file intact; fstrim works; the kernel sees a write-back cache.
 func TestVMExt4(t *testing.T) {
@@ -278,6 +302,7 @@ func TestVMExt4(t *testing.T) {
 
 func testExt4(t *testing.T, target string) {
 	p := startServer(t, target, 2, 64)
+	defer watchdog(t, p, 8*time.Minute)()
 	base := filepath.Base(p.path)
 	wc, err := os.ReadFile("/sys/block/" + base + "/queue/write_cache")
 	if err != nil || strings.TrimSpace(string(wc)) != "write back" {
@@ -388,6 +413,7 @@ func TestVMFioVerify(t *testing.T) {
 
 func testFioVerify(t *testing.T, target string) {
 	p := startServer(t, target, 2, 64)
+	defer watchdog(t, p, 8*time.Minute)()
 	common := []string{"--filename=" + p.path, "--ioengine=libaio", "--direct=1", "--bs=4k",
 		"--iodepth=64", "--numjobs=2", "--size=32M", "--offset_increment=32M",
 		"--verify=crc32c", "--randseed=1234", "--group_reporting=0"}
