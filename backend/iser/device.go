@@ -297,6 +297,9 @@ func (d *Device) runRecovering(ctx context.Context, r *request) error {
 		p := d.pick(failed)
 		if p == nil {
 			if err := d.waitPath(ctx); err != nil {
+				if failed != nil {
+					failed.pending.Add(-1) // it will not be replayed after all
+				}
 				return err
 			}
 			continue
@@ -307,6 +310,10 @@ func (d *Device) runRecovering(ctx context.Context, r *request) error {
 		err := d.retry.Execute(ctx, p.ex, &r.cmd, &r.resp)
 		p.outstanding.Add(-1)
 		p.commands.Add(1)
+		if failed != nil {
+			failed.pending.Add(-1) // replayed (or failed again, counted again below)
+			failed = nil
+		}
 		if err == nil || ctx.Err() != nil || !pathFailure(err, p) {
 			p.touch()
 			return err

@@ -34,7 +34,8 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 	}
 	// The session logger names target and portal itself; the device's adds the LUN.
 	sessionLog := opts.logger()
-	log := sessionLog.With(zap.String("target", t.IQN), zap.String("portal", t.Portal()), zap.Uint16("lun", t.LUN))
+	// Paths name their portal themselves (there may be several).
+	log := sessionLog.With(zap.String("target", t.IQN), zap.Uint16("lun", t.LUN))
 	opts.Logger = log
 	dialer, err := transport.Lookup(t.Transport)
 	if err != nil {

@@ -277,7 +277,7 @@ func (d *Device) maintain(p *path) {
 		p.touch()
 		p.restores.Add(1)
 		log.Info("session restored", zap.Duration("after", time.Since(downAt).Round(time.Millisecond)),
-			zap.Int64("commands_to_replay", p.pending.Swap(0)))
+			zap.Int64("commands_to_replay", max(p.pending.Load(), 0)))
 		d.notifyUp()
 	}
 }

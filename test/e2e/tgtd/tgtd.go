@@ -65,7 +65,23 @@ type Target struct {
 	ControlPort int
 	TID         int
 
-	cmd *exec.Cmd
+	opts Options
+	mu   sync.Mutex
+	proc *process // the running tgtd; nil after Kill
+}
+
+// process is one tgtd run.
+type process struct {
+	cmd    *exec.Cmd
+	exited chan error // receives Wait's result once
+	log    *syncBuffer
+}
+
+// kill stops the process with SIGKILL (tgtd ignores SIGTERM while targets exist) and reaps it.
+func (p *process) kill() {
+	_ = p.cmd.Process.Kill()
+	err := <-p.exited
+	p.exited <- err
 }
 
 // Start starts tgtd and configures the target; t.Cleanup stops it and removes the backing file.
@@ -112,46 +128,62 @@ func start(t testing.TB, opts Options) (*Target, error) {
 	ctl := 1024 + int(randUint16()%31000) // tgtd accepts up to 32767
 	tg := &Target{
 		Portal: fmt.Sprintf("127.0.0.1:%d", port), Port: port, Name: opts.TargetName,
-		LUN: 1, Size: opts.Size, ControlPort: ctl, TID: 1,
+		LUN: 1, Size: opts.Size, ControlPort: ctl, TID: 1, opts: opts,
 	}
 	if _, err := tg.tgtadm("--mode", "system", "--op", "show"); err == nil {
 		return nil, fmt.Errorf("control port %d is already served by another tgtd", ctl)
 	}
-	var logBuf syncBuffer
-	cmd := exec.Command("tgtd", "-f", "-C", strconv.Itoa(ctl), "-t", strconv.Itoa(opts.IOThreads),
+	p, err := tg.launch()
+	if err != nil {
+		return nil, err
+	}
+	tg.proc = p
+	t.Cleanup(func() {
+		tg.mu.Lock()
+		if tg.proc != nil {
+			tg.proc.kill()
+		}
+		tg.mu.Unlock()
+		if tg.BackingFile != "" {
+			os.Remove(tg.BackingFile)
+		}
+	})
+	if err := tg.configure(opts); err != nil {
+		return nil, fmt.Errorf("configuring tgtd: %w (tgtd log: %s)", err, p.log.String())
+	}
+	return tg, nil
+}
+
+// launch runs tgtd on tg's portal and control port and waits until it serves both.
+func (tg *Target) launch() (*process, error) {
+	p := &process{log: &syncBuffer{}, exited: make(chan error, 1)}
+	cmd := exec.Command("tgtd", "-f", "-C", strconv.Itoa(tg.ControlPort), "-t", strconv.Itoa(tg.opts.IOThreads),
 		"--iscsi", "portal="+tg.Portal)
-	cmd.Stdout, cmd.Stderr = &logBuf, &logBuf
+	cmd.Stdout, cmd.Stderr = p.log, p.log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting tgtd: %w", err)
 	}
-	tg.cmd = cmd
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stop := func() {
-		// tgtd keeps no state outside the process but our backing file (removed below) and
-		// ignores SIGTERM while targets exist, so kill it outright.
-		_ = cmd.Process.Kill()
-		<-exited
-	}
+	p.cmd = cmd
+	go func() { p.exited <- cmd.Wait() }()
 	// Readiness: tgtadm answers on our control port and the iSCSI port accepts connections.
 	deadline := time.Now().Add(10 * time.Second)
 	poll := time.NewTicker(20 * time.Millisecond)
 	defer poll.Stop()
 	for {
 		select {
-		case err := <-exited:
-			exited <- err
-			return nil, fmt.Errorf("tgtd exited during start-up (%v): %s", err, logBuf.String())
+		case err := <-p.exited:
+			p.exited <- err
+			return nil, fmt.Errorf("tgtd exited during start-up (%v): %s", err, p.log.String())
 		default:
 		}
 		// tgtd that cannot bind our portal falls back to 0.0.0.0:3260, so insist on seeing our
 		// exact portal in its list before trusting the port.
 		portals, aerr := tg.tgtadm("--mode", "portal", "--op", "show")
 		if aerr == nil && !strings.Contains(portals, "Portal: "+tg.Portal+",") {
-			if strings.Contains(logBuf.String(), "failed to create/bind") {
-				stop()
-				return nil, fmt.Errorf("tgtd could not bind %s: %s", tg.Portal, logBuf.String())
+			if strings.Contains(p.log.String(), "failed to create/bind") {
+				p.kill()
+				return nil, fmt.Errorf("tgtd could not bind %s: %s", tg.Portal, p.log.String())
 			}
 			aerr = fmt.Errorf("portal %s not listed yet: %q", tg.Portal, portals)
 		}
@@ -159,26 +191,54 @@ func start(t testing.TB, opts Options) (*Target, error) {
 			c, derr := net.DialTimeout("tcp", tg.Portal, time.Second)
 			if derr == nil {
 				c.Close()
-				break
+				return p, nil
 			}
 			aerr = derr
 		}
 		if time.Now().After(deadline) {
-			stop()
-			return nil, fmt.Errorf("tgtd not ready after 10 s: %v; log: %s", aerr, logBuf.String())
+			p.kill()
+			return nil, fmt.Errorf("tgtd not ready after 10 s: %v; log: %s", aerr, p.log.String())
 		}
 		<-poll.C
 	}
-	t.Cleanup(func() {
-		stop()
-		if tg.BackingFile != "" {
-			os.Remove(tg.BackingFile)
-		}
-	})
-	if err := tg.configure(opts); err != nil {
-		return nil, fmt.Errorf("configuring tgtd: %w (tgtd log: %s)", err, logBuf.String())
+}
+
+// Kill kills tgtd with SIGKILL, as a crash would: connections are reset, the configuration
+// (which tgtd keeps only in memory) is gone, the backing file and its data stay.
+func (tg *Target) Kill() {
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	if tg.proc != nil {
+		tg.proc.kill()
+		tg.proc = nil
 	}
-	return tg, nil
+}
+
+// Restart starts tgtd again after Kill on the same portal and control port and re-creates the
+// target, LUN 1 on the same backing file (its data intact), the ACL, accounts and parameters.
+// LUNs added with TGTAdm are not re-created.
+func (tg *Target) Restart() error {
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	if tg.proc != nil {
+		return fmt.Errorf("tgtd is still running")
+	}
+	var p *process
+	var err error
+	// The port may linger briefly after the kill; retry the bind for a few seconds.
+	for attempt := 0; attempt < 5; attempt++ {
+		if p, err = tg.launch(); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	tg.proc = p
+	if err := tg.setup(tg.opts); err != nil {
+		return fmt.Errorf("re-configuring tgtd: %w (tgtd log: %s)", err, p.log.String())
+	}
+	return nil
 }
 
 func (tg *Target) configure(opts Options) error {
@@ -192,6 +252,11 @@ func (tg *Target) configure(opts Options) error {
 		return err
 	}
 	f.Close()
+	return tg.setup(opts)
+}
+
+// setup creates target, LUN 1 on tg.BackingFile, ACL, accounts and parameters.
+func (tg *Target) setup(opts Options) error {
 	tid := strconv.Itoa(tg.TID)
 	lu := []string{"--mode", "logicalunit", "--op", "new", "--tid", tid, "--lun", "1", "--backing-store", tg.BackingFile}
 	tg.BlockSize = 512
