@@ -1,6 +1,10 @@
 package session
 
-import "github.com/iser-blk/iser-blk/backend/iser/transport"
+import (
+	"runtime"
+
+	"github.com/iser-blk/iser-blk/backend/iser/transport"
+)
 
 // queued is one PDU waiting in the send queue.
 type queued struct {
@@ -45,6 +49,12 @@ func (c *conn) flushLocked(done chan error) error {
 	}
 	// No flush in progress means the queue was empty: our PDU is the first of the batch.
 	c.flushing = true
+	// Let the senders that are already runnable queue their PDUs before we write: at queue depth
+	// they were woken by the same read of the socket, and one writev for all of them costs what
+	// one costs alone (loopback TCP: ~10 µs per call). With nobody runnable this is ~100 ns.
+	c.sendMu.Unlock()
+	runtime.Gosched()
+	c.sendMu.Lock()
 	var own error
 	first := true
 	for len(c.queue) > 0 {
