@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -351,6 +352,9 @@ func (c *conn) splitRange(off, length, limit int64, fn func(o, l int64) error) e
 func (c *conn) writeLoop() {
 	for r := range c.done {
 		c.batch = append(c.batch[:0], r)
+		// Let workers that are already runnable (woken by the same backend read) post their
+		// replies first, so one writev carries them all instead of one syscall each.
+		runtime.Gosched()
 	gather:
 		for len(c.batch) < maxBatch {
 			select {
