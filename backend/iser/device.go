@@ -332,13 +332,17 @@ func (d *Device) runRecovering(ctx context.Context, r *request) error {
 // pathFailure reports an error of the path itself (its connection is now down), as opposed to
 // a completed command's SCSI status or the caller's context.
 func pathFailure(err error, p *path) bool {
+	// A connection error is one whatever its cause says (a keepalive's deadline, a timeout).
+	var ce *session.ConnError
+	if errors.As(err, &ce) {
+		return true
+	}
 	var se *scsi.SenseError
 	var st *scsi.StatusError
 	if errors.As(err, &se) || errors.As(err, &st) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
-	var ce *session.ConnError
-	return !p.up() || errors.As(err, &ce)
+	return !p.up()
 }
 
 // check is the entry check of every request: open, in range, aligned.

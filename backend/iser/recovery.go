@@ -26,7 +26,6 @@ package iser
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -234,13 +233,18 @@ func (d *Device) startRecovery() {
 	}
 }
 
-// stopRecovery ends the maintainers (before the sessions are logged out).
+// stopRecovery ends the maintainers (before the sessions are logged out) and logs each path's
+// counters, so an operator sees how the I/O was spread and what outages there were.
 func (d *Device) stopRecovery() {
 	if d.bgCancel == nil {
 		return
 	}
 	d.bgCancel()
 	d.bgWG.Wait()
+	for _, st := range d.PathStats() {
+		d.log.Info("path stats", zap.String("portal", st.Portal), zap.Bool("up", st.Up), zap.Uint64("commands", st.Commands),
+			zap.Uint64("downs", st.Downs), zap.Uint64("restores", st.Restores), zap.Uint64("replayed", st.Replayed))
+	}
 }
 
 // maintain watches one path for the device's life: keepalive while up, reinstatement while down.
@@ -277,7 +281,7 @@ func (d *Device) maintain(p *path) {
 		p.touch()
 		p.restores.Add(1)
 		log.Info("session restored", zap.Duration("after", time.Since(downAt).Round(time.Millisecond)),
-			zap.Int64("commands_to_replay", max(p.pending.Load(), 0)))
+			zap.Int64("commands_to_replay", max(p.pending.Load(), 0)), zap.Uint64("path_commands", p.commands.Load()))
 		d.notifyUp()
 	}
 }
@@ -324,7 +328,7 @@ func (d *Device) watch(p *path, log *zap.Logger) {
 			case d.bg.Err() != nil:
 				return
 			case p.rec.Connected():
-				err = fmt.Errorf("keepalive: no NOP-In within %v: %w", d.rec.NOPTimeout, errors.Join(err, block.ErrTimeout))
+				err = fmt.Errorf("keepalive: no NOP-In within %v (%v): %w", d.rec.NOPTimeout, err, block.ErrTimeout)
 				log.Warn("dropping the connection", zap.Error(err))
 				p.rec.Drop(err)
 				return

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/test/e2e/netns"
 	"github.com/iser-blk/iser-blk/test/e2e/tgtd"
 )
 
@@ -191,4 +192,59 @@ func TestE2EReplacementTimeout(t *testing.T) {
 	if !bytes.Equal(buf, data) {
 		t.Fatal("data read after the restart differs from what was written before")
 	}
+}
+
+// TestE2ESilentPartition (acceptance 3): tgtd in a network namespace behind a veth pair; the link
+// is cut so that packets vanish (no RST). With the default keepalive (NOP every 5 s, 5 s to
+// answer) the dead connection is detected within 15 s; a read issued during the partition waits
+// and completes once the link is back.
+func TestE2ESilentPartition(t *testing.T) {
+	ns := netns.New(t)
+	link := ns.AddLink(t)
+	tg := tgtd.Start(t, tgtd.Options{Size: 8 << 20, NetNS: ns.Name, Addr: link.NSIP})
+	rec := DefaultRecovery()
+	rec.CommandTimeout = 0 // the keepalive alone must find the partition
+	d := openE2E(t, fmt.Sprintf("iscsi://%s/%s/1", tg.Portal, tg.Name), Options{Recovery: &rec, LoginTimeout: 3 * time.Second})
+	ctx := context.Background()
+	data := bytes.Repeat([]byte("partition"), 4096/9+1)[:4096]
+	if err := d.WriteAt(ctx, data, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := link.Cut(); err != nil {
+		t.Fatal(err)
+	}
+	cut := time.Now()
+	readDone := make(chan error, 1)
+	got := make([]byte, 4096)
+	go func() { readDone <- d.ReadAt(ctx, got, 0) }()
+	for d.PathStats()[0].Downs == 0 {
+		if time.Since(cut) > 20*time.Second {
+			t.Fatal("silent partition not detected after 20 s")
+		}
+		time.Sleep(50 * time.Millisecond) // polling the path counter
+	}
+	detected := time.Since(cut)
+	t.Logf("silent partition detected after %v", detected.Round(time.Millisecond))
+	if detected > 15*time.Second {
+		t.Fatalf("silent partition detected after %v, want within 15 s", detected)
+	}
+	select {
+	case err := <-readDone:
+		t.Fatalf("read returned during the partition: %v", err)
+	default:
+	}
+	if err := link.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	restored := time.Now()
+	select {
+	case err := <-readDone:
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("read across the partition: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("read still waiting 60 s after the link came back")
+	}
+	t.Logf("read completed %v after the link came back; path %+v", time.Since(restored).Round(time.Millisecond), d.PathStats()[0])
 }

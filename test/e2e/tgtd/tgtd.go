@@ -51,6 +51,10 @@ type Options struct {
 	Params map[string]string
 	// IOThreads is tgtd's -t (default 2).
 	IOThreads int
+	// NetNS runs tgtd (and tgtadm, whose control socket is per network namespace) inside this
+	// network namespace (`ip netns exec`), listening on Addr:3260. Addr must be an address of
+	// that namespace, reachable from the test (a veth pair the test made).
+	NetNS, Addr string
 }
 
 // Target is a running tgtd with one target and LUN 1.
@@ -124,10 +128,14 @@ func start(t testing.TB, opts Options) (*Target, error) {
 	if err != nil {
 		return nil, err
 	}
+	host := "127.0.0.1"
+	if opts.NetNS != "" {
+		host, port = opts.Addr, 3260 // a namespace of the test's own: the port is free
+	}
 	// The control port names an abstract unix socket; pick one unlikely to be in use.
 	ctl := 1024 + int(randUint16()%31000) // tgtd accepts up to 32767
 	tg := &Target{
-		Portal: fmt.Sprintf("127.0.0.1:%d", port), Port: port, Name: opts.TargetName,
+		Portal: net.JoinHostPort(host, strconv.Itoa(port)), Port: port, Name: opts.TargetName,
 		LUN: 1, Size: opts.Size, ControlPort: ctl, TID: 1, opts: opts,
 	}
 	if _, err := tg.tgtadm("--mode", "system", "--op", "show"); err == nil {
@@ -157,7 +165,7 @@ func start(t testing.TB, opts Options) (*Target, error) {
 // launch runs tgtd on tg's portal and control port and waits until it serves both.
 func (tg *Target) launch() (*process, error) {
 	p := &process{log: &syncBuffer{}, exited: make(chan error, 1)}
-	cmd := exec.Command("tgtd", "-f", "-C", strconv.Itoa(tg.ControlPort), "-t", strconv.Itoa(tg.opts.IOThreads),
+	cmd := tg.command(context.Background(), "tgtd", "-f", "-C", strconv.Itoa(tg.ControlPort), "-t", strconv.Itoa(tg.opts.IOThreads),
 		"--iscsi", "portal="+tg.Portal)
 	cmd.Stdout, cmd.Stderr = p.log, p.log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
@@ -316,11 +324,26 @@ func (tg *Target) tgtadm(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	full := append([]string{"-C", strconv.Itoa(tg.ControlPort), "--lld", "iscsi"}, args...)
-	out, err := exec.CommandContext(ctx, "tgtadm", full...).CombinedOutput()
+	out, err := tg.command(ctx, "tgtadm", full...).CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("tgtadm %s: %w: %s", redact(args), err, strings.TrimSpace(string(out)))
 	}
 	return string(out), nil
+}
+
+// command runs name in the target's network namespace, if it has one.
+func (tg *Target) command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	if tg.opts.NetNS != "" {
+		return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", tg.opts.NetNS, name}, args...)...)
+	}
+	return exec.CommandContext(ctx, name, args...)
+}
+
+// AddPortal makes tgtd listen on one more address ("IP:PORT"), e.g. a second interface of its
+// namespace for multipath tests.
+func (tg *Target) AddPortal(portal string) error {
+	_, err := tg.tgtadm("--mode", "portal", "--op", "new", "--param", "portal="+portal)
+	return err
 }
 
 // redact hides passwords in error messages.
