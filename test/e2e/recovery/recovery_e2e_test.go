@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/iser-blk/iser-blk/test/e2e/netns"
 	"github.com/iser-blk/iser-blk/test/e2e/tgtd"
 )
 
@@ -168,10 +169,35 @@ type fioResult struct {
 func TestGatewayTargetKilledAndRestarted(t *testing.T) {
 	tg := tgtd.Start(t, tgtd.Options{Size: 256 << 20})
 	srv := startServe(t, tg, "--cache", "off", "--sessions", "2", "--noop-interval", "1s", "--noop-timeout", "2s")
-	dir := t.TempDir()
-	job := filepath.Join(dir, "restart.fio")
-	// 4 jobs x 32 MiB of 4 KiB random writes, writes paced at 1000 IOPS per job so that the run
-	// spans the outage (about 8 s of writing, plus the 10 s outage), then the verify pass.
+	fioDone, fioOut := startFio(t, srv.uri)
+
+	<-time.After(3 * time.Second) // fio is writing
+	tg.Kill()
+	killed := time.Now()
+	<-time.After(10 * time.Second) // the outage
+	if err := tg.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("tgtd killed and restarted after %v", time.Since(killed).Round(time.Millisecond))
+	checkFio(t, fioDone, fioOut)
+	down, restored := srv.logLines("\tpath down\t"), srv.logLines("\tsession restored\t")
+	reconnecting := srv.logLines("\treconnecting\t")
+	if len(down) == 0 || len(restored) == 0 || len(reconnecting) == 0 {
+		t.Fatalf("the log does not show the outage: %d path down, %d reconnecting, %d session restored lines", len(down), len(reconnecting), len(restored))
+	}
+	for _, l := range append(down[:1], restored...) {
+		t.Logf("gateway: %s", l)
+	}
+	t.Logf("fio: 128 MiB written across the restart, 128 MiB read back with crc32c verification, 0 errors")
+	srv.stop(t)
+}
+
+// startFio starts fio through the export: 4 jobs x 32 MiB of 4 KiB random writes with crc32c
+// verify headers, writes paced at 1000 IOPS per job so that the run lasts about 8 s, then the
+// verify pass reading every block back.
+func startFio(t *testing.T, uri string) (<-chan error, *bytes.Buffer) {
+	t.Helper()
+	job := filepath.Join(t.TempDir(), "verify.fio")
 	spec := fmt.Sprintf(`[global]
 ioengine=nbd
 uri=%s
@@ -188,30 +214,27 @@ rate_iops=,1000
 randrepeat=1
 group_reporting=1
 [job]
-`, srv.uri)
+`, uri)
 	if err := os.WriteFile(job, []byte(spec), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	fio := exec.CommandContext(ctx, "fio", "--output-format=json", job)
-	var fioOut bytes.Buffer
-	fio.Stdout, fio.Stderr = &fioOut, &fioOut
+	var out bytes.Buffer
+	fio.Stdout, fio.Stderr = &out, &out
 	if err := fio.Start(); err != nil {
 		t.Fatal(err)
 	}
-	fioDone := make(chan error, 1)
-	go func() { fioDone <- fio.Wait() }()
+	done := make(chan error, 1)
+	go func() { done <- fio.Wait() }()
+	return done, &out
+}
 
-	<-time.After(3 * time.Second) // fio is writing
-	tg.Kill()
-	killed := time.Now()
-	<-time.After(10 * time.Second) // the outage
-	if err := tg.Restart(); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("tgtd killed and restarted after %v", time.Since(killed).Round(time.Millisecond))
-	if err := <-fioDone; err != nil {
+// checkFio waits for fio and requires exit 0, zero errors and every byte written and verified.
+func checkFio(t *testing.T, done <-chan error, fioOut *bytes.Buffer) {
+	t.Helper()
+	if err := <-done; err != nil {
 		t.Fatalf("fio: %v\n%s", err, fioOut.String())
 	}
 	out := fioOut.Bytes()
@@ -226,16 +249,6 @@ group_reporting=1
 	if r.Jobs[0].Write.IOBytes != 4*32<<20 || r.Jobs[0].Read.IOBytes != 4*32<<20 {
 		t.Fatalf("fio wrote %d and verified %d bytes, want %d each", r.Jobs[0].Write.IOBytes, r.Jobs[0].Read.IOBytes, 4*32<<20)
 	}
-	down, restored := srv.logLines("\tpath down\t"), srv.logLines("\tsession restored\t")
-	reconnecting := srv.logLines("\treconnecting\t")
-	if len(down) == 0 || len(restored) == 0 || len(reconnecting) == 0 {
-		t.Fatalf("the log does not show the outage: %d path down, %d reconnecting, %d session restored lines", len(down), len(reconnecting), len(restored))
-	}
-	for _, l := range append(down[:1], restored...) {
-		t.Logf("gateway: %s", l)
-	}
-	t.Logf("fio: 128 MiB written across the restart, 128 MiB read back with crc32c verification, 0 errors")
-	srv.stop(t)
 }
 
 // timedRead reads 4 KiB at 0 through the export with qemu-io and returns how long it took and
@@ -353,4 +366,68 @@ func TestGatewaySIGTERMFlushesDirtyCache(t *testing.T) {
 			}
 		}
 	}
+}
+
+// logFields decodes the JSON fields at the end of a console log line.
+func logFields(t *testing.T, line string) map[string]any {
+	t.Helper()
+	i := strings.IndexByte(line, '{')
+	var m map[string]any
+	if i < 0 || json.Unmarshal([]byte(line[i:]), &m) != nil {
+		t.Fatalf("cannot decode the fields of log line %q", line)
+	}
+	return m
+}
+
+// TestGatewayTwoPortalsFailover (acceptance 4): one tgtd in a network namespace listening on
+// two addresses, each behind its own veth pair; the gateway gets both as --target. During fio
+// (crc32c verify) the first link is cut silently and restored 4 s later: fio sees zero errors,
+// the gateway logs the path down and restored, and the per-path counters it logs show traffic on
+// both portals, and on the cut one again after it came back.
+func TestGatewayTwoPortalsFailover(t *testing.T) {
+	ns := netns.New(t)
+	l1, l2 := ns.AddLink(t), ns.AddLink(t)
+	tg := tgtd.Start(t, tgtd.Options{Size: 256 << 20, NetNS: ns.Name, Addr: l1.NSIP})
+	p2 := l2.NSIP + ":3260"
+	if err := tg.AddPortal(p2); err != nil {
+		t.Fatal(err)
+	}
+	url2 := fmt.Sprintf("iscsi://%s/%s/%d", p2, tg.Name, tg.LUN)
+	srv := startServe(t, tg, "--target", url2, "--cache", "off", "--noop-interval", "1s", "--noop-timeout", "1s",
+		"--login-timeout", "2s")
+	fioDone, fioOut := startFio(t, srv.uri)
+	<-time.After(2 * time.Second) // fio is writing over both paths
+	if err := l1.Cut(); err != nil {
+		t.Fatal(err)
+	}
+	<-time.After(4 * time.Second) // the outage
+	if err := l1.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	checkFio(t, fioDone, fioOut)
+	srv.stop(t)
+
+	down := srv.logLines("\tpath down\t")
+	restored := srv.logLines("\tsession restored\t")
+	if len(down) != 1 || len(restored) != 1 {
+		t.Fatalf("want one path down and one session restored line, got %d and %d", len(down), len(restored))
+	}
+	t.Logf("gateway: %s", down[0])
+	t.Logf("gateway: %s", restored[0])
+	p1 := tg.Portal
+	if f := logFields(t, down[0]); f["portal"] != p1 {
+		t.Fatalf("the path that went down is %v, want %s", f["portal"], p1)
+	}
+	atRestore := logFields(t, restored[0])["path_commands"].(float64)
+	final := map[string]float64{}
+	for _, l := range srv.logLines("\tpath stats\t") {
+		t.Logf("gateway: %s", l)
+		f := logFields(t, l)
+		final[f["portal"].(string)] = f["commands"].(float64)
+	}
+	if final[p2] == 0 || final[p1] <= atRestore {
+		t.Fatalf("per-path commands: %v; %s had %v when it came back: traffic did not return to it", final, p1, atRestore)
+	}
+	t.Logf("%s: %v commands (%v of them after it came back); %s: %v commands; fio 0 errors",
+		p1, final[p1], final[p1]-atRestore, p2, final[p2])
 }
