@@ -80,6 +80,10 @@ type task struct {
 
 	cmdSN uint32 // CmdSN the command was sent with (for ABORT TASK's RefCmdSN)
 	ref   uint32 // TMF tasks: the ITT of the task being aborted
+	// TMF tasks sent by AbortOutstanding/ResetLUN (tmf.go): the function, and whether the tasks
+	// it ends are live ones to fail with ErrTaskAborted (not only abandoned ones to reap).
+	tmfFn   uint8
+	endLive bool
 
 	mu        sync.Mutex
 	active    bool // slot is in use
@@ -211,6 +215,7 @@ func (c *conn) acquire(ctx context.Context, kind uint8) (*task, error) {
 	t.itt = t.gen<<16 | t.idx
 	t.kind = kind
 	t.dataSN, t.received, t.r2tSN = 0, 0, 0
+	t.tmfFn, t.endLive = 0, false
 	t.mu.Unlock()
 	return t, nil
 }

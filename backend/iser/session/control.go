@@ -211,6 +211,10 @@ func (c *conn) reapAborted(tmf *task) {
 	if r := tmf.ctlBHS.Response(); r != 0 && r != 1 {
 		return // function rejected etc.: the task lives on
 	}
+	if tmf.endLive && tmf.tmfFn == pdu.TMFLogicalUnitReset {
+		c.endLUNTasks(tmf) // tmf.go
+		return
+	}
 	t := c.lookup(tmf.ref)
 	if t == nil || t == tmf {
 		return
@@ -220,6 +224,10 @@ func (c *conn) reapAborted(tmf *task) {
 		t.completed = true
 		t.mu.Unlock()
 		c.release(t)
+		return
+	}
+	if tmf.endLive && t.active && !t.completed && t.kind == kindSCSI {
+		c.complete(t, abortedError(pdu.TMFAbortTask)) // unlocks t.mu
 		return
 	}
 	t.mu.Unlock()

@@ -103,9 +103,13 @@ func protoErr(format string, args ...any) error {
 // Reject of the task's PDU (§11.17) or a non-zero iSCSI Response (§11.4.3). It matches block.ErrIO.
 type TaskError struct {
 	Reason string
+	Err    error // an underlying cause, e.g. ErrTaskAborted (may be nil)
 }
 
 func (e *TaskError) Error() string { return "iSCSI task failed: " + e.Reason }
+
+// Unwrap returns the cause, if any.
+func (e *TaskError) Unwrap() error { return e.Err }
 
 // Is makes a TaskError match block.ErrIO.
 func (e *TaskError) Is(target error) bool { return target == block.ErrIO }
