@@ -75,7 +75,9 @@ type path struct {
 	lastActive  atomic.Int64 // unix ns of the last completion (or of the first command after idle)
 
 	downs, restores, replayedTotal atomic.Uint64
+	aborts, lunResets              atomic.Uint64
 	pending                        atomic.Int64 // commands failed by the current outage, to replay
+	escalation                     atomic.Int32 // next command-timeout step (recovery.go); 0 after progress
 }
 
 func (p *path) touch() { p.lastActive.Store(time.Now().UnixNano()) }
@@ -314,7 +316,11 @@ func (d *Device) runRecovering(ctx context.Context, r *request) error {
 			failed.pending.Add(-1) // replayed (or failed again, counted again below)
 			failed = nil
 		}
-		if err == nil || ctx.Err() != nil || !pathFailure(err, p) {
+		aborted := errors.Is(err, session.ErrTaskAborted) // the command watchdog ended it
+		if !aborted && p.escalation.Load() != 0 {
+			p.escalation.Store(0) // progress: the next stuck episode starts with ABORT TASK again
+		}
+		if err == nil || ctx.Err() != nil || (!aborted && !pathFailure(err, p)) {
 			p.touch()
 			return err
 		}

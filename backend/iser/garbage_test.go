@@ -72,3 +72,44 @@ func TestGarbageFromTheTarget(t *testing.T) {
 		})
 	}
 }
+
+// TestStuckReadAbortedAndReissued: a READ the target never answers is ended by the command
+// watchdog's ABORT TASK over a real session, re-issued on the same connection, and returns the
+// right data; no reconnect was needed.
+func TestStuckReadAbortedAndReissued(t *testing.T) {
+	lun := scsitest.New(scsitest.Config{Blocks: 8192})
+	tg, err := fakeiscsi.Start(lun, fakeiscsi.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tg.Close() })
+	rec := Recovery{CommandTimeout: 200 * time.Millisecond, NOPTimeout: time.Second, ReplacementTimeout: 10 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d, err := Open(ctx, tg.URL(0), Options{InitiatorName: "iqn.2026-11.io.iser-blk:unit", Logger: zaptest.NewLogger(t), Recovery: &rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	want := randBytes(8192)
+	if err := d.WriteAt(ctx, want, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	tg.Inject(fakeiscsi.FaultHang)
+	got := make([]byte, len(want))
+	start := time.Now()
+	if err := d.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("stuck read: %v (data equal: %v)", err, bytes.Equal(got, want))
+	}
+	t.Logf("stuck read completed after %v", time.Since(start).Round(time.Millisecond))
+	if tg.Logins() != 1 {
+		t.Fatalf("%d logins: the connection was dropped instead of aborting the task", tg.Logins())
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for d.PathStats()[0].Aborts != 1 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond) // the watchdog counts after the TMF returns
+	}
+	if st := d.PathStats()[0]; st.Aborts != 1 || st.Downs != 0 || st.Replayed != 1 {
+		t.Fatalf("path stats %+v", st)
+	}
+}

@@ -52,6 +52,26 @@ type Recoverable interface {
 	Drop(cause error)
 }
 
+// TaskManager is implemented by an Executor that can end stuck commands with task management
+// functions (a *session.Session): the command watchdog tries them before dropping the
+// connection.
+type TaskManager interface {
+	// AbortOutstanding sends ABORT TASK for every outstanding command; the ones the target
+	// confirms fail with session.ErrTaskAborted (and are re-issued). An error means some were
+	// not confirmed.
+	AbortOutstanding(ctx context.Context) (int, error)
+	// ResetLUN sends LOGICAL UNIT RESET; on success every command to the LUN fails with
+	// session.ErrTaskAborted.
+	ResetLUN(ctx context.Context, lun uint64) error
+}
+
+// Escalation steps of the command watchdog.
+const (
+	escAbort = iota // ABORT TASK each outstanding command
+	escReset        // LOGICAL UNIT RESET
+	escDrop         // drop the connection
+)
+
 // Recovery configures keepalive, command timeout and session recovery.
 type Recovery struct {
 	// NOPInterval: a connection with no command completed for this long gets a NOP-Out ping
@@ -60,7 +80,9 @@ type Recovery struct {
 	// NOPTimeout: a ping unanswered for this long drops the connection.
 	NOPTimeout time.Duration
 	// CommandTimeout: a path with commands outstanding and none completed for this long is
-	// stuck; its connection is dropped and the commands are re-issued (0: none).
+	// stuck. The watchdog escalates, one step per further CommandTimeout without progress:
+	// ABORT TASK for each outstanding command, then LOGICAL UNIT RESET, then dropping the
+	// connection (a step that fails moves on at once). Ended commands are re-issued (0: none).
 	CommandTimeout time.Duration
 	// ReplacementTimeout bounds how long I/O waits for a path when none is up, counted from the
 	// moment the last path went down: after it, queued and new I/O fail with block.ErrNoPath
@@ -128,6 +150,8 @@ type PathStats struct {
 	Downs       uint64 // connection losses seen
 	Restores    uint64 // successful reinstatements
 	Replayed    uint64 // commands that failed with this path's connection and were re-issued
+	Aborts      uint64 // command-timeout escalations that ended the stuck commands by ABORT TASK
+	LUNResets   uint64 // ... by LOGICAL UNIT RESET
 }
 
 // PathStats returns the counters of every path.
@@ -135,7 +159,8 @@ func (d *Device) PathStats() []PathStats {
 	out := make([]PathStats, len(d.paths))
 	for i, p := range d.paths {
 		out[i] = PathStats{Portal: p.name, Up: p.up(), Commands: p.commands.Load(), Outstanding: p.outstanding.Load(),
-			Downs: p.downs.Load(), Restores: p.restores.Load(), Replayed: p.replayedTotal.Load()}
+			Downs: p.downs.Load(), Restores: p.restores.Load(), Replayed: p.replayedTotal.Load(),
+			Aborts: p.aborts.Load(), LUNResets: p.lunResets.Load()}
 	}
 	return out
 }
@@ -243,7 +268,8 @@ func (d *Device) stopRecovery() {
 	d.bgWG.Wait()
 	for _, st := range d.PathStats() {
 		d.log.Info("path stats", zap.String("portal", st.Portal), zap.Bool("up", st.Up), zap.Uint64("commands", st.Commands),
-			zap.Uint64("downs", st.Downs), zap.Uint64("restores", st.Restores), zap.Uint64("replayed", st.Replayed))
+			zap.Uint64("downs", st.Downs), zap.Uint64("restores", st.Restores), zap.Uint64("replayed", st.Replayed),
+			zap.Uint64("task_aborts", st.Aborts), zap.Uint64("lun_resets", st.LUNResets))
 	}
 }
 
@@ -312,11 +338,10 @@ func (d *Device) watch(p *path, log *zap.Logger) {
 		}
 		idle := p.idle()
 		if ct := d.rec.CommandTimeout; ct > 0 && p.outstanding.Load() > 0 && idle >= ct {
-			err := fmt.Errorf("command timeout: %d commands outstanding, none completed for %v: %w",
-				p.outstanding.Load(), idle.Round(time.Millisecond), block.ErrTimeout)
-			log.Warn("dropping the connection", zap.Error(err))
-			p.rec.Drop(err)
-			return
+			if !d.unstick(p, idle, log) {
+				return
+			}
+			continue
 		}
 		if iv := d.rec.NOPInterval; iv > 0 && idle >= iv {
 			ctx, cancel := context.WithTimeout(d.bg, d.rec.NOPTimeout)
@@ -337,6 +362,52 @@ func (d *Device) watch(p *path, log *zap.Logger) {
 			}
 		}
 	}
+}
+
+// unstick runs the next escalation step for a path whose commands made no progress for idle. It
+// returns false when it dropped the connection.
+func (d *Device) unstick(p *path, idle time.Duration, log *zap.Logger) bool {
+	n := p.outstanding.Load()
+	tm, _ := p.ex.(TaskManager)
+	step := int(p.escalation.Load())
+	if tm == nil {
+		step = escDrop
+	}
+	tmfTimeout := max(d.rec.NOPTimeout, 5*time.Second)
+	log = log.With(zap.Int64("outstanding", n), zap.Duration("no_completion_for", idle.Round(time.Millisecond)))
+	if step <= escAbort {
+		ctx, cancel := context.WithTimeout(d.bg, tmfTimeout)
+		aborted, err := tm.AbortOutstanding(ctx)
+		cancel()
+		if err == nil {
+			log.Warn("command timeout: stuck commands aborted (ABORT TASK); re-issuing them", zap.Int("aborted", aborted))
+			p.aborts.Add(1)
+			p.escalation.Store(escReset)
+			p.touch()
+			return true
+		}
+		log.Warn("command timeout: ABORT TASK failed; escalating to LOGICAL UNIT RESET", zap.Error(err))
+		step = escReset
+	}
+	if step <= escReset && d.bg.Err() == nil {
+		ctx, cancel := context.WithTimeout(d.bg, tmfTimeout)
+		err := tm.ResetLUN(ctx, d.lun)
+		cancel()
+		if err == nil {
+			log.Warn("command timeout: LOGICAL UNIT RESET ended the stuck commands; re-issuing them")
+			p.lunResets.Add(1)
+			p.escalation.Store(escDrop)
+			p.touch()
+			return true
+		}
+		log.Warn("command timeout: LOGICAL UNIT RESET failed; dropping the connection", zap.Error(err))
+	}
+	err := fmt.Errorf("command timeout: %d commands outstanding, none completed for %v: %w",
+		n, idle.Round(time.Millisecond), block.ErrTimeout)
+	log.Warn("dropping the connection", zap.Error(err))
+	p.escalation.Store(escAbort)
+	p.rec.Drop(err)
+	return false
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

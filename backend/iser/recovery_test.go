@@ -31,10 +31,11 @@ type fakeSession struct {
 	logins  atomic.Int64
 	execs   atomic.Int64
 	hanging atomic.Int64
+	ended   chan struct{} // closed to end the hanging commands as a confirmed TMF would
 }
 
 func newFakeSession(lun *scsitest.LUN) *fakeSession {
-	f := &fakeSession{lun: lun, done: make(chan struct{})}
+	f := &fakeSession{lun: lun, done: make(chan struct{}), ended: make(chan struct{})}
 	return f
 }
 
@@ -124,7 +125,12 @@ func (f *fakeSession) Execute(ctx context.Context, cmd *scsi.Command, resp *scsi
 	if f.hang.Load() && cmd.CDB[0] != scsi.OpInquiry {
 		f.hanging.Add(1)
 		defer f.hanging.Add(-1)
+		f.mu.Lock()
+		ended := f.ended
+		f.mu.Unlock()
 		select {
+		case <-ended:
+			return &session.TaskError{Reason: "ended by task management", Err: session.ErrTaskAborted}
 		case <-done:
 			return lost()
 		case <-ctx.Done():
@@ -364,5 +370,84 @@ func TestBackoff(t *testing.T) {
 				t.Fatalf("backoff(%d) = %v, want %v ±20%%", n, d, want)
 			}
 		}
+	}
+}
+
+// tmSession is a fakeSession whose target answers task management: ABORT TASK and LOGICAL UNIT
+// RESET each work (ending the hanging commands and un-sticking the target) or go unanswered.
+type tmSession struct {
+	*fakeSession
+	abortOK, resetOK bool
+	aborts, resets   atomic.Int64
+}
+
+func (s *tmSession) end(ok bool) error {
+	if !ok {
+		return errors.New("TMF unanswered")
+	}
+	s.hang.Store(false)
+	s.mu.Lock()
+	close(s.ended)
+	s.ended = make(chan struct{})
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *tmSession) AbortOutstanding(context.Context) (int, error) {
+	s.aborts.Add(1)
+	n := int(s.hanging.Load())
+	return n, s.end(s.abortOK)
+}
+
+func (s *tmSession) ResetLUN(context.Context, uint64) error {
+	s.resets.Add(1)
+	return s.end(s.resetOK)
+}
+
+// TestCommandTimeoutEscalation: stuck commands are ended by ABORT TASK when the target confirms
+// it; else by LOGICAL UNIT RESET; else the connection is dropped. In every case the write is
+// re-issued and lands.
+func TestCommandTimeoutEscalation(t *testing.T) {
+	for _, tc := range []struct {
+		name                   string
+		abortOK, resetOK       bool
+		aborts, resets, downs  int64
+		statAborts, statResets uint64
+	}{
+		{"abort task", true, false, 1, 0, 0, 1, 0},
+		{"lun reset", false, true, 1, 1, 0, 0, 1},
+		{"drop", false, false, 1, 1, 1, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lun := scsitest.New(scsitest.Config{})
+			s := &tmSession{fakeSession: newFakeSession(lun), abortOK: tc.abortOK, resetOK: tc.resetOK}
+			rec := fastRecovery()
+			rec.CommandTimeout = 100 * time.Millisecond
+			rec.NOPTimeout = 50 * time.Millisecond
+			d, err := NewDevice(context.Background(), []scsi.Executor{s}, 0,
+				Options{Recovery: &rec, Logger: zaptest.NewLogger(t)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { d.Close() })
+			s.hang.Store(true)
+			data := randBytes(4096)
+			if err := d.WriteAt(context.Background(), data, 4096, 0); err != nil {
+				t.Fatalf("stuck write: %v", err)
+			}
+			if !bytes.Equal(lun.Bytes(4096, 4096), data) {
+				t.Fatal("the re-issued write did not land")
+			}
+			// The watchdog counts its step after the TMF returns, the re-issued write may be faster.
+			waitFor(t, "escalation counters", 5*time.Second, func() bool {
+				st := d.PathStats()[0]
+				return st.Aborts+st.LUNResets+st.Downs > 0
+			})
+			st := d.PathStats()[0]
+			if s.aborts.Load() != tc.aborts || s.resets.Load() != tc.resets || int64(st.Downs) != tc.downs ||
+				st.Aborts != tc.statAborts || st.LUNResets != tc.statResets || st.Replayed != 1 {
+				t.Fatalf("aborts %d resets %d stats %+v", s.aborts.Load(), s.resets.Load(), st)
+			}
+		})
 	}
 }

@@ -6,6 +6,9 @@
 // initiator must treat each as a connection error (§7.1.4.1 at ERL 0), drop the connection and
 // log in again; the fake then serves the new connection correctly.
 //
+// FaultHang leaves a READ unanswered, to exercise command timeouts: ABORT TASK and LOGICAL UNIT
+// RESET are answered "function complete".
+//
 // Every bad PDU carries Poison bytes, so a test can assert that none of them reached a client.
 //
 // It is test infrastructure: one goroutine per connection, allocation per PDU, no limits beyond
@@ -42,11 +45,12 @@ const (
 	FaultBadDataDigest          // Data-In whose data digest is wrong (needs Digests)
 	FaultWrongOpcode            // a PDU with an initiator opcode (SCSI Command) sent by the target
 	FaultWrongDataSN            // Data-In with DataSN out of sequence
+	FaultHang                   // no answer at all (until ABORT TASK / LOGICAL UNIT RESET)
 )
 
 func (f Fault) String() string {
 	return [...]string{"none", "wrong ITT", "data beyond the buffer", "bad header digest", "bad data digest",
-		"wrong opcode", "wrong DataSN"}[f]
+		"wrong opcode", "wrong DataSN", "hang"}[f]
 }
 
 // PoisonByte fills the data segment of every bad PDU.
@@ -387,6 +391,9 @@ func isRead(op byte) bool {
 
 // sendFault answers a READ with the bad PDU f; every data byte is PoisonByte.
 func (c *conn) sendFault(f Fault, itt uint32, edtl int) error {
+	if f == FaultHang {
+		return nil // the task stays open; a TMF is answered "function complete"
+	}
 	seg := max(min(edtl, c.maxRecv, 4096), 4)
 	poison := make([]byte, seg)
 	for i := range poison {
