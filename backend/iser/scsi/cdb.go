@@ -350,6 +350,9 @@ func OpName(cdb []byte) string {
 		if len(cdb) > 1 && cdb[1]&0x1F == SAReportSupportedOpcodes {
 			return "REPORT SUPPORTED OPERATION CODES"
 		}
+		if len(cdb) > 1 && cdb[1]&0x1F == SAReportTargetPortGroups {
+			return "REPORT TARGET PORT GROUPS"
+		}
 		return "MAINTENANCE IN"
 	}
 	return "OPCODE 0x" + hex2(cdb[0])

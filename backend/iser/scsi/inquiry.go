@@ -26,6 +26,7 @@ type StandardInquiry struct {
 	Protect    bool  // protection information supported
 	ThreePC    bool
 	CmdQue     bool // command queuing supported
+	TPGS       uint8 // TARGET PORT GROUP SUPPORT: 0 no ALUA, 1 implicit, 2 explicit, 3 both (alua.go)
 	Vendor     string
 	Product    string
 	Revision   string
@@ -52,6 +53,7 @@ func ParseInquiry(b []byte) (StandardInquiry, error) {
 	q.Format = b[3] & 0x0F
 	if len(b) > 5 {
 		q.Protect = b[5]&0x01 != 0
+		q.TPGS = (b[5] >> 4) & 0x03
 		q.ThreePC = b[5]&0x08 != 0
 	}
 	if len(b) > 7 {
