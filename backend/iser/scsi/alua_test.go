@@ -7,7 +7,7 @@ import (
 
 func TestParseReportTargetPortGroups(t *testing.T) {
 	two := []byte{0, 0, 0, 24,
-		0x80 | 0x00, 0x0F, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1,
+		0x80, 0x0F, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1,
 		0x01, 0x0F, 0, 2, 0, 0, 0, 1, 0, 0, 0, 2}
 	tests := []struct {
 		name string

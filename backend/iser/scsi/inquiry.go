@@ -25,7 +25,7 @@ type StandardInquiry struct {
 	Format     uint8 // RESPONSE DATA FORMAT (2)
 	Protect    bool  // protection information supported
 	ThreePC    bool
-	CmdQue     bool // command queuing supported
+	CmdQue     bool  // command queuing supported
 	TPGS       uint8 // TARGET PORT GROUP SUPPORT: 0 no ALUA, 1 implicit, 2 explicit, 3 both (alua.go)
 	Vendor     string
 	Product    string
