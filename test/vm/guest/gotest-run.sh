@@ -21,9 +21,26 @@ while IFS=$'\t' read -r name bin dir pkg; do
 	[ -n "$name" ] || continue
 	raw=$results/$name.raw
 	start=${EPOCHREALTIME/./}
-	# -test.v=test2json frames events with ^V markers for test2json; strip them for people
-	(cd "$dir" && "$bin" -test.v=test2json "$@") 2>&1 | tee "$raw" | tr -d '\026' | grep --line-buffered -v '^=== NAME'
+	# The binary runs in its own session, so whatever it leaves running (servers, daemons that
+	# did not detach) can be killed afterwards. -test.v=test2json frames events with ^V markers
+	# for test2json; strip them for people.
+	sidfile=$results/$name.sid
+	setsid bash -c 'echo $$ >"$1"; cd "$2" && exec "${@:3}"' _ "$sidfile" "$dir" "$bin" -test.v=test2json "$@" 2>&1 |
+		tee "$raw" | tr -d '\026' | grep --line-buffered -v '^=== NAME'
 	st=${PIPESTATUS[0]}
+	sid=$(cat "$sidfile" 2>/dev/null)
+	rm -f "$sidfile"
+	if [ -n "$sid" ] && pgrep -s "$sid" >/dev/null; then
+		echo "vm: killing what $pkg left running: $(pgrep -s "$sid" -d ' ' -l)"
+		pkill -KILL -s "$sid"
+	fi
+	# the next package starts from a clean guest (targets, sessions, devices)
+	"$ISERBLK_VM_GUEST_DIR/reset.sh" >/dev/null 2>"$results/$name.reset" ||
+		echo "vm: warning: reset after $pkg failed"
+	if [ -s "$results/$name.reset" ]; then
+		echo "vm: $pkg left state behind; removed:"
+		sed 's/^/vm:   /' "$results/$name.reset"
+	fi
 	secs=$(((${EPOCHREALTIME/./} - start) / 10000))
 	secs=$((secs / 100)).$(printf '%02d' $((secs % 100)))
 	if [ "$st" = 0 ]; then

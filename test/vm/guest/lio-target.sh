@@ -6,8 +6,10 @@
 # project's initiator is compared against.
 #
 #   lio-target.sh [options]
-#   lio-target.sh --teardown [--iqn IQN]      remove that target (default: the default IQN) and,
-#                                             when no LIO target is left, its backstores
+#   lio-target.sh --teardown [--iqn IQN]      remove that target (default: the default IQN) and
+#                                             its backstore
+#   lio-target.sh --teardown-all              remove every LIO iSCSI target and backstore (the
+#                                             VM Go-test runner does this between packages)
 #
 # Options:
 #   --iqn IQN              target name            (default iqn.2003-01.org.linux-iscsi.iserblk-vm:target1)
@@ -63,6 +65,7 @@ while [ $# -gt 0 ]; do
 	--mutual-chap) mutual=$2; shift 2 ;;
 	--write-protect) write_protect=1; shift ;;
 	--teardown) teardown=1; shift ;;
+	--teardown-all) teardown=2; shift ;;
 	*) die "unknown argument: $1 (see the header of $0)" ;;
 	esac
 done
@@ -80,28 +83,52 @@ file) hba=$CFS/core/fileio_1 ;;
 esac
 BS=$hba/$name
 
-remove_target() {
-	[ -d "$TPG" ] || return 0
-	echo 0 >"$TPG/enable" 2>/dev/null || true
-	local d
-	for d in "$TPG"/acls/*/; do
+# remove_tpg TPG_DIR: disable it, then remove ACLs, LUNs, portals and the TPG, innermost first
+remove_tpg() {
+	local tpg=$1 d
+	echo 0 >"$tpg/enable" 2>/dev/null || true
+	for d in "$tpg"/acls/*/; do
 		[ -d "$d" ] || continue
-		rm -f "$d"lun_*/mapped_lun 2>/dev/null || true
+		find "$d" -mindepth 2 -maxdepth 2 -type l -path '*/lun_*/*' -exec rm -f {} +
 		rmdir "$d"lun_* 2>/dev/null || true
 		rmdir "$d"
 	done
-	for d in "$TPG"/lun/lun_*/; do
+	for d in "$tpg"/lun/lun_*/; do
 		[ -d "$d" ] || continue
 		find "$d" -maxdepth 1 -type l -exec rm -f {} +
 		rmdir "$d"
 	done
-	rmdir "$TPG"/np/* 2>/dev/null || true
-	rmdir "$TPG" "$fabric"
+	rmdir "$tpg"/np/* 2>/dev/null || true
+	rmdir "$tpg"
 }
 
+remove_target() { # FABRIC_DIR (…/iscsi/IQN)
+	local fabric=$1 tpg
+	[ -d "$fabric" ] || return 0
+	for tpg in "$fabric"/tpgt_*; do
+		[ -d "$tpg" ] && remove_tpg "$tpg"
+	done
+	rmdir "$fabric"
+}
+
+if [ $teardown = 2 ]; then
+	[ -d $CFS/iscsi ] || exit 0
+	for f in "$CFS"/iscsi/*; do
+		case "${f##*/}" in iqn.* | eui.* | naa.*) log "removing target ${f##*/}"; remove_target "$f" ;; esac
+	done
+	# backstore objects (HBA dirs are TYPE_N; an object has an enable attribute), then the HBAs
+	for o in "$CFS"/core/*_[0-9]*/*/; do
+		[ -e "$o/enable" ] || continue
+		log "removing backstore ${o%/}"
+		rmdir "$o"
+	done
+	rmdir "$CFS"/core/*_[0-9]* 2>/dev/null || true
+	rm -rf /run/iserblk-lio
+	exit 0
+fi
 if [ $teardown = 1 ]; then
 	[ -d $CFS ] || exit 0
-	remove_target
+	remove_target "$fabric"
 	# backstores of this name (either kind); files we created go too
 	for d in "$CFS"/core/rd_mcp_1/"$name" "$CFS"/core/fileio_1/"$name"; do
 		[ -d "$d" ] || continue
