@@ -78,6 +78,9 @@ type path struct {
 	aborts, lunResets              atomic.Uint64
 	pending                        atomic.Int64 // commands failed by the current outage, to replay
 	escalation                     atomic.Int32 // next command-timeout step (recovery.go); 0 after progress
+	aluaClass                      atomic.Int32 // preference rank from ALUA (alua.go); 0 best
+	aluaState                      atomic.Int32 // scsi.ALUAState, -1 unknown
+	tpg                            atomic.Int32 // target port group of the path's port, -1 unknown
 }
 
 func (p *path) touch() { p.lastActive.Store(time.Now().UnixNano()) }
@@ -142,6 +145,10 @@ type Device struct {
 	bg         context.Context // the maintainers' life; nil without recoverable paths
 	bgCancel   context.CancelFunc
 	bgWG       sync.WaitGroup
+
+	alua     bool        // INQUIRY TPGS != 0
+	aluaBusy atomic.Bool // a refresh is running
+	aluaWG   sync.WaitGroup
 }
 
 var _ block.Device = (*Device)(nil)
@@ -172,6 +179,10 @@ func NewDevice(ctx context.Context, execs []scsi.Executor, lun uint16, opts Opti
 			// "Power on, reset or bus device reset occurred" (29h) is what every target reports
 			// to a new I_T nexus: expected after each login, so it is not a warning.
 			var se *scsi.SenseError
+			if errors.As(err, &se) && (se.ASC == 0x29 || se.ASC == 0x2A && se.ASCQ == 0x06) {
+				// After a reset, or "asymmetric access state changed": re-read the port groups.
+				d.kickALUA()
+			}
 			if errors.As(err, &se) && se.ASC == 0x29 {
 				log.Info("unit attention", zap.Error(err))
 				return
@@ -188,6 +199,8 @@ func NewDevice(ctx context.Context, execs []scsi.Executor, lun uint16, opts Opti
 	d.state.changed = make(chan struct{})
 	for i, ex := range execs {
 		p := &path{ex: ex, name: fmt.Sprintf("path%d", i)}
+		p.aluaState.Store(-1)
+		p.tpg.Store(-1)
 		if i < len(opts.pathNames) {
 			p.name = opts.pathNames[i]
 		}
@@ -203,6 +216,11 @@ func NewDevice(ctx context.Context, execs []scsi.Executor, lun uint16, opts Opti
 	if err := d.probe(ctx, opts); err != nil {
 		d.stopRecovery()
 		return nil, err
+	}
+	if d.alua {
+		if err := d.refreshALUA(ctx); err != nil {
+			d.log.Warn("ALUA: cannot read the target port groups; all paths are treated alike", zap.Error(err))
+		}
 	}
 	return d, nil
 }
@@ -243,14 +261,17 @@ func (d *Device) pick(skip *path) *path {
 	start := int(d.rr.Add(1)) % len(d.paths)
 	var best *path
 	var bestN int64
+	var bestC int32
 	for i := range d.paths {
 		p := d.paths[(start+i)%len(d.paths)]
 		if p == skip || !p.up() {
 			continue
 		}
-		if n := p.outstanding.Load(); best == nil || n < bestN {
-			best, bestN = p, n
-			if n == 0 {
+		// ALUA rank first (optimized before non-optimized before standby), then load.
+		c, n := p.aluaClass.Load(), p.outstanding.Load()
+		if best == nil || c < bestC || (c == bestC && n < bestN) {
+			best, bestN, bestC = p, n, c
+			if n == 0 && c == 0 {
 				break
 			}
 		}
@@ -691,6 +712,7 @@ func (d *Device) Close() error {
 		return nil
 	}
 	d.stopRecovery() // no reinstatement races the logout
+	d.aluaWG.Wait()
 	var errs []error
 	if d.closer != nil {
 		if err := d.closer(); err != nil {

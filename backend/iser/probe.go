@@ -85,6 +85,7 @@ func (d *Device) probe(ctx context.Context, opts Options) error {
 		return fmt.Errorf("iser: LUN %d has peripheral device type 0x%02x: %w", d.info.LUN, inq.DeviceType, ErrNotDisk)
 	}
 	d.info.Vendor, d.info.Product, d.info.Revision = inq.Vendor, inq.Product, inq.Revision
+	d.alua = inq.TPGS != 0 // alua.go: paths are ranked by their port group's access state
 
 	// TEST UNIT READY consumes pending UNIT ATTENTIONs (the retry policy re-issues) and fails
 	// on a unit that is not ready (no medium, fenced).

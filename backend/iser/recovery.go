@@ -33,6 +33,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 	"github.com/iser-blk/iser-blk/block"
 )
 
@@ -152,6 +153,7 @@ type PathStats struct {
 	Replayed    uint64 // commands that failed with this path's connection and were re-issued
 	Aborts      uint64 // command-timeout escalations that ended the stuck commands by ABORT TASK
 	LUNResets   uint64 // ... by LOGICAL UNIT RESET
+	ALUA        string // the port group's access state ("" without ALUA)
 }
 
 // PathStats returns the counters of every path.
@@ -161,6 +163,9 @@ func (d *Device) PathStats() []PathStats {
 		out[i] = PathStats{Portal: p.name, Up: p.up(), Commands: p.commands.Load(), Outstanding: p.outstanding.Load(),
 			Downs: p.downs.Load(), Restores: p.restores.Load(), Replayed: p.replayedTotal.Load(),
 			Aborts: p.aborts.Load(), LUNResets: p.lunResets.Load()}
+		if st := p.aluaState.Load(); st >= 0 {
+			out[i].ALUA = scsi.ALUAState(st).String()
+		}
 	}
 	return out
 }
@@ -309,6 +314,7 @@ func (d *Device) maintain(p *path) {
 		log.Info("session restored", zap.Duration("after", time.Since(downAt).Round(time.Millisecond)),
 			zap.Int64("commands_to_replay", max(p.pending.Load(), 0)), zap.Uint64("path_commands", p.commands.Load()))
 		d.notifyUp()
+		d.kickALUA() // the port's group or its state may have changed while it was away
 	}
 }
 
