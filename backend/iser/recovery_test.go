@@ -451,3 +451,44 @@ func TestCommandTimeoutEscalation(t *testing.T) {
 		})
 	}
 }
+
+// steadySession is a Recoverable executor that is always up (for the allocation test).
+type steadySession struct {
+	*scsitest.LUN
+	done chan struct{}
+}
+
+func (s steadySession) Connected() bool                    { return true }
+func (s steadySession) Login(context.Context) error        { return nil }
+func (s steadySession) Done() <-chan struct{}              { return s.done }
+func (s steadySession) Err() error                         { return nil }
+func (s steadySession) Ping(context.Context, []byte) error { return nil }
+func (s steadySession) Drop(error)                         {}
+
+// TestRecoveringHotPathAllocatesNothing: the path-aware command loop (recoverable sessions,
+// several paths) allocates nothing per request.
+func TestRecoveringHotPathAllocatesNothing(t *testing.T) {
+	lun := scsitest.New(scsitest.Config{})
+	a := steadySession{LUN: lun, done: make(chan struct{})}
+	b := steadySession{LUN: lun, done: make(chan struct{})}
+	rec := fastRecovery()
+	d, err := NewDevice(context.Background(), []scsi.Executor{a, b}, 0, Options{Recovery: &rec}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	ctx := context.Background()
+	buf := make([]byte, 4096)
+	_ = d.WriteAt(ctx, buf, 0, 0)
+	allocs := testing.AllocsPerRun(200, func() {
+		if err := d.WriteAt(ctx, buf, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.ReadAt(ctx, buf, 0); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("ReadAt+WriteAt allocate %v times per call pair over recoverable paths", allocs)
+	}
+}
