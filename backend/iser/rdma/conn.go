@@ -71,11 +71,13 @@ type Counters struct {
 	// SendPosts and SendWRs count ibv_post_send calls and the work requests they carried: their
 	// ratio is the send batching factor.
 	SendPosts, SendWRs int64
+	// Connections counts connections ever established (Dial or Accept).
+	Connections int64
 }
 
 var counters struct {
 	conns, qps, cqs, pds, mrs, regs atomic.Int64
-	sendPosts, sendWRs              atomic.Int64
+	sendPosts, sendWRs, established atomic.Int64
 }
 
 // Stats returns a snapshot of the process-wide counters.
@@ -84,6 +86,7 @@ func Stats() Counters {
 		LiveConns: counters.conns.Load(), LiveQPs: counters.qps.Load(), LiveCQs: counters.cqs.Load(),
 		LivePDs: counters.pds.Load(), LiveMRs: counters.mrs.Load(), MRRegistrations: counters.regs.Load(),
 		SendPosts: counters.sendPosts.Load(), SendWRs: counters.sendWRs.Load(),
+		Connections: counters.established.Load(),
 	}
 }
 
@@ -420,6 +423,7 @@ func (c *Conn) connect(accept bool) error {
 // start launches the completion poller and the CM event watcher.
 func (c *Conn) start() {
 	counters.conns.Add(1)
+	counters.established.Add(1)
 	c.pollDone = make(chan struct{})
 	c.cmDone = make(chan struct{})
 	go c.pollLoop()

@@ -7,6 +7,7 @@ type Counters struct {
 	LiveConns, LiveQPs, LiveCQs, LivePDs, LiveMRs int64
 	MRRegistrations                               int64
 	SendPosts, SendWRs                            int64
+	Connections                                   int64
 }
 
 // Stats returns zero counters: nothing is ever registered without RDMA support.
