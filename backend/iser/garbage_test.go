@@ -113,3 +113,40 @@ func TestStuckReadAbortedAndReissued(t *testing.T) {
 		t.Fatalf("path stats %+v", st)
 	}
 }
+
+// TestPortalsFromDiscovery: the first portal's SendTargets lists a second portal of the same
+// target (tgt reports only the address asked, so this uses the fake); Open adds a path to it.
+func TestPortalsFromDiscovery(t *testing.T) {
+	lun := scsitest.New(scsitest.Config{Blocks: 8192})
+	second, err := fakeiscsi.Start(lun, fakeiscsi.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { second.Close() })
+	first, err := fakeiscsi.Start(lun, fakeiscsi.Options{Advertise: []string{"0.0.0.0:3260", "[::]:3260", second.Addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { first.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d, err := Open(ctx, first.URL(0), Options{InitiatorName: "iqn.2026-11.io.iser-blk:unit", Logger: zaptest.NewLogger(t),
+		PortalsFromDiscovery: true, AlternateTargets: []string{second.URL(0)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	st := d.PathStats()
+	if len(st) != 2 || st[0].Portal != first.Addr || st[1].Portal != second.Addr {
+		t.Fatalf("paths %+v; want %s and %s (unspecified addresses skipped, duplicates merged)", st, first.Addr, second.Addr)
+	}
+	buf := make([]byte, 4096)
+	for range 8 {
+		if err := d.ReadAt(ctx, buf, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := d.PathStats(); st[0].Commands == 0 || st[1].Commands == 0 {
+		t.Fatalf("reads not spread over both paths: %+v", st)
+	}
+}

@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"slices"
+	"strconv"
 	"sync"
 	"syscall"
 
 	"go.uber.org/zap"
 
+	"github.com/iser-blk/iser-blk/backend/iser/discovery"
 	"github.com/iser-blk/iser-blk/backend/iser/login"
 	"github.com/iser-blk/iser-blk/backend/iser/rdma"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
@@ -68,7 +72,19 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 	}
 	// Every portal (the URL's and the alternates, same IQN and LUN) gets n sessions.
 	portals := []Target{t}
-	for _, alt := range opts.AlternateTargets {
+	alternates := opts.AlternateTargets
+	if opts.PortalsFromDiscovery {
+		found, err := discoverPortals(ctx, t, dialer, opts, chap, sessionLog)
+		if err != nil {
+			return nil, err
+		}
+		for _, u := range found {
+			if !slices.Contains(alternates, u) {
+				alternates = append(alternates, u)
+			}
+		}
+	}
+	for _, alt := range alternates {
 		at, err := ParseURL(alt)
 		if err != nil {
 			return nil, err
@@ -76,10 +92,11 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 		if at.IQN != t.IQN || at.LUN != t.LUN || at.Transport != t.Transport {
 			return nil, fmt.Errorf("iser: alternate target %s is not %s LUN %d over %s: %w", at, t.IQN, t.LUN, t.Transport, ErrBadURL)
 		}
-		for _, p := range portals {
-			if p.Portal() == at.Portal() {
-				return nil, fmt.Errorf("iser: portal %s given twice: %w", at.Portal(), ErrBadURL)
+		if slices.ContainsFunc(portals, func(p Target) bool { return p.Portal() == at.Portal() }) {
+			if opts.PortalsFromDiscovery {
+				continue // discovered and also given: once is enough
 			}
+			return nil, fmt.Errorf("iser: portal %s given twice: %w", at.Portal(), ErrBadURL)
 		}
 		portals = append(portals, at)
 	}
@@ -173,6 +190,45 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 	}
 	d.info.URL = t.String()
 	return d, nil
+}
+
+// discoverPortals runs SendTargets on t's portal and returns URLs of t's LUN on every other
+// portal listed for t's IQN.
+func discoverPortals(ctx context.Context, t Target, dialer transport.Dialer, opts Options, chap *login.CHAP, log *zap.Logger) ([]string, error) {
+	targets, err := discovery.SendTargets(ctx, discovery.Config{
+		Portal: t.Portal(), Transport: dialer, InitiatorName: opts.InitiatorName, CHAP: chap,
+		LoginTimeout: opts.LoginTimeout, Logger: log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("iser: discovering the portals of %s: %w", t.IQN, err)
+	}
+	var out []string
+	for _, dt := range targets {
+		if dt.Name != t.IQN {
+			continue
+		}
+		for _, p := range dt.Portals {
+			host, port, err := net.SplitHostPort(p.Address)
+			if err != nil {
+				log.Warn("discovery: ignoring a malformed portal", zap.String("portal", p.Address), zap.Error(err))
+				continue
+			}
+			alt := t
+			alt.Host = host
+			if alt.Port, err = strconv.Atoi(port); err != nil || alt.Port <= 0 || alt.Port > 65535 {
+				log.Warn("discovery: ignoring a malformed portal", zap.String("portal", p.Address))
+				continue
+			}
+			if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+				continue // "listening on every address" names no portal
+			}
+			if alt.Portal() != t.Portal() {
+				out = append(out, alt.String())
+			}
+		}
+	}
+	log.Info("discovered portals", zap.String("target", t.IQN), zap.Strings("others", out))
+	return out, nil
 }
 
 // noRDMA reports a dial failure that means "this machine cannot do iSER": a build without

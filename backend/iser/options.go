@@ -37,6 +37,9 @@ type Options struct {
 	// AlternateTargets are URLs of the same target IQN and LUN on other portals (multipath):
 	// Open logs Sessions sessions in to each, and I/O fails over between them.
 	AlternateTargets []string
+	// PortalsFromDiscovery asks the URL's portal for the target's portals (SendTargets, RFC
+	// 7143 §4.3) and adds every other portal it lists, as if given in AlternateTargets.
+	PortalsFromDiscovery bool
 	// Logger receives structured logs (nil: none). Secrets are never logged.
 	Logger *zap.Logger
 

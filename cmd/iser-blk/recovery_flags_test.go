@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ func TestRecoveryFlags(t *testing.T) {
 	}{
 		{"defaults", []string{"--target", "iscsi://a/iqn.x/1"}, "iscsi://a/iqn.x/1", 0, def, false},
 		{"two portals", []string{"--target", "iscsi://a/iqn.x/1", "--target", "iscsi://b/iqn.x/1"}, "iscsi://a/iqn.x/1", 1, def, false},
+		{"portals from discovery", []string{"--target", "iscsi://a/iqn.x/1", "--portals-from-discovery"}, "iscsi://a/iqn.x/1", 0, def, false},
 		{"timeouts", []string{"--target", "iscsi://a/iqn.x/1", "--replacement-timeout", "5s", "--noop-interval", "2s",
 			"--noop-timeout", "1s", "--command-timeout", "0"}, "iscsi://a/iqn.x/1", 0,
 			iser.Recovery{NOPInterval: 2 * time.Second, NOPTimeout: time.Second, ReplacementTimeout: 5 * time.Second,
@@ -54,6 +56,9 @@ func TestRecoveryFlags(t *testing.T) {
 			}
 			if ef.target != tt.target || len(ef.alternates) != tt.alternates {
 				t.Fatalf("target %q alternates %v", ef.target, ef.alternates)
+			}
+			if opts.PortalsFromDiscovery != strings.Contains(strings.Join(tt.args, " "), "--portals-from-discovery") {
+				t.Fatalf("PortalsFromDiscovery %v", opts.PortalsFromDiscovery)
 			}
 			if opts.Recovery == nil || *opts.Recovery != tt.rec {
 				t.Fatalf("recovery %+v, want %+v", opts.Recovery, tt.rec)

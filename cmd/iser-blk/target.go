@@ -42,6 +42,7 @@ type targetFlags struct {
 	loginTimeout     time.Duration
 	debug            bool
 	recovery         iser.Recovery
+	discoverPortals  bool
 }
 
 // register adds the shared flags to fs. withSessions adds --sessions (not for discover).
@@ -62,6 +63,7 @@ func (tf *targetFlags) register(fs *flag.FlagSet, withSessions bool) {
 		fs.DurationVar(&tf.recovery.NOPInterval, "noop-interval", def.NOPInterval, "NOP-Out ping on a connection idle this long (0: no keepalive)")
 		fs.DurationVar(&tf.recovery.NOPTimeout, "noop-timeout", def.NOPTimeout, "a ping unanswered this long drops the connection")
 		fs.DurationVar(&tf.recovery.CommandTimeout, "command-timeout", def.CommandTimeout, "commands outstanding with none completing this long drop the connection; they are re-issued (0: never)")
+		fs.BoolVar(&tf.discoverPortals, "portals-from-discovery", false, "ask the target's portal for its other portals (SendTargets) and use them all (multipath)")
 		fs.DurationVar(&tf.recovery.ReplacementTimeout, "replacement-timeout", def.ReplacementTimeout, "how long I/O waits for a lost session before failing with EIO (0: at once; negative: forever); reconnecting goes on")
 	}
 }
@@ -180,6 +182,8 @@ func (tf *targetFlags) options(urlUser string, log *zap.Logger) (iser.Options, e
 		Sessions:      tf.sessions,
 		LoginTimeout:  tf.loginTimeout,
 		Logger:        log,
+
+		PortalsFromDiscovery: tf.discoverPortals,
 	}
 	if tf.recovery != (iser.Recovery{}) {
 		rec := tf.recovery

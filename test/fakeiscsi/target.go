@@ -6,6 +6,8 @@
 // initiator must treat each as a connection error (§7.1.4.1 at ERL 0), drop the connection and
 // log in again; the fake then serves the new connection correctly.
 //
+// A discovery session's SendTargets reports Options.Advertise as the target's portals.
+//
 // FaultHang leaves a READ unanswered, to exercise command timeouts: ABORT TASK and LOGICAL UNIT
 // RESET are answered "function complete".
 //
@@ -62,6 +64,9 @@ type Options struct {
 	Name string
 	// Digests makes the target accept CRC32C header and data digests when offered.
 	Digests bool
+	// Advertise lists the portals ("host:port") a SendTargets discovery reports for Name
+	// (default: this target's own address).
+	Advertise []string
 }
 
 // Target is a running fake target.
@@ -155,6 +160,7 @@ type conn struct {
 	maxRecv          int // the initiator's MaxRecvDataSegmentLength: our Data-In segment bound
 	maxBurst         int
 	firstBurst       int
+	discovery        bool // a SendTargets discovery session (§4.3)
 }
 
 type wire struct {
@@ -259,10 +265,22 @@ func (c *conn) serve() error {
 			c.statSN++
 			err = c.write(&r, nil, false, false)
 		case pdu.OpTextReq:
+			var text []byte
+			if c.discovery && strings.Contains(string(p.data), "SendTargets=") {
+				kvs := []login.KeyValue{{Key: "TargetName", Value: c.t.Name}}
+				adv := c.t.opts.Advertise
+				if len(adv) == 0 {
+					adv = []string{c.t.Addr}
+				}
+				for _, a := range adv {
+					kvs = append(kvs, login.KeyValue{Key: "TargetAddress", Value: a + ",1"})
+				}
+				text = login.EncodeText(nil, kvs)
+			}
 			var r pdu.BHS
-			pdu.EncodeTextResponse(&r, true, false, 0, p.bhs.ITT(), pdu.ReservedTag, c.sns())
+			pdu.EncodeTextResponse(&r, true, false, len(text), p.bhs.ITT(), pdu.ReservedTag, c.sns())
 			c.statSN++
-			err = c.write(&r, nil, false, false)
+			err = c.write(&r, text, false, false)
 		case pdu.OpLogoutReq:
 			var r pdu.BHS
 			pdu.EncodeLogoutResponse(&r, 0, p.bhs.ITT(), c.sns(), 0, 0)
@@ -457,7 +475,9 @@ func (c *conn) login() error {
 			switch kv.Key {
 			case "AuthMethod":
 				out = append(out, login.KeyValue{Key: "AuthMethod", Value: "None"})
-			case "InitiatorName", "SessionType", "InitiatorAlias":
+			case "SessionType":
+				c.discovery = kv.Value == "Discovery"
+			case "InitiatorName", "InitiatorAlias":
 			case "TargetName":
 				if kv.Value != c.t.Name {
 					return fmt.Errorf("fakeiscsi: login to unknown target %q", kv.Value)
