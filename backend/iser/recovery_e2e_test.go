@@ -248,4 +248,3 @@ func TestE2ESilentPartition(t *testing.T) {
 	}
 	t.Logf("read completed %v after the link came back; path %+v", time.Since(restored).Round(time.Millisecond), d.PathStats()[0])
 }
-
