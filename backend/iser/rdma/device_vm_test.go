@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/backend/iser/rdma"
 	"github.com/iser-blk/iser-blk/pool"
@@ -186,7 +189,9 @@ func randomIO(t *testing.T, url string, poolBytes int64) {
 	before := rdma.Stats()
 
 	// tgtd registers its 1 GiB pool on the first connection: minutes under a loaded TCG host
-	d, err := iser.Open(ctx, url, iser.Options{InitiatorName: devInitiator, LoginTimeout: 3 * time.Minute})
+	// warnings (reconnects, NOP timeouts, target errors) go to the test log
+	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	d, err := iser.Open(ctx, url, iser.Options{InitiatorName: devInitiator, LoginTimeout: 3 * time.Minute, Logger: log})
 	if err != nil {
 		t.Fatalf("open %s: %v", url, err)
 	}
