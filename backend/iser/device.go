@@ -146,6 +146,9 @@ type Device struct {
 	bgCancel   context.CancelFunc
 	bgWG       sync.WaitGroup
 
+	seq     atomic.Uint64 // arrival numbers of commands (replay.go)
+	replays replayQueue
+
 	alua     bool        // INQUIRY TPGS != 0
 	aluaBusy atomic.Bool // a refresh is running
 	aluaWG   sync.WaitGroup
@@ -218,6 +221,7 @@ func NewDevice(ctx context.Context, execs []scsi.Executor, lun uint16, opts Opti
 		return nil, err
 	}
 	if d.alua {
+		d.aluaWG.Wait() // a refresh kicked by the probe's UNIT ATTENTION: let it finish, then read now
 		if err := d.refreshALUA(ctx); err != nil {
 			d.log.Warn("ALUA: cannot read the target port groups; all paths are treated alike", zap.Error(err))
 		}
@@ -316,7 +320,24 @@ func (d *Device) run(ctx context.Context, r *request) error {
 // path (this one reinstated, or another) and is re-issued, at most maxReplays times.
 func (d *Device) runRecovering(ctx context.Context, r *request) error {
 	var failed *path
+	seq := d.seq.Add(1)
+	queued := false // seq is in d.replays
+	defer func() {
+		if queued {
+			d.replays.remove(seq)
+		}
+	}()
 	for replays := 0; ; {
+		// Replays go oldest first, one at a time; new commands wait behind them (replay.go).
+		if queued {
+			if err := d.replays.waitTurn(ctx, d.bgDone(), seq); err != nil {
+				return err
+			}
+		} else if d.replays.n.Load() > 0 {
+			if err := d.replays.waitEmpty(ctx, d.bgDone()); err != nil {
+				return err
+			}
+		}
 		p := d.pick(failed)
 		if p == nil {
 			if err := d.waitPath(ctx); err != nil {
@@ -347,6 +368,10 @@ func (d *Device) runRecovering(ctx context.Context, r *request) error {
 		}
 		if replays++; replays > maxReplays || d.closed.Load() {
 			return err
+		}
+		if !queued {
+			d.replays.add(seq)
+			queued = true
 		}
 		p.pending.Add(1)
 		p.replayedTotal.Add(1)

@@ -65,6 +65,8 @@ func TestGarbageFromTheTarget(t *testing.T) {
 			if tg.Logins() != logins+1 {
 				t.Fatalf("logins %d -> %d: the connection was not re-established once", logins, tg.Logins())
 			}
+			// The maintainer counts the restore just after the session is back; the read may be faster.
+			waitFor(t, "restore counted", 5*time.Second, func() bool { return d.PathStats()[0].Restores == 1 })
 			st := d.PathStats()[0]
 			if st.Downs != 1 || st.Restores != 1 || st.Replayed != 1 {
 				t.Fatalf("path stats %+v", st)

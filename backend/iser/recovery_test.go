@@ -3,7 +3,9 @@ package iser
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -32,6 +34,7 @@ type fakeSession struct {
 	execs   atomic.Int64
 	hanging atomic.Int64
 	ended   chan struct{} // closed to end the hanging commands as a confirmed TMF would
+	order   []uint64      // LBAs of the WRITE(16)s executed, in order (under mu)
 }
 
 func newFakeSession(lun *scsitest.LUN) *fakeSession {
@@ -137,6 +140,11 @@ func (f *fakeSession) Execute(ctx context.Context, cmd *scsi.Command, resp *scsi
 			return ctx.Err()
 		}
 	}
+	if cmd.CDB[0] == scsi.OpWrite16 {
+		f.mu.Lock()
+		f.order = append(f.order, binary.BigEndian.Uint64(cmd.CDB[2:10]))
+		f.mu.Unlock()
+	}
 	return f.lun.Execute(ctx, cmd, resp)
 }
 
@@ -193,9 +201,7 @@ func TestReplayAfterReinstatement(t *testing.T) {
 	waitFor(t, "all writes in flight", 5*time.Second, func() bool { return s.hanging.Load() == n })
 	s.kill()
 	waitFor(t, "path down", 5*time.Second, func() bool { return d.PathStats()[0].Downs == 1 })
-	if s.hanging.Load() != 0 {
-		t.Fatalf("%d commands still hanging on a dead connection", s.hanging.Load())
-	}
+	waitFor(t, "the dead connection's commands to return", 5*time.Second, func() bool { return s.hanging.Load() == 0 })
 	s.refuse.Store(false)
 	for range n {
 		if err := <-errs; err != nil {
@@ -205,6 +211,7 @@ func TestReplayAfterReinstatement(t *testing.T) {
 	if got := lun.Bytes(0, int64(len(data))); !bytes.Equal(got, data) {
 		t.Fatal("data written across a reconnect differs")
 	}
+	waitFor(t, "restore counted", 5*time.Second, func() bool { return d.PathStats()[0].Restores == 1 })
 	st := d.PathStats()[0]
 	if !st.Up || st.Restores != 1 || st.Replayed < n {
 		t.Fatalf("path stats after one outage: %+v", st)
@@ -490,5 +497,42 @@ func TestRecoveringHotPathAllocatesNothing(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("ReadAt+WriteAt allocate %v times per call pair over recoverable paths", allocs)
+	}
+}
+
+// TestReplayInArrivalOrder: commands failed by a connection loss are re-issued oldest first, one
+// after another, and a command arriving during the outage goes after all of them.
+func TestReplayInArrivalOrder(t *testing.T) {
+	lun := scsitest.New(scsitest.Config{})
+	s := newFakeSession(lun)
+	d := recoveringDevice(t, fastRecovery(), s)
+	ctx := context.Background()
+	buf := make([]byte, 512)
+	const n = 8
+	s.hang.Store(true)
+	errs := make(chan error, n+1)
+	for i := range n {
+		go func() { errs <- d.WriteAt(ctx, buf, int64(i)*512, 0) }()
+		waitFor(t, "write in flight", 5*time.Second, func() bool { return s.hanging.Load() == int64(i+1) })
+	}
+	s.refuse.Store(true)
+	s.kill()
+	waitFor(t, "replays queued", 5*time.Second, func() bool { return d.replays.n.Load() == n })
+	go func() { errs <- d.WriteAt(ctx, buf, 100*512, 0) }() // arrives during the outage
+	waitFor(t, "the new write to queue behind the replays", 5*time.Second, func() bool { return d.seq.Load() >= n+1 })
+	s.mu.Lock()
+	s.order = nil
+	s.mu.Unlock()
+	s.refuse.Store(false)
+	for range n + 1 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	want := []uint64{0, 1, 2, 3, 4, 5, 6, 7, 100}
+	if fmt.Sprint(s.order) != fmt.Sprint(want) {
+		t.Fatalf("re-issue order %v, want %v", s.order, want)
 	}
 }
