@@ -90,6 +90,15 @@ type Device interface {
 	Close() error
 }
 
+// CachedReader is an optional interface of a Device that holds data in memory (a cache). ReadCached
+// copies [off, off+len(p)) into p and returns true only when all of it was in memory; it never
+// waits for I/O, so a frontend may call it on the goroutine that reads requests and answer at once.
+// On false the contents of p are unspecified and the caller uses ReadAt. Out-of-range or
+// misaligned requests return false (ReadAt then reports the error).
+type CachedReader interface {
+	ReadCached(p []byte, off int64) bool
+}
+
 // CheckRange validates a request against a device's size and block size, returning an error that
 // wraps ErrInvalid when it is misaligned or out of range. Every layer calls it at its entry.
 func CheckRange(d Device, off, length int64) error {

@@ -428,6 +428,29 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 	return c.readMiss(ctx, p[pos:], off+pos)
 }
 
+// ReadCached implements block.CachedReader: it copies p from cache pages when every sector of
+// it is valid there, without touching the backend or waiting for a fill in progress.
+func (c *Cache) ReadCached(p []byte, off int64) bool {
+	if c.enter() != nil {
+		return false
+	}
+	defer c.exit()
+	if len(p) == 0 || block.CheckRange(c, off, int64(len(p))) != nil {
+		return false
+	}
+	for pos := int64(0); pos < int64(len(p)); {
+		page, pOff := (off+pos)/c.ps, (off+pos)%c.ps
+		n := min(c.ps-pOff, int64(len(p))-pos)
+		if !c.readHit(page, pOff, p[pos:pos+n]) {
+			return false
+		}
+		pos += n
+	}
+	return true
+}
+
+var _ block.CachedReader = (*Cache)(nil)
+
 func (c *Cache) beingFilled(page int64) bool {
 	sh := c.shard(page)
 	sh.mu.Lock()

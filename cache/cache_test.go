@@ -983,3 +983,68 @@ func TestConcurrentSequentialReadsShareFills(t *testing.T) {
 		t.Fatalf("backend read %d bytes for 4 concurrent passes over %d", read, span)
 	}
 }
+
+// TestReadCached checks the non-blocking read path frontends use inline: it answers only when
+// every sector is in memory, never reads the backend, and refuses bad ranges and a closed cache.
+func TestReadCached(t *testing.T) {
+	ctx := context.Background()
+	c, dev := newTest(t, 4<<20, stdLimits(512), Config{Size: 1 << 20, ReadAhead: -1})
+	data := fill(8192, 3)
+	if err := c.WriteAt(ctx, data, 8192, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WriteAt(ctx, data[:512], 65536, 0); err != nil { // one sector of a page
+		t.Fatal(err)
+	}
+	dev.ResetLog()
+	got := make([]byte, 8192)
+	for _, tc := range []struct {
+		name string
+		off  int64
+		n    int
+		want bool
+	}{
+		{"two dirty pages", 8192, 8192, true},
+		{"inside a page", 8192 + 512, 1024, true},
+		{"straddles into an absent page", 12288, 8192, false},
+		{"absent", 1 << 20, 4096, false},
+		{"valid sector", 65536, 512, true},
+		{"page with only one valid sector", 65536, 4096, false},
+		{"misaligned", 8193, 512, false},
+		{"past the end", 4 << 20, 4096, false},
+		{"empty", 8192, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ok := c.ReadCached(got[:tc.n], tc.off)
+			if ok != tc.want {
+				t.Fatalf("ReadCached = %v, want %v", ok, tc.want)
+			}
+			if ok {
+				want := data[:tc.n]
+				if tc.off != 65536 {
+					want = data[tc.off-8192 : tc.off-8192+int64(tc.n)]
+				}
+				if !bytes.Equal(got[:tc.n], want) {
+					t.Fatal("ReadCached returned the wrong bytes")
+				}
+			}
+		})
+	}
+	for _, op := range dev.Log() {
+		if op.Kind == fakedev.Read {
+			t.Fatalf("ReadCached read the backend: %+v", op)
+		}
+	}
+	allocs := testing.AllocsPerRun(1000, func() {
+		if !c.ReadCached(got[:4096], 8192) {
+			panic("miss")
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("ReadCached allocates %.1f times", allocs)
+	}
+	c.shutdown()
+	if c.ReadCached(got[:4096], 8192) {
+		t.Fatal("ReadCached on a closed cache succeeded")
+	}
+}

@@ -324,6 +324,24 @@ func (p *Pool) Get(ctx context.Context, n int) ([]byte, error) {
 	}
 }
 
+// TryGet is Get without waiting: ok is false when no buffer is free and the pool cannot grow
+// (or n is out of range, or the pool is closed). For callers that must not block, such as a
+// frontend's request reader serving cache hits inline.
+func (p *Pool) TryGet(n int) (b []byte, ok bool) {
+	if n < 0 || n > p.maxClass || p.closed.Load() {
+		return nil, false
+	}
+	ci := p.classFor(n)
+	for {
+		if b, ok := p.pop(ci); ok {
+			return p.handOut(b, n), true
+		}
+		if grown, err := p.grow(ci); err != nil || !grown {
+			return nil, false
+		}
+	}
+}
+
 func (p *Pool) handOut(b []byte, n int) []byte {
 	p.gets.Add(1)
 	p.out.Add(1)

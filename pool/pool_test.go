@@ -508,3 +508,27 @@ func TestConcurrentWaiters(t *testing.T) {
 		t.Fatal("no Get waited: the test did not reach the bound")
 	}
 }
+
+func TestTryGetNeverWaits(t *testing.T) {
+	p := mustNew(t, Config{MaxBytes: 1 << 20, Classes: []int{1 << 20}})
+	defer p.Close()
+	b, ok := p.TryGet(1 << 20)
+	if !ok || len(b) != 1<<20 {
+		t.Fatalf("TryGet on an empty pool: ok %v len %d", ok, len(b))
+	}
+	if _, ok := p.TryGet(4096); ok {
+		t.Fatal("TryGet at the bound handed out a buffer")
+	}
+	if _, ok := p.TryGet(2 << 20); ok {
+		t.Fatal("TryGet over the largest class succeeded")
+	}
+	p.Put(b)
+	b2, ok := p.TryGet(4096)
+	if !ok || len(b2) != 4096 {
+		t.Fatalf("TryGet after Put: ok %v len %d", ok, len(b2))
+	}
+	p.Put(b2)
+	if st := p.Stats(); st.MappedBytes != 1<<20 {
+		t.Fatalf("mapped %d bytes, want exactly the 1 MiB bound", st.MappedBytes)
+	}
+}

@@ -41,6 +41,22 @@ func (b *budget) acquire(n int64) (int64, bool) {
 	return n, true
 }
 
+// tryAcquire is acquire without waiting: ok is false when n bytes are not available now.
+func (b *budget) tryAcquire(n int64) (int64, bool) {
+	if b.total == 0 {
+		return 0, true
+	}
+	n = min(n, b.total)
+	b.mu.Lock()
+	if b.closed || b.used+n > b.total {
+		b.mu.Unlock()
+		return 0, false
+	}
+	b.used += n
+	b.mu.Unlock()
+	return n, true
+}
+
 func (b *budget) release(n int64) {
 	if n == 0 {
 		return

@@ -78,3 +78,15 @@ func (p *heapPool) Put(b []byte) {
 }
 
 func (p *heapPool) MaxClass() int { return 1 << heapMaxShift }
+
+// TryGet implements tryGetter: the heap pool never waits.
+func (p *heapPool) TryGet(n int) ([]byte, bool) {
+	b, err := p.Get(context.Background(), n)
+	return b, err == nil
+}
+
+// tryGetter is the optional non-waiting Get of a BufferPool (pool.Pool and the heap pool have it).
+// The reader serves cache hits inline only with such a pool, since it must never wait for memory.
+type tryGetter interface {
+	TryGet(n int) ([]byte, bool)
+}

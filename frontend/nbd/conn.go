@@ -25,7 +25,8 @@ const readBufferSize = 64 << 10
 const maxBatch = 64
 
 // request is one request slot. A connection owns MaxInflight of them; they cycle through
-// free -> reader -> worker -> writer -> free, so serving a request allocates nothing.
+// free -> reader -> worker -> reply queue -> free (a read served from the device's memory, see
+// block.CachedReader, skips the worker), so serving a request allocates nothing.
 type request struct {
 	Request
 	errno    uint32
@@ -42,14 +43,22 @@ type conn struct {
 	exp export
 	log *zap.Logger
 
-	free chan *request // idle slots; receiving from it is the per-connection concurrency bound
-	work chan *request // validated requests for the workers
-	done chan *request // answered requests for the writer
+	free    chan *request      // idle slots; receiving from it is the per-connection concurrency bound
+	work    chan *request      // validated requests for the workers
+	cached  block.CachedReader // the device's non-blocking read path; nil if it (or the pool's TryGet) is missing
+	tryPool tryGetter
 
-	inflight sync.WaitGroup // requests handed to a worker or the writer and not yet released
+	inflight sync.WaitGroup // requests handed to a worker or the reply queue and not yet released
 	shutting atomic.Bool
 
-	// writer-only state
+	// Replies: whoever answers a request (a worker, or the reader) appends it to replies; if no
+	// one is writing, it becomes the writer and sends the queue in vectored writes until it is
+	// empty (see reply). This avoids a hand-off to a writer goroutine per request.
+	replyMu sync.Mutex
+	replies []*request
+	writing bool
+
+	// writer-only state (owned by whoever set writing)
 	batch  []*request
 	iov    [][]byte
 	nb     net.Buffers
@@ -112,8 +121,12 @@ func (c *conn) transmit() {
 	segs := MaxPayload/c.s.seg + 1
 	c.free = make(chan *request, n)
 	c.work = make(chan *request, n)
-	c.done = make(chan *request, n)
-	c.batch = make([]*request, 0, maxBatch)
+	if tg, ok := c.s.pool.(tryGetter); ok {
+		c.tryPool = tg
+		c.cached, _ = c.s.dev.(block.CachedReader)
+	}
+	c.replies = make([]*request, 0, n)
+	c.batch = make([]*request, 0, n)
 	c.iov = make([][]byte, 0, maxBatch*(2+segs))
 	for range n {
 		c.free <- &request{bufs: make([][]byte, 0, segs)}
@@ -125,19 +138,15 @@ func (c *conn) transmit() {
 			defer workers.Done()
 			for r := range c.work {
 				c.execute(r)
-				c.done <- r
+				c.reply(r)
 			}
 		}()
 	}
-	writerDone := make(chan struct{})
-	go func() { c.writeLoop(); close(writerDone) }()
 
 	reason := c.readLoop()
 	c.inflight.Wait()
 	close(c.work)
 	workers.Wait()
-	close(c.done)
-	<-writerDone
 	c.nc.Close()
 	if reason != nil {
 		c.log.Info("nbd connection closed", zap.Error(reason))
@@ -149,8 +158,20 @@ func (c *conn) transmit() {
 // readLoop reads requests until the connection must stop reading. It returns nil for a clean end
 // (DISC, EOF between requests, shutdown) and the reason otherwise.
 func (c *conn) readLoop() error {
+	defer c.flushReplies()
 	for {
-		r := <-c.free
+		// Replies the reader answered itself wait in the queue while more requests are already
+		// buffered, so one writev answers everything that arrived in one read.
+		if c.br.Buffered() < requestHeaderLen {
+			c.flushReplies()
+		}
+		var r *request
+		select {
+		case r = <-c.free:
+		default:
+			c.flushReplies() // deferred replies may hold the slots we are about to wait for
+			r = <-c.free
+		}
 		if _, err := io.ReadFull(c.br, r.raw[:]); err != nil {
 			c.free <- r
 			if errors.Is(err, io.EOF) || c.shutting.Load() {
@@ -186,7 +207,12 @@ func (c *conn) readLoop() error {
 			}
 			r.errno = errno
 			c.inflight.Add(1)
-			c.done <- r
+			c.deferReply(r)
+			continue
+		}
+		if req.Type == CmdRead && c.cached != nil && c.readCached(r) {
+			c.inflight.Add(1)
+			c.deferReply(r)
 			continue
 		}
 		if hasPayload(&r.Request) {
@@ -347,46 +373,113 @@ func (c *conn) splitRange(off, length, limit int64, fn func(o, l int64) error) e
 	return nil
 }
 
-// writeLoop sends replies: it gathers whatever answered requests are ready (up to maxBatch) and
-// writes them with one vectored write (writev on TCP and unix sockets), then recycles the slots.
-func (c *conn) writeLoop() {
-	for r := range c.done {
-		c.batch = append(c.batch[:0], r)
-		// Let workers that are already runnable (woken by the same backend read) post their
-		// replies first, so one writev carries them all instead of one syscall each.
-		runtime.Gosched()
-	gather:
-		for len(c.batch) < maxBatch {
-			select {
-			case r2, ok := <-c.done:
-				if !ok {
-					break gather
-				}
-				c.batch = append(c.batch, r2)
-			default:
-				break gather
-			}
+// readCached serves a READ from the device's memory on the reader goroutine when all of it is
+// there (block.CachedReader), saving the hand-off to a worker and back. It reports false, with r
+// as it was, when the caller must queue r for a worker instead.
+func (c *conn) readCached(r *request) bool {
+	if int(r.Length) > c.s.seg || r.Length == 0 {
+		return false // one segment only: larger reads are rarely all cached and worth a worker
+	}
+	// Budget first, then the buffer (the budget's rule); neither may wait on the reader.
+	n, ok := c.s.budget.tryAcquire(int64(r.Length))
+	if !ok {
+		return false
+	}
+	b, ok := c.tryPool.TryGet(int(r.Length))
+	if !ok {
+		c.s.budget.release(n)
+		return false
+	}
+	if !c.cached.ReadCached(b, int64(r.Offset)) {
+		c.s.pool.Put(b)
+		c.s.budget.release(n)
+		return false
+	}
+	r.reserved = n
+	r.bufs = append(r.bufs, b)
+	return true
+}
+
+// reply queues the answered request r for sending. If no one is writing, the caller becomes the
+// writer: it yields once so that goroutines already runnable (typically workers woken by the same
+// backend read) can queue their replies too, then writes the queue in vectored writes (writev on
+// TCP and unix sockets) until it is empty, recycling the slots. Otherwise it returns at once and
+// the current writer sends r.
+func (c *conn) reply(r *request) {
+	c.replyMu.Lock()
+	c.replies = append(c.replies, r)
+	if c.writing {
+		c.replyMu.Unlock()
+		return
+	}
+	c.writing = true
+	c.replyMu.Unlock()
+	runtime.Gosched()
+	c.writeQueued()
+}
+
+// deferReply queues r without writing: the reader calls it and sends the queue with
+// flushReplies before it next waits for input (or leaves), unless a writer picks r up first.
+func (c *conn) deferReply(r *request) {
+	c.replyMu.Lock()
+	c.replies = append(c.replies, r)
+	c.replyMu.Unlock()
+}
+
+// flushReplies sends queued replies when no writer is active to do it.
+func (c *conn) flushReplies() {
+	c.replyMu.Lock()
+	if c.writing || len(c.replies) == 0 {
+		c.replyMu.Unlock()
+		return
+	}
+	c.writing = true
+	c.replyMu.Unlock()
+	c.writeQueued()
+}
+
+// writeQueued is the writer's loop: it sends the queue until it finds it empty, then gives up the
+// writer role (under replyMu, so a reply queued meanwhile is either taken or sees no writer).
+func (c *conn) writeQueued() {
+	for {
+		c.replyMu.Lock()
+		if len(c.replies) == 0 {
+			c.writing = false
+			c.replyMu.Unlock()
+			return
 		}
-		if !c.broken {
-			iov := c.iov[:0]
-			for _, r := range c.batch {
-				iov = c.appendReply(iov, r)
-			}
-			c.nb = iov
-			if _, err := c.nb.WriteTo(c.nc); err != nil {
-				// The client is gone: stop the reader and keep recycling slots so the
-				// connection can drain.
-				c.broken = true
-				c.nc.Close()
-			}
-			clear(iov)
+		// Swap the queue with the (empty) batch so appends during the write do not allocate.
+		c.batch, c.replies = c.replies, c.batch[:0]
+		c.replyMu.Unlock()
+		for start := 0; start < len(c.batch); start += maxBatch {
+			c.writeReplies(c.batch[start:min(start+maxBatch, len(c.batch))])
 		}
-		for i, r := range c.batch {
-			c.releaseBufs(r)
-			c.batch[i] = nil
-			c.inflight.Done()
-			c.free <- r
+		clear(c.batch)
+		c.batch = c.batch[:0]
+	}
+}
+
+// writeReplies sends one batch of replies with one vectored write, then recycles the slots.
+// Only the current writer calls it.
+func (c *conn) writeReplies(batch []*request) {
+	if !c.broken {
+		iov := c.iov[:0]
+		for _, r := range batch {
+			iov = c.appendReply(iov, r)
 		}
+		c.nb = iov
+		if _, err := c.nb.WriteTo(c.nc); err != nil {
+			// The client is gone: stop the reader and keep recycling slots so the
+			// connection can drain.
+			c.broken = true
+			c.nc.Close()
+		}
+		clear(iov)
+	}
+	for _, r := range batch {
+		c.releaseBufs(r)
+		c.inflight.Done()
+		c.free <- r
 	}
 }
 
