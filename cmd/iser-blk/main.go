@@ -57,6 +57,7 @@ func main() {
 		usage()
 		os.Exit(exitUsage)
 	}
+	startPprof()
 	ctx, stop := signalContext()
 	defer stop()
 	os.Exit(c.run(ctx, os.Args[2:]))

@@ -206,8 +206,14 @@ def main():
     ap.add_argument("--size", default="512m", help="fio working set")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench"))
     ap.add_argument("--jobs", default="", help="comma-separated subset of job names")
+    ap.add_argument("--systems", default="", help="comma-separated subset of systems (quick profiling "
+                    "runs): qemu-nbd, iser-blk-nocache, iser-blk-wb-cold (also runs warm), "
+                    "nbdkit-memory, libiscsi-direct")
     a = ap.parse_args()
     jobs = [j for j in JOBS if not a.jobs or j[0] in a.jobs.split(",")]
+
+    def wanted(system):
+        return not a.systems or system in a.systems.split(",")
     work = tempfile.mkdtemp(prefix="iser-blk-bench.")
     load_before = os.getloadavg()
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -216,11 +222,14 @@ def main():
     try:
         for rep in range(a.reps):
             log(f"== repetition {rep + 1}/{a.reps}")
-            ceiling = iscsi_perf(tgt.url, a.runtime)
-            results.append(dict(rep=rep, system="libiscsi-direct", job="randread-4k-qd32",
-                                iops=ceiling, ios=None))
-            log(f"   libiscsi-direct randread-4k-qd32: {ceiling:.0f} IOPS")
+            if wanted("libiscsi-direct"):
+                ceiling = iscsi_perf(tgt.url, a.runtime)
+                results.append(dict(rep=rep, system="libiscsi-direct", job="randread-4k-qd32",
+                                    iops=ceiling, ios=None))
+                log(f"   libiscsi-direct randread-4k-qd32: {ceiling:.0f} IOPS")
             for name, start, has_warm in systems(tgt, work):
+                if not wanted(name):
+                    continue
                 sock = os.path.join(work, f"{name}.sock")
                 srv = start(sock)
                 try:
