@@ -9,6 +9,11 @@
 // skipped, and a command its connection loss failed is re-issued on another. Features the LUN lacks
 // are emulated: FUA by WRITE + SYNCHRONIZE CACHE, WRITE ZEROES by writing zero buffers.
 //
+// Over sessions (Recoverable executors) the device also keeps its paths alive: keepalive, a
+// command watchdog, session reinstatement, re-issue of the commands a connection loss failed
+// (in order of arrival), a replacement timeout, failover between portals and ALUA preference
+// (recovery.go, replay.go, alua.go; docs/reliability.md).
+//
 // Invariants: every request is range-checked (block.CheckRange) before anything is sent; every
 // error wraps exactly one block sentinel; the single-command hot path (ReadAt/WriteAt within the
 // limits) allocates nothing: commands and responses come from a free list.
