@@ -111,7 +111,7 @@ func (t *Target) Inject(f Fault) { t.faults <- f }
 // Logins counts completed logins (a re-established connection adds one).
 func (t *Target) Logins() int64 { return t.logins.Load() }
 
-// BadPDUs counts bad PDUs sent.
+// BadPDUs counts the faults acted on (bad PDUs sent, READs left hanging).
 func (t *Target) BadPDUs() int64 { return t.bad.Load() }
 
 // Close stops listening and closes every connection.
