@@ -711,6 +711,14 @@ func (d *Device) writeSame(ctx context.Context, off, length int64, flags block.Z
 			case isInvalidOpcode(err) && d.ws.Load() != wsYes:
 				d.ws.Store(wsNo)
 				return errWriteSameUnsupported
+			case isInvalidField(err):
+				// The target refuses this form of WRITE SAME (LIO answers "invalid field in
+				// CDB" for a backstore that cannot do it, even when REPORT SUPPORTED OPERATION
+				// CODES lists it): the caller writes zeroes instead, and WRITE SAME is not
+				// tried again on this device. Requests are already split at the LUN's
+				// MAXIMUM WRITE SAME LENGTH, so a length refusal is not expected.
+				d.ws.Store(wsNo)
+				return errWriteSameUnsupported
 			}
 			return opError("write zeroes", int64(plba)<<d.shift, int64(pn)<<d.shift, err)
 		}

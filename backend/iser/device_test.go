@@ -832,3 +832,34 @@ func (z zeroUnmapLimits) Execute(ctx context.Context, cmd *scsi.Command, resp *s
 	}
 	return err
 }
+
+// LIO refuses WRITE SAME on some backstores (and above its length limit) with ILLEGAL REQUEST,
+// INVALID FIELD IN CDB rather than INVALID OPERATION CODE: the range must still end up zeroed,
+// by writing zeroes, and the client must not see EINVAL.
+func TestWriteZeroesFallsBackOnInvalidField(t *testing.T) {
+	d, lun := open(t, scsitest.Config{MaxTransferBlocks: 1024})
+	const off, n = 512 * 8, 4096 * 64
+	if err := d.WriteAt(context.Background(), bytes.Repeat([]byte{0xCD}, n), off, 0); err != nil {
+		t.Fatal(err)
+	}
+	lun.InjectFault(scsitest.Fault{Opcode: int(scsi.OpWriteSame16), Times: 1000,
+		Key: scsi.KeyIllegalRequest, ASC: 0x24, ASCQ: 0x00})
+	lun.ResetOps()
+	if err := d.WriteZeroes(context.Background(), off, n, 0); err != nil {
+		t.Fatalf("WriteZeroes over a target refusing WRITE SAME: %v", err)
+	}
+	if got := lun.Bytes(off, n); !bytes.Equal(got, make([]byte, n)) {
+		t.Fatal("range does not read back as zeroes")
+	}
+	if len(opsWith(lun, scsi.OpWrite16)) == 0 {
+		t.Fatalf("no WRITE(16) of zeroes was sent: %+v", lun.Ops())
+	}
+	// The target never accepted WRITE SAME: the next request goes straight to writing zeroes.
+	lun.ResetOps()
+	if err := d.WriteZeroes(context.Background(), off, 4096, 0); err != nil {
+		t.Fatal(err)
+	}
+	if ws := opsWith(lun, scsi.OpWriteSame16); len(ws) != 0 {
+		t.Fatalf("WRITE SAME retried after the target refused it: %+v", ws)
+	}
+}
