@@ -274,3 +274,32 @@ func TestTCPWritePDUs(t *testing.T) {
 		}
 	}
 }
+
+// TestTCPBatchZeroAlloc: a batched write of many PDUs (more iovecs than unix.Writev keeps on the
+// stack) allocates nothing in steady state.
+func TestTCPBatchZeroAlloc(t *testing.T) {
+	a, b := loopPair(t)
+	start(t, a, false)
+	start(t, b, false)
+	const n = 32
+	batch := make([]OutPDU, n)
+	data := make([]byte, 4096)
+	for i := range batch {
+		h := new(pdu.BHS)
+		(&pdu.DataOut{ITT: uint32(i), DataSegmentLength: len(data)}).Encode(h)
+		batch[i] = OutPDU{BHS: h, Data: data}
+	}
+	total := n * (pdu.BHSLen + len(data))
+	sink := make([]byte, total)
+	allocs := testing.AllocsPerRun(50, func() {
+		if err := a.WritePDUs(batch); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(b.nc, sink); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per batch of %d PDUs", allocs, n)
+	}
+}
