@@ -2,6 +2,7 @@
 # Tiers: unit (go test), fuzz (go test -fuzz, seconds each), e2e (root + tgtd/libnbd/fio on the
 # host, build tag e2e), vm (QEMU guest with the 6.12 kernel, build tag vm; mk/vm.mk), bench.
 
+SHELL     := /bin/bash
 GO        ?= go
 GOBIN     := $(shell $(GO) env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
