@@ -217,6 +217,7 @@ verify=crc32c
 do_verify=1
 verify_fatal=1
 rate_iops=,1000
+verify_state_save=0
 randrepeat=1
 group_reporting=1
 [job]
@@ -227,6 +228,7 @@ group_reporting=1
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	fio := exec.CommandContext(ctx, "fio", "--output-format=json", job)
+	fio.Dir = t.TempDir() // fio drops state files in its working directory
 	var out bytes.Buffer
 	fio.Stdout, fio.Stderr = &out, &out
 	if err := fio.Start(); err != nil {
