@@ -408,6 +408,7 @@ func TestGatewayTwoPortalsFailover(t *testing.T) {
 	if err := l1.Cut(); err != nil {
 		t.Fatal(err)
 	}
+	cut := time.Now()
 	<-time.After(4 * time.Second) // the outage
 	if err := l1.Restore(); err != nil {
 		t.Fatal(err)
@@ -422,6 +423,15 @@ func TestGatewayTwoPortalsFailover(t *testing.T) {
 	}
 	t.Logf("gateway: %s", down[0])
 	t.Logf("gateway: %s", restored[0])
+	downAt, err := time.Parse("2006-01-02T15:04:05.000Z0700", strings.Fields(down[0])[0])
+	if err != nil {
+		t.Fatalf("log timestamp: %v", err)
+	}
+	detect := downAt.Sub(cut)
+	t.Logf("failover: the cut path was declared down %v after the cut (keepalive 1 s + 1 s)", detect.Round(time.Millisecond))
+	if detect > 5*time.Second {
+		t.Fatalf("failover took %v", detect)
+	}
 	p1 := tg.Portal
 	if f := logFields(t, down[0]); f["portal"] != p1 {
 		t.Fatalf("the path that went down is %v, want %s", f["portal"], p1)
