@@ -241,6 +241,7 @@ size=32m
 offset_increment=64m
 rw=randwrite
 verify=crc32c
+verify_state_save=0
 randrepeat=1
 group_reporting=1
 [job]
