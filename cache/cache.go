@@ -153,6 +153,7 @@ type Cache struct {
 	seq           uint64
 	flushTarget   uint64
 	inflightPages int64
+	bgJobs        int    // background write-backs in flight (see pickJobLocked)
 	jobSeq        uint64 // numbers write-backs in the order they start
 	failSeq       uint64 // the latest-started write-back that failed
 	lastErr       error  // and its error

@@ -157,6 +157,7 @@ type resolved struct {
 	nPages     int   // cache slots
 	limitPages int64 // dirty limit in pages
 	lowPages   int64
+	bgWorkers  int   // write-backs in flight for no reason but the low watermark
 	maxJob     int64 // bytes per write-back
 	raPages    int64
 }
@@ -227,6 +228,7 @@ func resolve(cfg Config, bs int, backendMaxTransfer int64) (resolved, error) {
 	if r.Workers == 0 {
 		r.Workers = DefaultWorkers
 	}
+	r.bgWorkers = max(1, r.Workers/8)
 	if r.ReadAhead == 0 {
 		r.ReadAhead = DefaultReadAhead
 	}

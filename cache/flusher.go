@@ -32,7 +32,10 @@ type job struct {
 	endPage int64 // page and sector where the forward part of the run stopped
 	endSec  int
 	seq     uint64 // start order (Cache.jobSeq)
-	buf     []byte // heap staging buffer, used when no IOPool is configured
+	// background: started only because dirty data passed the low watermark; counted in
+	// Cache.bgJobs so that such write-back stays within Config.bgWorkers.
+	background bool
+	buf        []byte // heap staging buffer, used when no IOPool is configured
 }
 
 func (c *Cache) newJob() *job {
@@ -175,6 +178,10 @@ func (c *Cache) complete(j *job, err error, bg bool) {
 		}
 	}
 	c.inflightPages -= int64(len(j.pages))
+	if j.background {
+		j.background = false
+		c.bgJobs--
+	}
 	if err != nil {
 		c.st.wbErrors.Add(1)
 		if j.seq > c.failSeq {
@@ -219,11 +226,25 @@ func (c *Cache) pickJobLocked(j *job) (bool, time.Duration) {
 			continue
 		}
 		age := time.Duration(nanotime() - sl.dirtyAt)
-		if c.flushTarget < sl.dirtySeq && eligible < c.cfg.lowPages && c.throttled.Load() == 0 &&
-			age < c.cfg.MaxDirtyAge && !c.closing {
-			return false, c.cfg.MaxDirtyAge - age
+		urgent := c.flushTarget >= sl.dirtySeq || c.throttled.Load() > 0 ||
+			age >= c.cfg.MaxDirtyAge || c.closing
+		if !urgent {
+			if eligible < c.cfg.lowPages {
+				return false, c.cfg.MaxDirtyAge - age
+			}
+			// Above the low watermark but nobody waits: write back with a few workers only,
+			// so background write-back does not take the CPU and the target's queue from
+			// foreground I/O (on a small host every write-back costs what a foreground
+			// write costs). Completions kick the workers again.
+			if c.bgJobs >= c.cfg.bgWorkers {
+				return false, 0
+			}
 		}
 		c.buildJobLocked(j, s, pg, 0, 0, (c.size-1)/c.ps)
+		if !urgent {
+			j.background = true
+			c.bgJobs++
+		}
 		return true, 0
 	}
 	return false, 0
