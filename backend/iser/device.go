@@ -47,6 +47,8 @@ const (
 	// DefaultMaxTransfer bounds a command when Block Limits says nothing: large enough for
 	// throughput, small enough that a target without stated limits accepts it.
 	DefaultMaxTransfer = 8 << 20
+	// maxSaneTransfer caps what a target's Block Limits page may claim (see probe).
+	maxSaneTransfer = 32 << 20
 	// defaultMaxWriteSameBlocks is Linux sd's WRITE SAME(16) cap when the LUN reports none.
 	defaultMaxWriteSameBlocks = 0x7FFFFF
 	// maxFanout bounds the pieces of one split request in flight at once.

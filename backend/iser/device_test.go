@@ -863,3 +863,16 @@ func TestWriteZeroesFallsBackOnInvalidField(t *testing.T) {
 		t.Fatalf("WRITE SAME retried after the target refused it: %+v", ws)
 	}
 }
+
+// A Block Limits page claiming a backstore-sized MAXIMUM TRANSFER LENGTH (LIO's RAM disk says
+// 2 TiB) is capped, so neither Limits nor `iser-blk info` promise terabyte commands.
+func TestMaxTransferCappedWhenTargetClaimsHuge(t *testing.T) {
+	d, _ := open(t, scsitest.Config{MaxTransferBlocks: 0xFFFFFFFF})
+	if got := d.Limits().MaxTransfer; got != maxSaneTransfer {
+		t.Fatalf("MaxTransfer = %d, want the %d cap", got, maxSaneTransfer)
+	}
+	d2, _ := open(t, scsitest.Config{MaxTransferBlocks: 2048})
+	if got := d2.Limits().MaxTransfer; got != 2048*512 {
+		t.Fatalf("MaxTransfer = %d, want the target's own 1 MiB", got)
+	}
+}

@@ -218,7 +218,10 @@ func (d *Device) probe(ctx context.Context, opts Options) error {
 	// Transfer limits, in blocks.
 	maxX := uint64(DefaultMaxTransfer) >> d.shift
 	if bl.MaxTransferLength != 0 {
-		maxX = uint64(bl.MaxTransferLength)
+		// Some targets report their backstore's limit (LIO's RAM disk: 2 TiB). A command larger
+		// than maxSaneTransfer gains no throughput and ties up a huge slice of the caller's
+		// memory in one task, so the stated limit is honoured only below it.
+		maxX = min(uint64(bl.MaxTransferLength), uint64(maxSaneTransfer)>>d.shift)
 	}
 	capBytes := opts.MaxTransfer
 	for _, p := range d.paths {

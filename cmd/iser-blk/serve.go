@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
+	"github.com/iser-blk/iser-blk/backend/iser/rdma"
 	"github.com/iser-blk/iser-blk/backend/memdev"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/cache"
@@ -57,6 +58,11 @@ func (ef *exportFlags) register(fs *flag.FlagSet) {
 func openStack(ctx context.Context, tf *targetFlags, ef *exportFlags, p *pool.Pool, log *zap.Logger) (block.Device, error) {
 	if _, err := cache.ParseConfig(ef.cache.mode, ef.cache.size, ef.cache.dirty); err != nil {
 		return nil, usagef("%v", err) // before logging in, so a typo costs no session
+	}
+	// iSER connections register the pool's regions once and hand its buffers (NBD payloads,
+	// cache staging) to the target without a copy; without RDMA this does nothing.
+	if err := rdma.SetPool(p); err != nil {
+		return nil, fmt.Errorf("registering the buffer pool for RDMA: %w", err)
 	}
 	dev, err := openTarget(ctx, tf, ef, log)
 	if err != nil {

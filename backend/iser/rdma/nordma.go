@@ -2,6 +2,8 @@
 
 package rdma
 
+import "github.com/iser-blk/iser-blk/pool"
+
 // Counters mirrors the cgo build's resource counters; without RDMA they stay zero.
 type Counters struct {
 	LiveConns, LiveQPs, LiveCQs, LivePDs, LiveMRs int64
@@ -12,3 +14,6 @@ type Counters struct {
 
 // Stats returns zero counters: nothing is ever registered without RDMA support.
 func Stats() Counters { return Counters{} }
+
+// SetPool does nothing without RDMA: there is no device to register the pool with.
+func SetPool(*pool.Pool) error { return nil }
