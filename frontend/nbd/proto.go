@@ -10,8 +10,9 @@ import (
 )
 
 // Wire constants of the NBD protocol (NetworkBlockDevice/nbd doc/proto.md, "Values"). They are
-// defined here rather than taken from github.com/pojntfx/go-nbd because that package lacks most of
-// the transmission-phase values (FLUSH, TRIM, WRITE_ZEROES, CACHE, structured replies).
+// defined here, untyped so they fit every field width, because github.com/pojntfx/go-nbd's
+// protocol package lacks most of the transmission-phase values (FLUSH, TRIM, WRITE_ZEROES, CACHE,
+// structured replies); every value it does have is checked against ours in wire_test.go.
 const (
 	magicNBD        = 0x4e42444d41474943 // "NBDMAGIC" (INIT_PASSWD)
 	magicOption     = 0x49484156454F5054 // "IHAVEOPT"
