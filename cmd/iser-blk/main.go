@@ -57,6 +57,7 @@ func main() {
 		usage()
 		os.Exit(exitUsage)
 	}
+	smallHostProcs()
 	startPprof()
 	ctx, stop := signalContext()
 	defer stop()

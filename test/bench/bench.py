@@ -245,7 +245,8 @@ def main():
                             c1, t1 = cpu_seconds(srv.proc.pid), cpu_seconds(tgt.proc.pid)
                             m.update(rep=rep, system=vname, job=job,
                                      gw_cpu_us_per_io=(c1 - c0) * 1e6 / max(m["ios"], 1),
-                                     tgt_cpu_us_per_io=(t1 - t0) * 1e6 / max(m["ios"], 1))
+                                     tgt_cpu_us_per_io=(t1 - t0) * 1e6 / max(m["ios"], 1),
+                                     load1=os.getloadavg()[0])
                             results.append(m)
                             log(f"   {vname:18s} {job:20s} {m['iops']:9.0f} IOPS {m['bw_mib']:8.1f} MiB/s "
                                 f"p50 {m['p50_us']:8.1f} us  gw {m['gw_cpu_us_per_io']:6.1f} cpu-us/io "
@@ -269,6 +270,13 @@ def versions():
     return v
 
 
+def fmt_load(results):
+    loads = [r["load1"] for r in results if r.get("load1") is not None]
+    if not loads:
+        return "–"
+    return f"median {statistics.median(loads):.2f} (min {min(loads):.2f}, max {max(loads):.2f})"
+
+
 def metric_of(job):
     return {"lat": "p50_us", "iops": "iops", "bw": "bw_mib"}[[j for j in JOBS if j[0] == job][0][2]]
 
@@ -286,7 +294,8 @@ def report(a, jobs, results, started, load_before, work):
     lines.append(f"# iser-blk benchmark, {started:%Y-%m-%d %H:%M} UTC\n")
     lines.append(f"Machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
                  f"kernel {platform.release()}; load average before {load_before[0]:.2f}, "
-                 f"after {os.getloadavg()[0]:.2f}. Repetitions: {a.reps}, {a.runtime} s per job, "
+                 f"after {os.getloadavg()[0]:.2f}, 1-minute load at the end of each job "
+                 f"{fmt_load(results)}. Repetitions: {a.reps}, {a.runtime} s per job, "
                  f"working set {a.size} of a {a.lun_mb} MiB tgtd LUN on /dev/shm.\n")
     lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()) + "\n")
     lines.append("Each cell: median (min–max) over repetitions. Ratio columns are computed per "
@@ -313,6 +322,7 @@ def report(a, jobs, results, started, load_before, work):
                          f"{fmt([r.get('p99_us') for r in rs], 0)} | {fmt(ratios, 2)} | "
                          f"{fmt([r.get('gw_cpu_us_per_io') for r in rs], 1)} | "
                          f"{fmt([r.get('tgt_cpu_us_per_io') for r in rs], 1)} |")
+    lines += goals(by)
     md = "\n".join(lines) + "\n"
     stamp = started.strftime("%Y%m%d-%H%M")
     with open(os.path.join(a.out, "latest.md"), "w") as f:
@@ -321,6 +331,43 @@ def report(a, jobs, results, started, load_before, work):
         json.dump(dict(started=started.isoformat(), results=results), f, indent=1)
     chart(a, jobs, sysnames, by, work)
     print(md)
+
+
+# The goals of issue 9: (label, system, job, metric, reference system, comparison, target).
+# "min" means the ratio must be at least the target, "max" at most; "abs" compares the value itself.
+GOALS = [
+    ("cache off: 4k randread QD32 vs qemu-nbd", "iser-blk-nocache", "randread-4k-qd32", "iops", "qemu-nbd", "min", 1.5),
+    ("cache off: 1M seq read vs qemu-nbd", "iser-blk-nocache", "seqread-1m-qd8", "bw_mib", "qemu-nbd", "min", 1.8),
+    ("cache off: 1M seq write vs qemu-nbd", "iser-blk-nocache", "seqwrite-1m-qd8", "bw_mib", "qemu-nbd", "min", 1.2),
+    ("cache off: 4k randread QD1 p50 vs qemu-nbd", "iser-blk-nocache", "randread-4k-qd1", "p50_us", "qemu-nbd", "max", 1.0),
+    ("cache off: gateway CPU µs per 4k randread (QD32)", "iser-blk-nocache", "randread-4k-qd32", "gw_cpu_us_per_io", None, "abs", 20.0),
+    ("cache off: gateway CPU µs per 4k randwrite (QD32)", "iser-blk-nocache", "randwrite-4k-qd32", "gw_cpu_us_per_io", None, "abs", 20.0),
+    ("write-back warm: 4k randread QD32 vs nbdkit memory", "iser-blk-wb-warm", "randread-4k-qd32", "iops", "nbdkit-memory", "min", 0.8),
+    ("write-back warm: 4k randwrite QD32 vs qemu-nbd", "iser-blk-wb-warm", "randwrite-4k-qd32", "iops", "qemu-nbd", "min", 2.5),
+    ("write-back warm: 4k read hit QD1 p50 vs qemu-nbd", "iser-blk-wb-warm", "randread-4k-qd1", "p50_us", "qemu-nbd", "max", 0.5),
+]
+
+
+def goals(by):
+    """The issue-9 goals against this run: per-repetition ratios, median (min–max), met or not."""
+    out = ["\n## Goals (issue 9), from this run\n",
+           "| goal | target | achieved: median (min–max) | met (median) |", "|---|---|---|---|"]
+    for label, system, job, key, ref, cmp, target in GOALS:
+        rs = by.get((system, job), [])
+        if ref:
+            base = {r["rep"]: r[key] for r in by.get((ref, job), [])}
+            vals = [r[key] / base[r["rep"]] for r in rs if base.get(r["rep"])]
+        else:
+            vals = [r[key] for r in rs if r.get(key) is not None]
+        mr = median_range(vals)
+        if mr is None:
+            continue
+        tgt = (f"≤ {target:g}" if cmp in ("max", "abs") else f"≥ {target:g}") + ("×" if ref else "")
+        ok = mr[0] >= target if cmp == "min" else mr[0] <= target
+        prec = 2 if ref else 1
+        out.append(f"| {label} | {tgt} | {mr[0]:.{prec}f} ({mr[1]:.{prec}f}–{mr[2]:.{prec}f}) | "
+                   f"{'yes' if ok else 'no'} |")
+    return out
 
 
 def chart(a, jobs, sysnames, by, work):
