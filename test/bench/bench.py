@@ -35,6 +35,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("ISERBLK_BIN", os.path.join(ROOT, "bin", "iser-blk"))
 IQN = "iqn.2025-01.io.iser-blk:bench"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+VERSIONS = {}
 
 JOBS = [
     # name, fio args, what to report
@@ -210,6 +211,10 @@ def main():
                     "runs): qemu-nbd, iser-blk-nocache, iser-blk-wb-cold (also runs warm), "
                     "nbdkit-memory, libiscsi-direct")
     a = ap.parse_args()
+    # recorded before anything runs: the binary make bench just built is this tree (with
+    # "-dirty" when it had uncommitted changes)
+    global VERSIONS
+    VERSIONS = versions()
     jobs = [j for j in JOBS if not a.jobs or j[0] in a.jobs.split(",")]
 
     def wanted(system):
@@ -265,7 +270,7 @@ def versions():
         p = subprocess.run(["dpkg-query", "-W", "-f=${Version}", pkg], capture_output=True, text=True)
         v[pkg] = p.stdout.strip() or "?"
     v["go"] = subprocess.run(["go", "version"], capture_output=True, text=True).stdout.strip()
-    v["iser-blk"] = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+    v["iser-blk"] = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"],
                                    capture_output=True, text=True).stdout.strip()
     return v
 
@@ -297,7 +302,7 @@ def report(a, jobs, results, started, load_before, work):
                  f"after {os.getloadavg()[0]:.2f}, 1-minute load at the end of each job "
                  f"{fmt_load(results)}. Repetitions: {a.reps}, {a.runtime} s per job, "
                  f"working set {a.size} of a {a.lun_mb} MiB tgtd LUN on /dev/shm.\n")
-    lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()) + "\n")
+    lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in VERSIONS.items()) + "\n")
     lines.append("Each cell: median (min–max) over repetitions. Ratio columns are computed per "
                  "repetition against qemu-nbd + libiscsi, then summarised.\n")
     for job, _, kind in jobs:
