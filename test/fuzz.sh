@@ -11,8 +11,17 @@ while IFS= read -r file; do
   tags=""
   head -3 "$file" | grep -q '^//go:build' && continue   # fuzz targets live in untagged files
   for fn in $(grep -oE '^func (Fuzz[A-Za-z0-9_]+)\(' "$file" | sed -E 's/^func (Fuzz[A-Za-z0-9_]+)\(/\1/'); do
+    corpus="$dir/testdata/fuzz/$fn"
+    before=$(ls "$corpus" 2>/dev/null | sort)
     if go test $tags -run='^$' -fuzz="^${fn}\$" -fuzztime="$FUZZTIME" "./$dir" >/tmp/fuzz.$$.log 2>&1; then
       echo "ok   ./$dir $fn ($FUZZTIME)"; pass=$((pass+1))
+    elif [ "$(ls "$corpus" 2>/dev/null | sort)" = "$before" ] &&
+         grep -q '^    context deadline exceeded$' /tmp/fuzz.$$.log &&
+         ! grep -qE 'panic:|Failing input|fuzz_test.go:[0-9]+:' /tmp/fuzz.$$.log; then
+      # Go <= 1.26's fuzz coordinator can report its own -fuzztime deadline as a failure
+      # (golang/go#75804, fixed in 1.27): no input failed and no reproducer was written.
+      echo "ok   ./$dir $fn ($FUZZTIME; the coordinator's end-of-fuzztime deadline race, no failing input)"
+      pass=$((pass+1))
     else
       echo "FAIL ./$dir $fn"; tail -30 /tmp/fuzz.$$.log; fail=$((fail+1)); failed+=("./$dir $fn")
     fi
