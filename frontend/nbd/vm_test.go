@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -90,6 +91,15 @@ func TestVMAttachFlagsAndFlush(t *testing.T) {
 			}
 			a, err := Attach(srv, AttachOptions{Device: tc.dev, Connections: tc.conns, ForceIoctl: tc.ioctl,
 				DeadConnTimeout: 10 * time.Second, Logger: zaptest.NewLogger(t)})
+			if tc.ioctl && errors.Is(err, syscall.EBUSY) {
+				// Known flake, not understood yet: on the 6.12 guest NBD_DO_IT sometimes answers
+				// EBUSY on a device no test has used. Record what the kernel said and try one
+				// other device, so the flag and flush checks below still run; a second EBUSY fails.
+				out, _ := exec.Command("sh", "-c", "dmesg | tail -20; cat /sys/block/nbd*/pid 2>/dev/null").CombinedOutput()
+				t.Logf("NBD_DO_IT on %s: EBUSY; kernel log:\n%s", tc.dev, out)
+				a, err = Attach(srv, AttachOptions{Device: "/dev/nbd5", Connections: tc.conns, ForceIoctl: true,
+					DeadConnTimeout: 10 * time.Second, Logger: zaptest.NewLogger(t)})
+			}
 			if err != nil {
 				t.Fatalf("Attach: %v", err)
 			}
