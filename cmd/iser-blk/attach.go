@@ -61,15 +61,11 @@ func runAttach(ctx context.Context, args []string) int {
 	log := newLogger(tf.debug)
 	defer log.Sync() //nolint:errcheck
 
-	p, mem, err := newBufferPool(&ef)
+	dev, p, mem, err := openStack(ctx, &tf, &ef, log)
 	if err != nil {
 		return fail("attach", err)
 	}
 	defer p.Close()
-	dev, err := openStack(ctx, &tf, &ef, p, log)
-	if err != nil {
-		return fail("attach", err)
-	}
 	if useUblk {
 		// uo.Pool stays nil (anonymous memory): handing ublk the registered pool made ADD_DEV
 		// fail with "no completion" in the 6.12 guest; to be resolved with the ublk side.

@@ -53,27 +53,35 @@ func (ef *exportFlags) register(fs *flag.FlagSet) {
 	ef.cache.register(fs)
 }
 
-// openStack opens --target and puts the cache (--cache) in front of it; the cache stages its
-// I/O in buffers from p.
-func openStack(ctx context.Context, tf *targetFlags, ef *exportFlags, p *pool.Pool, log *zap.Logger) (block.Device, error) {
+// openStack builds what serve and attach share: the registered buffer pool (--buffer-memory,
+// mem bytes), the target (--target) and the cache (--cache) in front of it, staging its I/O in
+// the pool. The caller closes the device first (closeDevice) and the pool last.
+func openStack(ctx context.Context, tf *targetFlags, ef *exportFlags, log *zap.Logger) (dev block.Device, p *pool.Pool, mem int64, err error) {
 	if _, err := cache.ParseConfig(ef.cache.mode, ef.cache.size, ef.cache.dirty); err != nil {
-		return nil, usagef("%v", err) // before logging in, so a typo costs no session
+		return nil, nil, 0, usagef("%v", err) // before logging in, so a typo costs no session
 	}
+	if p, mem, err = newBufferPool(ef); err != nil {
+		return nil, nil, 0, err
+	}
+	defer func() {
+		if err != nil {
+			p.Close()
+		}
+	}()
 	// iSER connections register the pool's regions once and hand its buffers (NBD payloads,
 	// cache staging) to the target without a copy; without RDMA this does nothing.
-	if err := rdma.SetPool(p); err != nil {
-		return nil, fmt.Errorf("registering the buffer pool for RDMA: %w", err)
+	if err = rdma.SetPool(p); err != nil {
+		return nil, nil, 0, fmt.Errorf("registering the buffer pool for RDMA: %w", err)
 	}
-	dev, err := openTarget(ctx, tf, ef, log)
+	target, err := openTarget(ctx, tf, ef, log)
 	if err != nil {
-		return nil, err
+		return nil, nil, 0, err
 	}
-	cached, err := ef.cache.wrap(dev, p, log)
-	if err != nil {
-		dev.Close()
-		return nil, err
+	if dev, err = ef.cache.wrap(target, p, log); err != nil {
+		target.Close()
+		return nil, nil, 0, err
 	}
-	return cached, nil
+	return dev, p, mem, nil
 }
 
 // openTarget opens --target as a block.Device. mem:// is an in-memory device for tests and
@@ -255,15 +263,11 @@ func runServe(ctx context.Context, args []string) int {
 	log := newLogger(tf.debug)
 	defer log.Sync() //nolint:errcheck
 
-	p, mem, err := newBufferPool(&ef)
+	dev, p, mem, err := openStack(ctx, &tf, &ef, log)
 	if err != nil {
 		return fail("serve", err)
 	}
 	defer p.Close()
-	dev, err := openStack(ctx, &tf, &ef, p, log)
-	if err != nil {
-		return fail("serve", err)
-	}
 	srv, err := newExportServer(dev, &ef, p, mem, log)
 	if err != nil {
 		dev.Close()
