@@ -122,6 +122,11 @@ func TestLUNEncoding(t *testing.T) {
 			t.Errorf("DecodeLUN(%016x) = %d %v", tt.want, got, ok)
 		}
 	}
+	// Flat space addressing of a number below 256 is valid (SAM-5 §4.7.7) and names the same
+	// number; EncodeLUN still writes the peripheral form, as Linux does.
+	if got, ok := DecodeLUN(0x4030000000000000); !ok || got != 48 {
+		t.Errorf("DecodeLUN(flat 48) = %d %v, want 48 true", got, ok)
+	}
 	for _, v := range []uint64{0x8000000000000000, 0x0001000100000000, 0x0101000000000000} {
 		if _, ok := DecodeLUN(v); ok {
 			t.Errorf("DecodeLUN(%016x) accepted a LUN it cannot represent", v)
