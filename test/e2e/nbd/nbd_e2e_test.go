@@ -13,7 +13,6 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/iser-blk/iser-blk/test/e2e/gateway"
 	"github.com/iser-blk/iser-blk/test/e2e/tgtd"
 )
 
@@ -46,90 +46,18 @@ var backends = []struct {
 	}},
 }
 
-func binary(t *testing.T) string {
+// startServe runs the gateway in front of target.
+func startServe(t *testing.T, target string, extra ...string) *gateway.Server {
 	t.Helper()
-	if b := os.Getenv("ISERBLK_BIN"); b != "" {
-		return b
-	}
-	dir, _ := os.Getwd()
-	for ; dir != "/"; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "bin", "iser-blk")
-		}
-	}
-	t.Fatal("cannot find the module root; set ISERBLK_BIN")
-	return ""
+	return gateway.Start(t, target, extra...)
 }
 
-// server is a running `iser-blk serve`.
-type server struct {
-	cmd    *exec.Cmd
-	uri    string
-	stderr *bytes.Buffer
-	waited chan error
-}
-
-func startServe(t *testing.T, target string, extra ...string) *server {
+// stopServe sends SIGTERM, requires exit 0 and the final flush in the log.
+func stopServe(t *testing.T, s *gateway.Server) {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "nbd.sock")
-	args := append([]string{"serve", "--target", target, "--listen", "unix://" + sock}, extra...)
-	cmd := exec.Command(binary(t), args...)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &server{cmd: cmd, stderr: &bytes.Buffer{}, waited: make(chan error, 1)}
-	cmd.Stderr = s.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", cmd, err)
-	}
-	lines := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		if sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-		io.Copy(io.Discard, stdout)
-		s.waited <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-s.waited
-		}
-	})
-	select {
-	case uri, ok := <-lines:
-		if !ok {
-			t.Fatalf("serve exited before listening: %s", s.stderr)
-		}
-		s.uri = uri
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("serve did not print its URI: %s", s.stderr)
-	}
-	if st, err := os.Stat(sock); err != nil || st.Mode().Perm() != 0o600 {
-		t.Fatalf("socket %s: %v mode %v, want 0600", sock, err, st.Mode())
-	}
-	return s
-}
-
-// stop sends SIGTERM and requires a clean exit 0 after a final flush.
-func (s *server) stop(t *testing.T) {
-	t.Helper()
-	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-s.waited:
-		if err != nil {
-			t.Fatalf("serve exited with %v: %s", err, s.stderr)
-		}
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("serve did not exit after SIGTERM: %s", s.stderr)
-	}
-	if !strings.Contains(s.stderr.String(), "device flushed") {
-		t.Errorf("no final flush logged: %s", s.stderr)
+	s.Stop(t)
+	if !strings.Contains(s.Log(), "device flushed") {
+		t.Errorf("no final flush logged: %s", s.Log())
 	}
 }
 
@@ -148,10 +76,10 @@ func TestServeWithNBDClients(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			srv := startServe(t, b.target(t))
-			checkNBDInfo(t, srv.uri)
-			checkCopyRoundTrip(t, srv.uri)
-			checkFio(t, srv.uri)
-			srv.stop(t)
+			checkNBDInfo(t, srv.URI)
+			checkCopyRoundTrip(t, srv.URI)
+			checkFio(t, srv.URI)
+			stopServe(t, srv)
 		})
 	}
 }
@@ -288,7 +216,7 @@ func TestServeSocketHandling(t *testing.T) {
 		t.Fatal(err)
 	}
 	syscall.Close(fd)
-	cmd := exec.Command(binary(t), "serve", "--target", "mem://16MiB", "--listen", "unix://"+sock, "--read-only")
+	cmd := exec.Command(gateway.Binary(t), "serve", "--target", "mem://16MiB", "--listen", "unix://"+sock, "--read-only")
 	stdout, _ := cmd.StdoutPipe()
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -309,14 +237,14 @@ func TestServeSocketHandling(t *testing.T) {
 		t.Errorf("write to a read-only export succeeded: %s", o)
 	}
 	// A second server on the live socket must refuse, not steal it.
-	o, err := exec.Command(binary(t), "serve", "--target", "mem://1MiB", "--listen", "unix://"+sock).CombinedOutput()
+	o, err := exec.Command(gateway.Binary(t), "serve", "--target", "mem://1MiB", "--listen", "unix://"+sock).CombinedOutput()
 	if err == nil || !strings.Contains(string(o), "another server") {
 		t.Errorf("second server on a live socket: %v %s", err, o)
 	}
 	// A regular file is never removed.
 	file := filepath.Join(dir, "file")
 	os.WriteFile(file, []byte("keep"), 0o600)
-	o, err = exec.Command(binary(t), "serve", "--target", "mem://1MiB", "--listen", "unix://"+file).CombinedOutput()
+	o, err = exec.Command(gateway.Binary(t), "serve", "--target", "mem://1MiB", "--listen", "unix://"+file).CombinedOutput()
 	if b, _ := os.ReadFile(file); err == nil || string(b) != "keep" {
 		t.Errorf("regular file at the socket path: %v %s", err, o)
 	}

@@ -8,7 +8,6 @@
 package recovery_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -19,137 +18,20 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/iser-blk/iser-blk/backend/iser/scsi/scsitest"
+	"github.com/iser-blk/iser-blk/test/e2e/gateway"
 	"github.com/iser-blk/iser-blk/test/e2e/netns"
 	"github.com/iser-blk/iser-blk/test/e2e/tgtd"
 	"github.com/iser-blk/iser-blk/test/fakeiscsi"
 )
 
-func binary(t *testing.T) string {
+// startServe runs the gateway in front of tg's LUN.
+func startServe(t *testing.T, tg *tgtd.Target, extra ...string) *gateway.Server {
 	t.Helper()
-	if b := os.Getenv("ISERBLK_BIN"); b != "" {
-		return b
-	}
-	dir, _ := os.Getwd()
-	for ; dir != "/"; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "bin", "iser-blk")
-		}
-	}
-	t.Fatal("cannot find the module root; set ISERBLK_BIN")
-	return ""
-}
-
-// lockedBuffer collects the server's log; the test reads it while the server writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// server is a running `iser-blk serve`.
-type server struct {
-	cmd    *exec.Cmd
-	uri    string
-	log    *lockedBuffer
-	waited chan error
-}
-
-func startServe(t *testing.T, tg *tgtd.Target, extra ...string) *server {
-	t.Helper()
-	return startServeURL(t, fmt.Sprintf("iscsi://%s/%s/%d", tg.Portal, tg.Name, tg.LUN), extra...)
-}
-
-func startServeURL(t *testing.T, target string, extra ...string) *server {
-	t.Helper()
-	sock := filepath.Join(t.TempDir(), "nbd.sock")
-	args := append([]string{"serve", "--target", target, "--listen", "unix://" + sock}, extra...)
-	cmd := exec.Command(binary(t), args...)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &server{cmd: cmd, log: &lockedBuffer{}, waited: make(chan error, 1)}
-	cmd.Stderr = s.log
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", cmd, err)
-	}
-	lines := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		if sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-		io.Copy(io.Discard, stdout)
-		s.waited <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		select {
-		case err := <-s.waited:
-			s.waited <- err
-		default:
-			cmd.Process.Kill()
-			<-s.waited
-		}
-		if t.Failed() {
-			t.Logf("server log:\n%s", s.log)
-		}
-	})
-	select {
-	case uri, ok := <-lines:
-		if !ok {
-			t.Fatalf("serve exited before listening: %s", s.log)
-		}
-		s.uri = uri
-	case <-time.After(time.Minute):
-		t.Fatalf("serve did not print its URI: %s", s.log)
-	}
-	return s
-}
-
-// stop sends SIGTERM and requires exit 0.
-func (s *server) stop(t *testing.T) {
-	t.Helper()
-	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-s.waited:
-		s.waited <- err
-		if err != nil {
-			t.Fatalf("serve exited with %v", err)
-		}
-	case <-time.After(2 * time.Minute):
-		t.Fatal("serve did not exit 2 min after SIGTERM")
-	}
-}
-
-// logLines returns the server's log lines containing msg.
-func (s *server) logLines(msg string) []string {
-	var out []string
-	for _, l := range strings.Split(s.log.String(), "\n") {
-		if strings.Contains(l, msg) {
-			out = append(out, l)
-		}
-	}
-	return out
+	return gateway.Start(t, fmt.Sprintf("iscsi://%s/%s/%d", tg.Portal, tg.Name, tg.LUN), extra...)
 }
 
 type fioResult struct {
@@ -175,9 +57,9 @@ type fioResult struct {
 func TestGatewayTargetKilledAndRestarted(t *testing.T) {
 	tg := tgtd.Start(t, tgtd.Options{Size: 256 << 20})
 	srv := startServe(t, tg, "--cache", "off", "--sessions", "2", "--noop-interval", "1s", "--noop-timeout", "2s")
-	fioDone, fioOut := startFio(t, srv.uri)
+	fioDone, fioOut := startFio(t, srv.URI)
 
-	<-time.After(3 * time.Second) // fio is writing
+	srv.WaitWritten(t, 8<<20, time.Minute) // fio is writing through the gateway
 	tg.Kill()
 	killed := time.Now()
 	<-time.After(10 * time.Second) // the outage
@@ -186,8 +68,8 @@ func TestGatewayTargetKilledAndRestarted(t *testing.T) {
 	}
 	t.Logf("tgtd killed and restarted after %v", time.Since(killed).Round(time.Millisecond))
 	checkFio(t, fioDone, fioOut)
-	down, restored := srv.logLines("\tpath down\t"), srv.logLines("\tsession restored\t")
-	reconnecting := srv.logLines("\treconnecting\t")
+	down, restored := srv.LogLines("\tpath down\t"), srv.LogLines("\tsession restored\t")
+	reconnecting := srv.LogLines("\treconnecting\t")
 	if len(down) == 0 || len(restored) == 0 || len(reconnecting) == 0 {
 		t.Fatalf("the log does not show the outage: %d path down, %d reconnecting, %d session restored lines", len(down), len(reconnecting), len(restored))
 	}
@@ -195,7 +77,7 @@ func TestGatewayTargetKilledAndRestarted(t *testing.T) {
 		t.Logf("gateway: %s", l)
 	}
 	t.Logf("fio: 128 MiB written across the restart, 128 MiB read back with crc32c verification, 0 errors")
-	srv.stop(t)
+	srv.Stop(t)
 }
 
 // startFio starts fio through the export: 4 jobs x 32 MiB of 4 KiB random writes with crc32c
@@ -287,20 +169,20 @@ func TestGatewayReplacementTimeout(t *testing.T) {
 	srv := startServe(t, tg, "--cache", "off", "--replacement-timeout", "5s")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if out, err := exec.CommandContext(ctx, "qemu-io", "-f", "raw", "-c", "write -P 0x5a 0 4k", srv.uri).CombinedOutput(); err != nil || strings.Contains(string(out), "failed") {
+	if out, err := exec.CommandContext(ctx, "qemu-io", "-f", "raw", "-c", "write -P 0x5a 0 4k", srv.URI).CombinedOutput(); err != nil || strings.Contains(string(out), "failed") {
 		t.Fatalf("qemu-io write: %v %s", err, out)
 	}
-	if took, eio, out := timedRead(t, srv.uri); eio {
+	if took, eio, out := timedRead(t, srv.URI); eio {
 		t.Fatalf("read before the outage failed after %v: %s", took, out)
 	}
 
 	tg.Kill()
-	took, eio, out := timedRead(t, srv.uri)
+	took, eio, out := timedRead(t, srv.URI)
 	t.Logf("read with the target gone: EIO=%v after %v", eio, took.Round(time.Millisecond))
 	if !eio || took < 4500*time.Millisecond || took > 8*time.Second {
 		t.Fatalf("read with the target gone: EIO=%v after %v (replacement timeout 5 s): %s", eio, took, out)
 	}
-	took2, eio2, _ := timedRead(t, srv.uri)
+	took2, eio2, _ := timedRead(t, srv.URI)
 	t.Logf("next read: EIO=%v after %v", eio2, took2.Round(time.Millisecond))
 	if !eio2 || took2 > 2*time.Second {
 		t.Fatalf("read after the replacement timeout: EIO=%v after %v, want EIO at once", eio2, took2)
@@ -311,7 +193,7 @@ func TestGatewayReplacementTimeout(t *testing.T) {
 	}
 	restarted := time.Now()
 	for {
-		took, eio, _ := timedRead(t, srv.uri)
+		took, eio, _ := timedRead(t, srv.URI)
 		if !eio {
 			t.Logf("read succeeds %v after the restart (took %v), data intact", time.Since(restarted).Round(time.Millisecond), took.Round(time.Millisecond))
 			break
@@ -321,7 +203,7 @@ func TestGatewayReplacementTimeout(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond) // polling for the background reconnect
 	}
-	srv.stop(t)
+	srv.Stop(t)
 }
 
 // TestGatewaySIGTERMFlushesDirtyCache (acceptance 6): 256 MiB written into the write-back cache,
@@ -341,21 +223,21 @@ func TestGatewaySIGTERMFlushesDirtyCache(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if out, err := exec.CommandContext(ctx, "nbdcopy", in, srv.uri).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "nbdcopy", in, srv.URI).CombinedOutput(); err != nil {
 		t.Fatalf("nbdcopy: %v %s", err, out)
 	}
 	start := time.Now()
-	srv.stop(t)
+	srv.Stop(t)
 	t.Logf("SIGTERM to exit 0: %v", time.Since(start).Round(time.Millisecond))
-	flushing := srv.logLines("\tflushing dirty data to the target")
-	progress := srv.logLines("\tflush progress")
+	flushing := srv.LogLines("\tflushing dirty data to the target")
+	progress := srv.LogLines("\tflush progress")
 	for _, l := range append(flushing, progress...) {
 		t.Logf("gateway: %s", l)
 	}
 	if len(flushing) != 1 {
 		t.Fatalf("no 'flushing dirty data' line: the cache held nothing dirty at SIGTERM?")
 	}
-	if len(srv.logLines("\tdevice flushed")) != 1 || len(srv.logLines("logout complete")) == 0 {
+	if len(srv.LogLines("\tdevice flushed")) != 1 || len(srv.LogLines("logout complete")) == 0 {
 		t.Fatalf("no 'device flushed' or no logout in the log")
 	}
 	f, err := os.Open(tg.BackingFile)
@@ -403,8 +285,8 @@ func TestGatewayTwoPortalsFailover(t *testing.T) {
 	url2 := fmt.Sprintf("iscsi://%s/%s/%d", p2, tg.Name, tg.LUN)
 	srv := startServe(t, tg, "--target", url2, "--cache", "off", "--noop-interval", "1s", "--noop-timeout", "1s",
 		"--login-timeout", "2s")
-	fioDone, fioOut := startFio(t, srv.uri)
-	<-time.After(2 * time.Second) // fio is writing over both paths
+	fioDone, fioOut := startFio(t, srv.URI)
+	srv.WaitWritten(t, 8<<20, time.Minute) // fio is writing through the gateway
 	if err := l1.Cut(); err != nil {
 		t.Fatal(err)
 	}
@@ -414,10 +296,10 @@ func TestGatewayTwoPortalsFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkFio(t, fioDone, fioOut)
-	srv.stop(t)
+	srv.Stop(t)
 
-	down := srv.logLines("\tpath down\t")
-	restored := srv.logLines("\tsession restored\t")
+	down := srv.LogLines("\tpath down\t")
+	restored := srv.LogLines("\tsession restored\t")
 	if len(down) != 1 || len(restored) != 1 {
 		t.Fatalf("want one path down and one session restored line, got %d and %d", len(down), len(restored))
 	}
@@ -438,7 +320,7 @@ func TestGatewayTwoPortalsFailover(t *testing.T) {
 	}
 	atRestore := logFields(t, restored[0])["path_commands"].(float64)
 	final := map[string]float64{}
-	for _, l := range srv.logLines("\tpath stats\t") {
+	for _, l := range srv.LogLines("\tpath stats\t") {
 		t.Logf("gateway: %s", l)
 		f := logFields(t, l)
 		final[f["portal"].(string)] = f["commands"].(float64)
@@ -461,17 +343,17 @@ func TestGatewayGarbageFromTheTarget(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tg.Close() })
-	srv := startServeURL(t, tg.URL(0), "--cache", "off", "--command-timeout", "1s")
+	srv := gateway.Start(t, tg.URL(0), "--cache", "off", "--command-timeout", "1s")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if out, err := exec.CommandContext(ctx, "qemu-io", "-f", "raw", "-c", "write -P 0x5a 0 64k", srv.uri).CombinedOutput(); err != nil || strings.Contains(string(out), "failed") {
+	if out, err := exec.CommandContext(ctx, "qemu-io", "-f", "raw", "-c", "write -P 0x5a 0 64k", srv.URI).CombinedOutput(); err != nil || strings.Contains(string(out), "failed") {
 		t.Fatalf("qemu-io write: %v %s", err, out)
 	}
 	for _, f := range []fakeiscsi.Fault{fakeiscsi.FaultWrongITT, fakeiscsi.FaultDataBeyondBuffer, fakeiscsi.FaultWrongOpcode,
 		fakeiscsi.FaultWrongDataSN, fakeiscsi.FaultHang} {
 		logins := tg.Logins()
 		tg.Inject(f)
-		out, err := exec.CommandContext(ctx, "qemu-io", "-f", "raw", "-c", "read -P 0x5a 0 64k", srv.uri).CombinedOutput()
+		out, err := exec.CommandContext(ctx, "qemu-io", "-f", "raw", "-c", "read -P 0x5a 0 64k", srv.URI).CombinedOutput()
 		if err != nil || strings.Contains(string(out), "failed") || strings.Contains(string(out), "Pattern verification") {
 			t.Fatalf("read answered with %v: %v\n%s", f, err, out)
 		}
@@ -487,11 +369,11 @@ func TestGatewayGarbageFromTheTarget(t *testing.T) {
 	if tg.BadPDUs() != 5 { // the hang counts as one fault
 		t.Fatalf("%d faults injected, want 5", tg.BadPDUs())
 	}
-	srv.stop(t)
-	if n := len(srv.logLines("\tiSCSI connection failed\t")); n != 4 {
+	srv.Stop(t)
+	if n := len(srv.LogLines("\tiSCSI connection failed\t")); n != 4 {
 		t.Fatalf("%d connection failures logged, want 4", n)
 	}
-	if strings.Contains(srv.log.String(), "panic") {
+	if strings.Contains(srv.Log(), "panic") {
 		t.Fatal("the server log mentions a panic")
 	}
 }
