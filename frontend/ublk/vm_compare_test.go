@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/iser-blk/iser-blk/internal/syncbuf"
 	"github.com/iser-blk/iser-blk/test/vm/vmtest"
 )
 
@@ -24,7 +25,7 @@ func attachCLI(t *testing.T, args ...string) (string, func()) {
 		t.Fatal("this test needs $ISERBLK_BIN with attach --ublk (test/vm/run.sh go-test builds it)")
 	}
 	cmd := exec.Command(bin, append([]string{"attach"}, args...)...)
-	stderr := &syncBuffer{}
+	stderr := &syncbuf.Buffer{}
 	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {

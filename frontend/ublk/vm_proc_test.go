@@ -18,7 +18,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,6 +28,7 @@ import (
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/backend/memdev"
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/syncbuf"
 	"github.com/iser-blk/iser-blk/pool"
 	"github.com/iser-blk/iser-blk/test/vm/vmtest"
 )
@@ -123,26 +123,9 @@ type serverProc struct {
 	cmd    *exec.Cmd
 	path   string // /dev/ublkbN
 	id     uint32
-	stderr *syncBuffer
+	stderr *syncbuf.Buffer
 	exited chan struct{}
 	err    error // Wait's result, valid after exited
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // cliAttach reports whether $ISERBLK_BIN has `attach --ublk`.
@@ -173,7 +156,7 @@ func startServer(t *testing.T, targetURL string, queues, depth int) *serverProc 
 			fmt.Sprintf("%s_QUEUES=%d", serveEnv, queues), fmt.Sprintf("%s_DEPTH=%d", serveEnv, depth))
 		t.Logf("server: test binary serving %s (no CLI attach --ublk in $ISERBLK_BIN)", targetURL)
 	}
-	p := &serverProc{cmd: cmd, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	p := &serverProc{cmd: cmd, stderr: &syncbuf.Buffer{}, exited: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -477,9 +460,9 @@ func waitWrites(t *testing.T, name string, n int64) {
 	}
 }
 
-func startFio(t *testing.T, path string) (*exec.Cmd, chan error, *syncBuffer) {
+func startFio(t *testing.T, path string) (*exec.Cmd, chan error, *syncbuf.Buffer) {
 	t.Helper()
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd := exec.Command("fio", "--name=load", "--filename="+path, "--ioengine=libaio", "--direct=1",
 		"--bs=4k", "--iodepth=64", "--numjobs=2", "--rw=randrw", "--size=64M", "--time_based", "--runtime=120")
 	cmd.Stdout, cmd.Stderr = out, out

@@ -13,7 +13,6 @@ package gateway
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -21,10 +20,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/iser-blk/iser-blk/internal/syncbuf"
 )
 
 // Binary returns the path of the iser-blk binary under test.
@@ -43,29 +43,11 @@ func Binary(t testing.TB) string {
 	return ""
 }
 
-// lockedBuffer collects the server's log; tests read it while the server writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // Server is a running `iser-blk serve`.
 type Server struct {
 	URI    string // the NBD URI the server printed (nbd+unix:///?socket=...)
 	cmd    *exec.Cmd
-	log    *lockedBuffer
+	log    *syncbuf.Buffer
 	waited chan error // receives cmd.Wait's result once; whoever takes it puts it back
 }
 
@@ -81,7 +63,7 @@ func Start(t testing.TB, target string, extra ...string) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{cmd: cmd, log: &lockedBuffer{}, waited: make(chan error, 1)}
+	s := &Server{cmd: cmd, log: &syncbuf.Buffer{}, waited: make(chan error, 1)}
 	cmd.Stderr = s.log
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", cmd, err)

@@ -10,7 +10,6 @@
 package tgtd
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -26,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/iser-blk/iser-blk/internal/syncbuf"
 )
 
 // Account is a CHAP user known to the target.
@@ -78,7 +79,7 @@ type Target struct {
 type process struct {
 	cmd    *exec.Cmd
 	exited chan error // receives Wait's result once
-	log    *syncBuffer
+	log    *syncbuf.Buffer
 }
 
 // kill stops the process with SIGKILL (tgtd ignores SIGTERM while targets exist) and reaps it.
@@ -164,7 +165,7 @@ func start(t testing.TB, opts Options) (*Target, error) {
 
 // launch runs tgtd on tg's portal and control port and waits until it serves both.
 func (tg *Target) launch() (*process, error) {
-	p := &process{log: &syncBuffer{}, exited: make(chan error, 1)}
+	p := &process{log: &syncbuf.Buffer{}, exited: make(chan error, 1)}
 	cmd := tg.command(context.Background(), "tgtd", "-f", "-C", strconv.Itoa(tg.ControlPort), "-t", strconv.Itoa(tg.opts.IOThreads),
 		"--iscsi", "portal="+tg.Portal)
 	cmd.Stdout, cmd.Stderr = p.log, p.log
@@ -394,24 +395,6 @@ func freeTCPPort() (int, error) {
 		return 0, errors.New("not a TCP address")
 	}
 	return a.Port, nil
-}
-
-// syncBuffer collects tgtd's output; exec copies into it from its own goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func randHex(n int) string {
