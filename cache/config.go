@@ -134,7 +134,7 @@ func ParseConfig(mode, size, dirty string) (Config, error) {
 		if n == 0 {
 			return Config{}, errors.New("--cache-dirty: must be positive")
 		}
-		if int64(n) > cfg.Size {
+		if n > uint64(cfg.Size) { // compared unsigned: "10e" (10 EB) would wrap int64 negative
 			return Config{}, fmt.Errorf("--cache-dirty %s is larger than --cache-size %s",
 				humanize.IBytes(n), humanize.IBytes(uint64(cfg.Size)))
 		}

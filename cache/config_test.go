@@ -69,3 +69,13 @@ func TestResolveDefaults(t *testing.T) {
 		})
 	}
 }
+
+// TestParseConfigHugeDirtySize: a --cache-dirty size beyond int64 ("10e", 10 EB) is refused as
+// larger than the cache instead of wrapping negative (found by FuzzParseConfig).
+func TestParseConfigHugeDirtySize(t *testing.T) {
+	for _, dirty := range []string{"10e", "16EiB", "18446744073709551615"} {
+		if cfg, err := ParseConfig("", "1", dirty); err == nil {
+			t.Errorf("ParseConfig(\"\", \"1\", %q) = %+v, want an error", dirty, cfg)
+		}
+	}
+}
