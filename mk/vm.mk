@@ -7,13 +7,15 @@
 #   make vm-smoke                   only the smoke suite (one guest boot)
 #   make vm-go-test [VM_PKG=./frontend/nbd] [VM_RUN=TestKernelAttach]   vm-tagged Go tests
 #   make vm-run VM_CMD='dmesg | tail'                                    any command in a guest
+#   make bench-vm [BENCH_VM_ARGS='--reps 3 --runtime 15']   fio: iser-blk over iSER and over TCP vs
+#                                   the kernel's iSER initiator, one LIO LUN (never part of make test)
 
 VM_DIR := test/vm
 VM_PKG ?=
 VM_RUN ?=
 VM_CMD ?= uname -a
 
-.PHONY: test-vm vm-smoke vm-selftest vm-go-test vm-run
+.PHONY: test-vm vm-smoke vm-selftest vm-go-test vm-run bench-vm
 
 # TALLY (set by the top-level Makefile) collects the counts for `make test`'s total line.
 test-vm:
@@ -30,3 +32,8 @@ vm-go-test:
 
 vm-run:
 	@$(VM_DIR)/run.sh bash -c '$(VM_CMD)'
+
+# bench-vm measures, it does not test: it builds its own copy of the CLI (test/bench/vm-iser.sh).
+BENCH_VM_ARGS ?=
+bench-vm:
+	@test/bench/vm-iser.sh $(BENCH_VM_ARGS)
