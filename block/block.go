@@ -99,6 +99,41 @@ type CachedReader interface {
 	ReadCached(p []byte, off int64) bool
 }
 
+// CachedWriter is the write-side counterpart of CachedReader: WriteCached stores p at off in the
+// device's memory and returns true when the write is complete with the same guarantees as a
+// WriteAt without flags that returned nil (a later Flush covers it). It never waits (for I/O, for
+// dirty room, for a free page), so a frontend may call it on the goroutine that reads requests. On
+// false nothing is acknowledged: part of p may already be stored, and the caller must send the
+// whole write through WriteAt (storing the same bytes again is harmless). Out-of-range or
+// misaligned requests, and writes the device must send through to its backend (write-through),
+// return false.
+type CachedWriter interface {
+	WriteCached(p []byte, off int64) bool
+}
+
+// Completion receives the result of a request started with Submitter.SubmitAt.
+type Completion interface {
+	// Complete is called exactly once per started request, with what ReadAt or WriteAt would
+	// have returned. It runs on a goroutine of the device (possibly before SubmitAt returned) and
+	// must not block.
+	Complete(err error)
+}
+
+// Submitter is an optional interface of a Device that can start a read or a write without
+// blocking the caller and report its end to a Completion, so that a frontend serving many
+// requests from one goroutine needs no goroutine per request in flight. SubmitAt starts a read of
+// len(p) bytes at off into p (write false) or a write of p at off with flags, and returns true,
+// or returns false without starting anything when it would have to wait (no free command slot,
+// a closed command window, a request the device cannot issue as one command) or cannot take this
+// path at all: the caller then uses ReadAt or WriteAt. ctx bounds only what the device may do on
+// the request's behalf after a failed first attempt (retries, re-issue on another path). p must
+// stay untouched until Complete. A device may hold started requests back to send them together:
+// Kick sends them, and a caller must call it before it blocks (waits for more work).
+type Submitter interface {
+	SubmitAt(ctx context.Context, p []byte, off int64, write bool, flags WriteFlags, done Completion) bool
+	Kick()
+}
+
 // CheckRange validates a request against a device's size and block size, returning an error that
 // wraps ErrInvalid when it is misaligned or out of range. Every layer calls it at its entry.
 func CheckRange(d Device, off, length int64) error {

@@ -65,12 +65,18 @@
 //
 // # Back-pressure
 //
-// Writers reserve a dirty page before making a clean page dirty; at the dirty limit (the high
-// watermark) they wait, honouring their context, for write-back to make room. The flusher writes
-// back in the background when more than LowWater is dirty and not in flight, when a page is older
-// than MaxDirtyAge, when writers are throttled, and when a Flush is waiting. It starts from the
+// Writers reserve a dirty page before making a clean page dirty (one reservation per request
+// when all of its pages fit, page by page otherwise; rewriting a page that is dirty already needs
+// none); at the dirty limit (the high watermark) they wait, honouring their context, for
+// write-back to make room. WriteCached (block.CachedWriter) is the same write that never waits: a
+// frontend calls it on its reader goroutine and falls back to WriteAt when it declines.
+//
+// The flusher writes back in the background when more than LowWater is dirty and not in flight,
+// when a page is older than MaxDirtyAge, when writers are throttled, and when a Flush is waiting. It starts from the
 // oldest dirty page and coalesces adjacent dirty pages into one backend write of up to
-// MaxWriteBack bytes, with Workers write-backs in flight at most.
+// MaxWriteBack bytes, with Workers write-backs in flight at most; when nobody waits (only the low
+// watermark or the age limit calls for it), with Workers/8, so that background write-back leaves
+// the CPU and the target to foreground I/O.
 //
 // # Locks
 //
@@ -759,13 +765,8 @@ func (c *Cache) WriteAt(ctx context.Context, p []byte, off int64, flags block.Wr
 	if len(p) == 0 {
 		return nil
 	}
-	for pos := int64(0); pos < int64(len(p)); {
-		page, pOff := (off+pos)/c.ps, (off+pos)%c.ps
-		n := min(c.ps-pOff, int64(len(p))-pos)
-		if err := c.writePage(ctx, page, pOff, p[pos:pos+n]); err != nil {
-			return err
-		}
-		pos += n
+	if _, err := c.writeRange(ctx, p, off, true); err != nil {
+		return err
 	}
 	if flags&block.FUA != 0 || c.cfg.Mode == WriteThrough {
 		return c.syncRange(ctx, off, int64(len(p)), flags&block.FUA != 0)
@@ -773,33 +774,106 @@ func (c *Cache) WriteAt(ctx context.Context, p []byte, off int64, flags block.Wr
 	return nil
 }
 
-func (c *Cache) writePage(ctx context.Context, page, pOff int64, data []byte) error {
-	if err := c.reserveDirty(ctx); err != nil {
-		return err
+// WriteCached implements block.CachedWriter: in write-back mode it copies p into cache pages and
+// marks them dirty when that needs no waiting (dirty room and free pages are available), exactly
+// as WriteAt without flags would. A later Flush covers it like any acknowledged write.
+func (c *Cache) WriteCached(p []byte, off int64) bool {
+	if c.cfg.Mode != WriteBack || c.lim.ReadOnly || len(p) == 0 {
+		return false
 	}
+	if c.enter() != nil {
+		return false
+	}
+	defer c.exit()
+	if block.CheckRange(c, off, int64(len(p))) != nil {
+		return false
+	}
+	ok, _ := c.writeRange(context.Background(), p, off, false)
+	return ok
+}
+
+var _ block.CachedWriter = (*Cache)(nil)
+
+// writeRange copies p (non-empty, in range) into cache pages and marks them dirty. A page that
+// goes from clean to dirty needs a dirty reservation (the dirty limit); one already dirty needs
+// none, so rewriting dirty data is never throttled. Reservations are taken for the whole request
+// at once when they fit (one atomic operation, not one per page), and those not consumed are given
+// back at the end; otherwise page by page as clean pages are met, waiting for write-back when wait
+// is set. Without wait, writeRange returns false instead of waiting for dirty room or for a free
+// slot (pages before that point may then hold their part of p already).
+func (c *Cache) writeRange(ctx context.Context, p []byte, off int64, wait bool) (bool, error) {
+	first, last := off/c.ps, (off+int64(len(p))-1)/c.ps
+	var held int64 // reservations taken and not consumed by a clean→dirty page yet
+	if n := last - first + 1; c.tryReserveN(n) {
+		held = n
+	}
+	defer func() {
+		if held > 0 {
+			c.releaseDirtyN(held)
+		}
+	}()
+	for pos := int64(0); pos < int64(len(p)); {
+		page, pOff := (off+pos)/c.ps, (off+pos)%c.ps
+		n := min(c.ps-pOff, int64(len(p))-pos)
+		ok, err := c.writePage(ctx, page, pOff, p[pos:pos+n], &held, wait)
+		if err != nil || !ok {
+			return false, err
+		}
+		pos += n
+	}
+	return true, nil
+}
+
+// writePage copies data into page at pOff and marks it dirty. When the page goes from clean to
+// dirty it consumes one of the caller's reservations (*held), or takes one if it can at once, or
+// (wait) waits for one. ok is false when it would have to wait and wait is not set.
+func (c *Cache) writePage(ctx context.Context, page, pOff int64, data []byte, held *int64, wait bool) (ok bool, err error) {
 	mask := c.sectorMask(pOff, int64(len(data)))
 	sh := c.shard(page)
 	for {
 		sh.mu.Lock()
 		if s, ok := sh.m[page]; ok {
 			sl := &c.slots[s]
+			// The dirty state is decided and changed under dmu: a completing write-back
+			// (which takes only dmu) may make the page clean at any moment before.
+			c.dmu.Lock()
+			fromHeld := false
+			if sl.dirty == 0 {
+				switch {
+				case *held > 0:
+					fromHeld = true
+				case c.tryReserve():
+				default:
+					c.dmu.Unlock()
+					sh.mu.Unlock()
+					if !wait {
+						return false, nil
+					}
+					if err := c.reserveDirty(ctx); err != nil {
+						return false, err
+					}
+					*held++
+					continue
+				}
+			}
 			copy(c.bufs[s][pOff:], data)
 			sl.valid |= mask
 			sl.ref = true
-			c.dmu.Lock()
-			consumed := c.markDirtyLocked(s, sl, page, mask)
+			if c.markDirtyLocked(s, sl, page, mask) && fromHeld {
+				*held--
+			}
 			c.dmu.Unlock()
 			sh.mu.Unlock()
-			if !consumed {
-				c.releaseDirty()
-			}
-			return nil
+			return true, nil
 		}
 		sh.mu.Unlock()
-		s, err := c.allocSlotWait(ctx, page)
-		if err != nil {
-			c.releaseDirty()
-			return err
+		var s int32
+		if wait {
+			if s, err = c.allocSlotWait(ctx, page); err != nil {
+				return false, err
+			}
+		} else if s = c.allocSlot(page); s < 0 {
+			return false, nil
 		}
 		sh.mu.Lock()
 		if _, ok := sh.m[page]; ok {
@@ -866,20 +940,24 @@ func (c *Cache) cleanLocked(s int32, sl *slot, page int64) {
 	}
 }
 
-func (c *Cache) tryReserve() bool {
+func (c *Cache) tryReserve() bool { return c.tryReserveN(1) }
+
+// tryReserveN takes n dirty-page reservations if all of them fit under the limit.
+func (c *Cache) tryReserveN(n int64) bool {
 	for {
 		r := c.reserved.Load()
-		if r >= c.cfg.limitPages {
+		if r+n > c.cfg.limitPages {
 			return false
 		}
-		if c.reserved.CompareAndSwap(r, r+1) {
+		if c.reserved.CompareAndSwap(r, r+n) {
 			return true
 		}
 	}
 }
 
-func (c *Cache) releaseDirty() {
-	c.reserved.Add(-1)
+// releaseDirtyN gives back n reservations that were not consumed.
+func (c *Cache) releaseDirtyN(n int64) {
+	c.reserved.Add(-n)
 	if c.throttled.Load() > 0 {
 		c.progress.broadcast()
 	}

@@ -1048,3 +1048,99 @@ func TestReadCached(t *testing.T) {
 		t.Fatal("ReadCached on a closed cache succeeded")
 	}
 }
+
+func TestWriteCached(t *testing.T) {
+	ctx := context.Background()
+	const limit = 64 << 10 // 16 dirty pages
+	c, dev := newTest(t, 4<<20, stdLimits(512), Config{Size: 1 << 20, DirtyLimit: limit, Workers: 1,
+		MaxDirtyAge: time.Hour, LowWater: limit - 4096})
+	hold := make(chan struct{})
+	dev.SetBefore(func(op fakedev.Op) {
+		if op.Kind == fakedev.Write {
+			<-hold // no write-back completes: dirty room is never made
+		}
+	})
+	defer close(hold)
+	data := fill(8192, 9)
+	for _, tc := range []struct {
+		name string
+		off  int64
+		n    int
+		want bool
+	}{
+		{"two pages", 0, 8192, true},
+		{"sub-page", 16384 + 512, 1024, true},
+		{"misaligned", 8193, 512, false},
+		{"past the end", 4 << 20, 4096, false},
+		{"empty", 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := c.WriteCached(data[:tc.n], tc.off); got != tc.want {
+				t.Fatalf("WriteCached = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	got := make([]byte, 8192)
+	if !c.ReadCached(got, 0) || !bytes.Equal(got, data) {
+		t.Fatal("WriteCached data not readable")
+	}
+	// Fill the dirty limit (3 pages are dirty), then: a clean page must not be dirtied without
+	// waiting, while rewriting a dirty page needs no room.
+	for pg := int64(3); pg < limit/4096; pg++ {
+		if !c.WriteCached(data[:4096], 65536+pg*4096) {
+			t.Fatalf("page %d refused below the dirty limit", pg)
+		}
+	}
+	if c.WriteCached(data[:4096], 1<<20) {
+		t.Fatal("WriteCached dirtied a page beyond the dirty limit")
+	}
+	if !c.WriteCached(data[4096:], 0) {
+		t.Fatal("WriteCached refused to rewrite a page that is already dirty")
+	}
+	if r := c.reserved.Load(); r != limit/4096 {
+		t.Fatalf("reserved %d pages, want %d", r, limit/4096)
+	}
+	allocs := testing.AllocsPerRun(1000, func() {
+		if !c.WriteCached(data[:4096], 0) {
+			panic("refused")
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("WriteCached allocates %.1f times", allocs)
+	}
+	wt, _ := newTest(t, 4<<20, stdLimits(512), Config{Size: 1 << 20, Mode: WriteThrough})
+	if wt.WriteCached(data[:4096], 0) {
+		t.Fatal("write-through cache acknowledged a write from memory")
+	}
+	_ = ctx
+}
+
+// TestDirtyRewriteAtLimitNotThrottled: with every allowed page dirty, WriteAt to a page that is
+// already dirty completes without waiting for write-back.
+func TestDirtyRewriteAtLimitNotThrottled(t *testing.T) {
+	ctx := context.Background()
+	const limit = 64 << 10
+	c, dev := newTest(t, 4<<20, stdLimits(4096), Config{Size: 1 << 20, DirtyLimit: limit, Workers: 1,
+		MaxDirtyAge: time.Hour, LowWater: limit - 4096})
+	hold := make(chan struct{})
+	dev.SetBefore(func(op fakedev.Op) {
+		if op.Kind == fakedev.Write {
+			<-hold
+		}
+	})
+	defer close(hold)
+	buf := fill(4096, 1)
+	for pg := int64(0); pg < limit/4096; pg++ {
+		if err := c.WriteAt(ctx, buf, pg*4096, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for pg := int64(0); pg < limit/4096; pg++ {
+		if err := c.WriteAt(ctx, buf, pg*4096, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := c.Stats(); st.ThrottledWrites != 0 {
+		t.Fatalf("%d rewrites of dirty pages were throttled", st.ThrottledWrites)
+	}
+}

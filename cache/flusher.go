@@ -226,16 +226,18 @@ func (c *Cache) pickJobLocked(j *job) (bool, time.Duration) {
 			continue
 		}
 		age := time.Duration(nanotime() - sl.dirtyAt)
-		urgent := c.flushTarget >= sl.dirtySeq || c.throttled.Load() > 0 ||
-			age >= c.cfg.MaxDirtyAge || c.closing
+		// Urgent: someone waits for it (a Flush, a throttled writer, Close).
+		urgent := c.flushTarget >= sl.dirtySeq || c.throttled.Load() > 0 || c.closing
 		if !urgent {
-			if eligible < c.cfg.lowPages {
+			if age < c.cfg.MaxDirtyAge && eligible < c.cfg.lowPages {
 				return false, c.cfg.MaxDirtyAge - age
 			}
-			// Above the low watermark but nobody waits: write back with a few workers only,
-			// so background write-back does not take the CPU and the target's queue from
-			// foreground I/O (on a small host every write-back costs what a foreground
-			// write costs). Completions kick the workers again.
+			// Above the low watermark, or past the age limit, but nobody waits: write back
+			// with a few workers only, so background write-back does not take the CPU and the
+			// target's queue from foreground I/O (on a small host every write-back costs what
+			// a foreground write costs; aged random pages cannot be coalesced, and a burst of
+			// them written with every worker stalled the next writer for seconds in make
+			// bench). Completions kick the workers again.
 			if c.bgJobs >= c.cfg.bgWorkers {
 				return false, 0
 			}

@@ -253,8 +253,12 @@ func (m *model) worker(ctx context.Context, w int, rng *rand.Rand, nops int) err
 			if fua {
 				flags = block.FUA
 			}
-			if err := retry(func() error { return c.WriteAt(ctx, buf[:length], off, flags) }); err != nil {
-				return fmt.Errorf("write [%d,+%d): %w", off, length, err)
+			// Half of the plain writes take the frontends' non-waiting path first (what the NBD
+			// reader does), falling back to WriteAt as a frontend must.
+			if fua || r%2 == 0 || !c.WriteCached(buf[:length], off) {
+				if err := retry(func() error { return c.WriteAt(ctx, buf[:length], off, flags) }); err != nil {
+					return fmt.Errorf("write [%d,+%d): %w", off, length, err)
+				}
 			}
 			m.mu[w].Lock()
 			ep := m.flushEpoch.Load()

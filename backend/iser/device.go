@@ -14,6 +14,10 @@
 // (in order of arrival), a replacement timeout, failover between portals and ALUA preference
 // (recovery.go, replay.go, alua.go; docs/reliability.md).
 //
+// SubmitAt (submit.go) is the asynchronous form of a one-command ReadAt/WriteAt for frontends that
+// serve many requests from one goroutine: the first attempt completes on the session's reader,
+// anything but a final answer falls back to the synchronous path with all of the above.
+//
 // Invariants: every request is range-checked (block.CheckRange) before anything is sent; every
 // error wraps exactly one block sentinel; the single-command hot path (ReadAt/WriteAt within the
 // limits) allocates nothing: commands and responses come from a free list.
@@ -111,6 +115,8 @@ type request struct {
 	cmd   scsi.Command
 	resp  scsi.Response
 	param [24]byte
+	dev   *Device
+	async asyncReq // a request started by SubmitAt (submit.go)
 }
 
 // Device is a block.Device over a remote LUN.

@@ -29,6 +29,7 @@ const maxBatch = 64
 // block.CachedReader, skips the worker), so serving a request allocates nothing.
 type request struct {
 	Request
+	c        *conn
 	errno    uint32
 	reserved int64    // bytes of the payload budget held
 	bufs     [][]byte // payload segments (pool buffers): WRITE data from the socket, READ data from the device
@@ -46,6 +47,9 @@ type conn struct {
 	free    chan *request      // idle slots; receiving from it is the per-connection concurrency bound
 	work    chan *request      // validated requests for the workers
 	cached  block.CachedReader // the device's non-blocking read path; nil if it (or the pool's TryGet) is missing
+	cachedW block.CachedWriter // the device's non-blocking write path (a write-back cache); nil if none
+	sub     block.Submitter    // the device's asynchronous path (the iSCSI backend); nil if none
+	wake    chan struct{}      // wakes the reply writer for replies queued by device completions
 	tryPool tryGetter
 
 	inflight sync.WaitGroup // requests handed to a worker or the reply queue and not yet released
@@ -125,12 +129,24 @@ func (c *conn) transmit() {
 		c.tryPool = tg
 		c.cached, _ = c.s.dev.(block.CachedReader)
 	}
+	c.cachedW, _ = c.s.dev.(block.CachedWriter)
+	if c.tryPool != nil {
+		c.sub, _ = c.s.dev.(block.Submitter)
+	}
+	c.wake = make(chan struct{}, 1)
 	c.replies = make([]*request, 0, n)
 	c.batch = make([]*request, 0, n)
 	c.iov = make([][]byte, 0, maxBatch*(2+segs))
 	for range n {
-		c.free <- &request{bufs: make([][]byte, 0, segs)}
+		c.free <- &request{c: c, bufs: make([][]byte, 0, segs)}
 	}
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		for range c.wake {
+			c.writeQueued()
+		}
+	}()
 	var workers sync.WaitGroup
 	for range n {
 		workers.Add(1)
@@ -147,6 +163,8 @@ func (c *conn) transmit() {
 	c.inflight.Wait()
 	close(c.work)
 	workers.Wait()
+	close(c.wake) // every completion that could wake the writer has been answered
+	<-writerDone
 	c.nc.Close()
 	if reason != nil {
 		c.log.Info("nbd connection closed", zap.Error(reason))
@@ -158,18 +176,20 @@ func (c *conn) transmit() {
 // readLoop reads requests until the connection must stop reading. It returns nil for a clean end
 // (DISC, EOF between requests, shutdown) and the reason otherwise.
 func (c *conn) readLoop() error {
-	defer c.flushReplies()
+	defer c.idle()
 	for {
-		// Replies the reader answered itself wait in the queue while more requests are already
-		// buffered, so one writev answers everything that arrived in one read.
+		// Replies the reader answered itself wait in the queue, and commands it submitted to
+		// the device wait in the device's send queue, while more requests are already
+		// buffered: one writev answers everything that arrived in one read, and one sends
+		// everything it asked of the device.
 		if c.br.Buffered() < requestHeaderLen {
-			c.flushReplies()
+			c.idle()
 		}
 		var r *request
 		select {
 		case r = <-c.free:
 		default:
-			c.flushReplies() // deferred replies may hold the slots we are about to wait for
+			c.idle() // deferred replies and submitted commands hold the slots we wait for
 			r = <-c.free
 		}
 		if _, err := io.ReadFull(c.br, r.raw[:]); err != nil {
@@ -215,8 +235,15 @@ func (c *conn) readLoop() error {
 			c.deferReply(r)
 			continue
 		}
+		if req.Type == CmdRead && c.sub != nil {
+			c.inflight.Add(1) // before: the completion may come before SubmitAt returns
+			if c.submitRead(r) {
+				continue
+			}
+			c.inflight.Done()
+		}
 		if hasPayload(&r.Request) {
-			if err := c.reserve(r); err != nil {
+			if err := c.reserveOnReader(r); err != nil {
 				c.free <- r
 				return err
 			}
@@ -224,6 +251,23 @@ func (c *conn) readLoop() error {
 				c.releaseBufs(r)
 				c.free <- r
 				return c.readErr(err)
+			}
+			if req.Type == CmdWrite && c.cachedW != nil && c.writeCached(r) {
+				c.releaseBufs(r)
+				c.inflight.Add(1)
+				c.deferReply(r)
+				continue
+			}
+			if req.Type == CmdWrite && c.sub != nil && len(r.bufs) == 1 {
+				var wf block.WriteFlags
+				if r.Flags&CmdFlagFUA != 0 {
+					wf = block.FUA
+				}
+				c.inflight.Add(1)
+				if c.sub.SubmitAt(c.s.ioCtx, r.bufs[0], int64(r.Offset), true, wf, r) {
+					continue
+				}
+				c.inflight.Done()
 			}
 		}
 		c.inflight.Add(1)
@@ -246,9 +290,17 @@ func (c *conn) readPayload(r *request) error {
 	left := int(r.Length)
 	for left > 0 {
 		l := min(left, c.s.seg)
-		b, err := c.s.pool.Get(c.s.ioCtx, l)
-		if err != nil {
-			return err
+		var b []byte
+		ok := false
+		if c.tryPool != nil {
+			b, ok = c.tryPool.TryGet(l)
+		}
+		if !ok {
+			c.idle() // what we submitted and deferred may hold the memory we wait for
+			var err error
+			if b, err = c.s.pool.Get(c.s.ioCtx, l); err != nil {
+				return err
+			}
 		}
 		r.bufs = append(r.bufs, b)
 		if _, err := io.ReadFull(c.br, b); err != nil {
@@ -267,6 +319,17 @@ func (c *conn) releaseBufs(r *request) {
 	r.bufs = r.bufs[:0]
 	c.s.budget.release(r.reserved)
 	r.reserved = 0
+}
+
+// reserveOnReader is reserve for the reader goroutine: before it waits for budget, it sends what
+// it submitted and deferred, whose completion is what returns budget.
+func (c *conn) reserveOnReader(r *request) error {
+	if n, ok := c.s.budget.tryAcquire(int64(r.Length)); ok {
+		r.reserved = n
+		return nil
+	}
+	c.idle()
+	return c.reserve(r)
 }
 
 var errBudgetClosed = errors.New("nbd: server closed while waiting for buffer memory")
@@ -397,6 +460,82 @@ func (c *conn) readCached(r *request) bool {
 	}
 	r.reserved = n
 	r.bufs = append(r.bufs, b)
+	return true
+}
+
+// idle is called by the reader before it may block for input: it sends the replies it deferred
+// and the commands it submitted to the device.
+func (c *conn) idle() {
+	if c.sub != nil {
+		c.sub.Kick()
+	}
+	c.flushReplies()
+}
+
+// submitRead starts a one-segment READ on the device without a worker (block.Submitter): the
+// device's completion queues the reply (see Complete). Like readCached it takes budget and buffer
+// only if they are free now; it reports false, with r as it was, when a worker must serve r.
+func (c *conn) submitRead(r *request) bool {
+	if int(r.Length) > c.s.seg || r.Length == 0 {
+		return false
+	}
+	n, ok := c.s.budget.tryAcquire(int64(r.Length))
+	if !ok {
+		return false
+	}
+	b, ok := c.tryPool.TryGet(int(r.Length))
+	if !ok {
+		c.s.budget.release(n)
+		return false
+	}
+	r.reserved = n
+	r.bufs = append(r.bufs, b)
+	if !c.sub.SubmitAt(c.s.ioCtx, b, int64(r.Offset), false, 0, r) {
+		c.releaseBufs(r)
+		return false
+	}
+	return true
+}
+
+// Complete implements block.Completion for a READ or WRITE started with SubmitAt. It runs on a
+// device goroutine (the iSCSI session's reader), so it only records the result and queues the
+// reply; the connection's reply writer sends it, with whatever else completed meanwhile.
+func (r *request) Complete(err error) {
+	c := r.c
+	if err != nil {
+		r.errno = wireErrno(err)
+		c.log.Warn("nbd request failed", zap.Uint16("cmd", r.Type), zap.Uint64("offset", r.Offset),
+			zap.Uint32("length", r.Length), zap.Error(err))
+	}
+	c.replyMu.Lock()
+	c.replies = append(c.replies, r)
+	if c.writing {
+		c.replyMu.Unlock()
+		return
+	}
+	c.writing = true
+	c.replyMu.Unlock()
+	// Never blocks: the writer role was free, so no wake is pending (only a completion that
+	// takes the role sends one, and the writer goroutine gives the role back only after
+	// receiving it).
+	c.wake <- struct{}{}
+}
+
+// writeCached stores a WRITE (without FUA) in the device's memory on the reader goroutine when that
+// needs no waiting (block.CachedWriter), saving the hand-off to a worker and back: with a
+// write-back cache the write is then complete, as WriteAt would have made it, and may be answered.
+// It reports false when a worker must run the write with WriteAt (which stores it again whole).
+func (c *conn) writeCached(r *request) bool {
+	if r.Flags&CmdFlagFUA != 0 {
+		return false
+	}
+	off := int64(r.Offset)
+	for _, b := range r.bufs {
+		if !c.cachedW.WriteCached(b, off) {
+			return false
+		}
+		off += int64(len(b))
+	}
 	return true
 }
 

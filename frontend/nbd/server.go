@@ -9,8 +9,12 @@
 //
 // Invariants:
 //   - Requests on one connection execute concurrently (at most Options.MaxInflight at a time) and
-//     are answered out of order; one writer goroutine per connection batches replies into vectored
-//     writes. Steady state allocates nothing per request: request slots, header scratch and the
+//     are answered out of order; replies are batched into vectored writes by whoever answers
+//     (a worker, the reader, or the reply writer woken by device completions). The reader hands
+//     requests to workers only when the device offers no path that does not block: reads and
+//     writes the device holds in memory (block.CachedReader, block.CachedWriter) are answered on
+//     the reader, and those it can start asynchronously (block.Submitter) are started there and
+//     completed by the device, so the common case costs no goroutine switch per request. Steady state allocates nothing per request: request slots, header scratch and the
 //     iovec array are per connection, payloads live in BufferPool buffers.
 //   - A reply is sent only after the device call it reports on has returned, so a FLUSH (which calls
 //     Device.Flush, covering every write acknowledged before it) covers every write whose reply the

@@ -29,7 +29,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("ISERBLK_BIN", os.path.join(ROOT, "bin", "iser-blk"))
@@ -122,10 +124,10 @@ class Tgtd:
 class NBDServer:
     """One system under test: a process serving an NBD export on a unix socket."""
 
-    def __init__(self, name, argv, sock, work):
+    def __init__(self, name, argv, sock, work, env=None):
         self.name, self.sock = name, sock
         self.logf = open(os.path.join(work, f"{name}.log"), "w")
-        self.proc = subprocess.Popen(argv, stdout=self.logf, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(argv, stdout=self.logf, stderr=subprocess.STDOUT, env=env)
         wait_for(lambda: os.path.exists(sock), f"{name} socket", proc=self.proc)
         self.uri = f"nbd+unix:///?socket={sock}"
 
@@ -173,12 +175,17 @@ def iscsi_perf(url, runtime):
     return float(last[-1].split("iops average")[1].split()[0])
 
 
-def systems(tgt, work):
-    """name -> function starting the server; the warm variant reuses the cold process."""
-    def iserblk(cache):
+def systems(tgt, work, pprof_addr=None, alt_bin=None):
+    """name -> function starting the server; the warm variant reuses the cold process. With
+    alt_bin (--alt-bin), the iser-blk systems run a second time from that binary, named with the
+    suffix -alt, in the same repetition: an A/B comparison under the same load."""
+    def iserblk(cache, binary=BIN, suffix=""):
         def start(sock):
-            return NBDServer(f"iser-blk-{cache}", [BIN, "serve", "--target", tgt.url, "--listen",
-                                                   f"unix://{sock}", "--cache", cache], sock, work)
+            env = None
+            if pprof_addr:
+                env = dict(os.environ, ISERBLK_PPROF=pprof_addr)
+            return NBDServer(f"iser-blk-{cache}{suffix}", [binary, "serve", "--target", tgt.url, "--listen",
+                                                            f"unix://{sock}", "--cache", cache], sock, work, env)
         return start
 
     def qemu(sock):
@@ -188,8 +195,42 @@ def systems(tgt, work):
     def nbdkit(sock):
         return NBDServer("nbdkit-memory", ["nbdkit", "-f", "-U", sock, "memory",
                                            str(tgt.size)], sock, work)
-    return [("qemu-nbd", qemu, False), ("iser-blk-nocache", iserblk("off"), False),
-            ("iser-blk-wb-cold", iserblk("writeback"), True), ("nbdkit-memory", nbdkit, False)]
+    out = [("qemu-nbd", qemu, False), ("iser-blk-nocache", iserblk("off"), False),
+           ("iser-blk-wb-cold", iserblk("writeback"), True)]
+    if alt_bin:
+        out += [("iser-blk-nocache-alt", iserblk("off", alt_bin, "-alt"), False),
+                ("iser-blk-wb-cold-alt", iserblk("writeback", alt_bin, "-alt"), True)]
+    return out + [("nbdkit-memory", nbdkit, False)]
+
+
+class Profiler:
+    """With --pprof DIR: a CPU profile of the gateway over each iser-blk job (all of the job but
+    its first and last second) and the allocation profile after it, saved as
+    DIR/<system>-<job>.{cpu,allocs}.pprof for `go tool pprof`. Profiling costs the gateway some
+    CPU (the CLI also turns on mutex and block profiling), so figures of such a run are for
+    finding hot spots, not for the report."""
+
+    def __init__(self, out, addr):
+        self.out, self.addr = out, addr
+        os.makedirs(out, exist_ok=True)
+
+    def fetch(self, path, dest):
+        try:
+            with urllib.request.urlopen(f"http://{self.addr}{path}", timeout=120) as r, open(dest, "wb") as f:
+                f.write(r.read())
+        except OSError as e:
+            log(f"   pprof {path}: {e}")
+
+    def start(self, name, job, runtime):
+        secs = max(1, runtime - 2)
+        dest = os.path.join(self.out, f"{name}-{job}.cpu.pprof")
+        t = threading.Thread(target=self.fetch, args=(f"/debug/pprof/profile?seconds={secs}", dest))
+        t.start()
+        return t
+
+    def finish(self, t, name, job):
+        t.join()
+        self.fetch("/debug/pprof/allocs", os.path.join(self.out, f"{name}-{job}.allocs.pprof"))
 
 
 def median_range(xs):
@@ -210,7 +251,12 @@ def main():
     ap.add_argument("--systems", default="", help="comma-separated subset of systems (quick profiling "
                     "runs): qemu-nbd, iser-blk-nocache, iser-blk-wb-cold (also runs warm), "
                     "nbdkit-memory, libiscsi-direct")
+    ap.add_argument("--pprof", default=os.environ.get("BENCH_PPROF", ""),
+                    help="directory for CPU and allocation profiles of iser-blk per job (see Profiler)")
+    ap.add_argument("--alt-bin", default=os.environ.get("BENCH_ALT_BIN", ""),
+                    help="a second iser-blk binary run side by side (systems named ...-alt)")
     a = ap.parse_args()
+    prof = Profiler(a.pprof, f"127.0.0.1:{free_port()}") if a.pprof else None
     # recorded before anything runs: the binary make bench just built is this tree (with
     # "-dirty" when it had uncommitted changes)
     global VERSIONS
@@ -218,7 +264,7 @@ def main():
     jobs = [j for j in JOBS if not a.jobs or j[0] in a.jobs.split(",")]
 
     def wanted(system):
-        return not a.systems or system in a.systems.split(",")
+        return not a.systems or system.removesuffix("-alt") in a.systems.split(",")
     work = tempfile.mkdtemp(prefix="iser-blk-bench.")
     load_before = os.getloadavg()
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -232,7 +278,7 @@ def main():
                 results.append(dict(rep=rep, system="libiscsi-direct", job="randread-4k-qd32",
                                     iops=ceiling, ios=None))
                 log(f"   libiscsi-direct randread-4k-qd32: {ceiling:.0f} IOPS")
-            for name, start, has_warm in systems(tgt, work):
+            for name, start, has_warm in systems(tgt, work, prof.addr if prof else None, a.alt_bin):
                 if not wanted(name):
                     continue
                 sock = os.path.join(work, f"{name}.sock")
@@ -245,9 +291,12 @@ def main():
                             fio(srv.uri, "warmup", dict(rw="read", bs="1m", iodepth=8, numjobs=1),
                                 max(a.runtime, 5), a.size, work)
                         for job, args, _ in jobs:
+                            pt = prof.start(vname, job, a.runtime) if prof and vname.startswith("iser-blk") else None
                             c0, t0 = cpu_seconds(srv.proc.pid), cpu_seconds(tgt.proc.pid)
                             m = fio(srv.uri, job, args, a.runtime, a.size, work)
                             c1, t1 = cpu_seconds(srv.proc.pid), cpu_seconds(tgt.proc.pid)
+                            if pt:
+                                prof.finish(pt, vname, job)
                             m.update(rep=rep, system=vname, job=job,
                                      gw_cpu_us_per_io=(c1 - c0) * 1e6 / max(m["ios"], 1),
                                      tgt_cpu_us_per_io=(t1 - t0) * 1e6 / max(m["ios"], 1),

@@ -86,9 +86,10 @@ type task struct {
 	endLive bool
 
 	mu        sync.Mutex
-	active    bool // slot is in use
-	abandoned bool // owner gave up (ctx); the reader reaps the slot
-	completed bool // final response seen
+	active    bool      // slot is in use
+	async     Completer // a command started by Submit: no owner goroutine, the completer gets the end
+	abandoned bool      // owner gave up (ctx); the reader reaps the slot
+	completed bool      // final response seen
 	err       error
 	ctlBHS    pdu.BHS // control tasks: the response header
 	ctlData   []byte  // control tasks: the response data
@@ -503,6 +504,15 @@ func (c *conn) complete(t *task, err error) {
 		c.release(t)
 		return
 	}
+	if done := t.async; done != nil {
+		// Submitted without an owner: the slot is free before the completer runs (the
+		// response is in the caller's resp already), so the completer may submit again.
+		t.async = nil
+		t.mu.Unlock()
+		c.release(t)
+		done.Complete(err)
+		return
+	}
 	t.mu.Unlock()
 	select {
 	case t.ev <- event{kind: evDone}:
@@ -528,7 +538,8 @@ func (c *conn) reader() {
 		c.log.Warn("iSCSI connection failed", zap.Error(err))
 	}
 	c.shutdown(err)
-	// Reap abandoned tasks; owners of the others see c.done.
+	// Reap abandoned tasks and fail submitted ones (they have no owner to see c.done); owners of
+	// the others see c.done.
 	for i := range c.tasks {
 		t := &c.tasks[i]
 		t.mu.Lock()
@@ -536,6 +547,10 @@ func (c *conn) reader() {
 			t.completed = true
 			t.mu.Unlock()
 			c.release(t)
+			continue
+		}
+		if t.active && t.async != nil && !t.completed {
+			c.complete(t, c.connErr()) // unlocks t.mu
 			continue
 		}
 		t.mu.Unlock()
@@ -708,6 +723,10 @@ func (c *conn) r2t(bhs *pdu.BHS) error {
 		return protoErr("R2T for %d bytes exceeds MaxBurstLength %d", length, c.params.MaxBurstLength)
 	case bhs.TTT() == pdu.ReservedTag:
 		return protoErr("R2T with the reserved TTT")
+	}
+	if t.async != nil {
+		// Submit sends only commands whose data is all immediate: nothing is left to solicit.
+		return protoErr("R2T for ITT 0x%08x, whose data was all sent with the command", itt)
 	}
 	t.r2tSN++
 	if t.abandoned {

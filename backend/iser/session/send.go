@@ -47,7 +47,7 @@ func (c *conn) flushLocked(done chan error) error {
 		c.sendMu.Unlock()
 		return <-done
 	}
-	// No flush in progress means the queue was empty: our PDU is the first of the batch.
+	// No flush in progress: our PDU will be in the first batch (after any that Submit queued).
 	c.flushing = true
 	// Let the senders that are already runnable queue their PDUs before we write: at queue depth
 	// they were woken by the same read of the socket, and one writev for all of them costs what
@@ -55,19 +55,41 @@ func (c *conn) flushLocked(done chan error) error {
 	c.sendMu.Unlock()
 	runtime.Gosched()
 	c.sendMu.Lock()
-	var own error
+	return c.drainLocked(done)
+}
+
+// kick writes the PDUs that Submit queued, unless a flush in progress is about to.
+func (c *conn) kick() {
+	c.sendMu.Lock()
+	if c.flushing || len(c.queue) == 0 {
+		c.sendMu.Unlock()
+		return
+	}
+	c.flushing = true
+	_ = c.drainLocked(nil)
+}
+
+// drainLocked is the flusher's loop: called with sendMu held and flushing set, it writes the queue
+// in batches until it is empty, clears flushing and releases sendMu. It returns the write result
+// of the PDU whose completion channel is own (in the first batch). A failed write ends the
+// connection here, since PDUs queued by Submit have no sender waiting to do it.
+func (c *conn) drainLocked(own chan error) error {
+	var ownErr error
 	first := true
 	for len(c.queue) > 0 {
 		batch := c.queue
 		c.queue = c.spare[:0]
 		c.sendMu.Unlock()
 		err := c.writeBatch(batch)
+		if err != nil {
+			c.shutdown(err)
+		}
 		for i := range batch {
 			if batch[i].done == nil {
-				continue // not the last PDU of a multi-PDU submission
+				continue // submitted, or not the last PDU of a multi-PDU submission
 			}
-			if first && batch[i].done == done {
-				own = err // ours: the queue was empty when we came, so our PDUs are in this batch
+			if first && own != nil && batch[i].done == own {
+				ownErr = err
 				continue
 			}
 			batch[i].done <- err
@@ -79,7 +101,7 @@ func (c *conn) flushLocked(done chan error) error {
 	}
 	c.flushing = false
 	c.sendMu.Unlock()
-	return own
+	return ownErr
 }
 
 // writeBatch writes PDUs in order, in one call when the transport supports batches. Only the

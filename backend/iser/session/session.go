@@ -9,6 +9,10 @@
 //     (RFC 7143 §4.2.2.1, serial arithmetic per RFC 1982), sends the command and its immediate /
 //     unsolicited data, then sends the Data-Out sequences the target solicits with R2T (§11.8)
 //     from its own goroutine, so the reader never blocks on a write.
+//   - Submit starts a command without a goroutine of its own when nothing would make it wait
+//     (free slot, open window, no Data-Out to send): its PDU joins the send queue and the reader
+//     hands the response to the caller's Completer (submit.go). A frontend serving many requests
+//     from one goroutine so needs no goroutine per command; Kick writes what it queued in one batch.
 //   - Sends are serialised by one mutex; commands are sent in CmdSN order.
 //   - A task's slot (its ITT) is reused only when the target is done with it: after its final
 //     response, or when the connection is gone. A caller whose context ends gets ctx.Err()

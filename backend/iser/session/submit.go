@@ -1,0 +1,126 @@
+package session
+
+import (
+	"github.com/iser-blk/iser-blk/backend/iser/pdu"
+	"github.com/iser-blk/iser-blk/backend/iser/scsi"
+	"github.com/iser-blk/iser-blk/backend/iser/transport"
+)
+
+// Completer receives the end of a command started with Session.Submit.
+type Completer interface {
+	// Complete is called exactly once, on the connection's reader goroutine (or, rarely, the
+	// goroutine that ends the connection), after the command's response filled resp, or with
+	// the error that ended it (a *ConnError when the connection was lost, a *TaskError when the
+	// target rejected or aborted it). It must not block: the reader waits for it.
+	Complete(err error)
+}
+
+// Submit starts cmd without waiting for its completion and without a goroutine of its own: the
+// reader routes the response to done. It starts the command only when nothing would make it
+// wait: a task slot is free, the CmdSN window is open (RFC 7143 §4.2.2.1), the connection is up
+// and moves data over TCP, and a write's data all fits in the command PDU as immediate data
+// (§13.11), so that no R2T will follow. Otherwise it returns false having sent nothing, and the
+// caller uses Execute.
+//
+// The command PDU is queued, not written: it leaves with the next batch any sender writes, or
+// when the caller calls Kick. Callers submitting several commands in a row call Kick once
+// after the last, so they all go out in one vectored write. cmd.Data and resp must stay untouched
+// until done is called; no context applies (the connection's end, a keepalive failure or ABORT
+// TASK from the command watchdog end a submitted command like any other).
+func (s *Session) Submit(cmd *scsi.Command, resp *scsi.Response, done Completer) bool {
+	c := s.cur.Load()
+	if c == nil || s.cfg.Discovery {
+		return false
+	}
+	return c.submit(cmd, resp, done)
+}
+
+// Kick writes the commands Submit queued (see Submit).
+func (s *Session) Kick() {
+	if c := s.cur.Load(); c != nil {
+		c.kick()
+	}
+}
+
+// tryAcquire is acquire without waiting.
+func (c *conn) tryAcquire() *task {
+	var idx uint32
+	select {
+	case idx = <-c.free:
+	default:
+		return nil
+	}
+	t := &c.tasks[idx]
+	t.mu.Lock()
+	t.active, t.abandoned, t.completed, t.err = true, false, false, nil
+	t.itt = t.gen<<16 | t.idx
+	t.kind = kindSCSI
+	t.dataSN, t.received, t.r2tSN = 0, 0, 0
+	t.tmfFn, t.endLive = 0, false
+	t.mu.Unlock()
+	return t
+}
+
+func (c *conn) submit(cmd *scsi.Command, resp *scsi.Response, done Completer) bool {
+	if cmd.CDBLen == 0 || cmd.CDBLen > 16 || len(cmd.Data) > 1<<24 || c.tc.MovesData() {
+		return false
+	}
+	var unsolicited, immediate int
+	if cmd.Dir == scsi.DirWrite {
+		unsolicited, immediate = c.params.UnsolicitedLimit(len(cmd.Data))
+		if immediate != len(cmd.Data) {
+			return false // Data-Out PDUs to send, or an R2T to answer: Execute's task does that
+		}
+	}
+	if c.dead() {
+		return false
+	}
+	t := c.tryAcquire()
+	if t == nil {
+		return false
+	}
+	t.lun, t.dir, t.buf, t.resp = cmd.LUN, cmd.Dir, cmd.Data, resp
+	*resp = scsi.Response{}
+	t.xfer = transport.Task{ITT: t.itt, Dir: cmd.Dir, Buf: cmd.Data, Unsolicited: unsolicited, Immediate: immediate}
+	attr := uint8(cmd.Attr)
+	if attr == uint8(scsi.AttrUntagged) {
+		attr = uint8(scsi.AttrSimple)
+	}
+	sc := pdu.SCSICommand{
+		Final:                      true,
+		Read:                       cmd.Dir == scsi.DirRead,
+		Write:                      cmd.Dir == scsi.DirWrite,
+		Attr:                       attr,
+		DataSegmentLength:          immediate,
+		LUN:                        cmd.LUN,
+		ITT:                        t.itt,
+		ExpectedDataTransferLength: uint32(len(cmd.Data)),
+		CDB:                        cmd.CDB[:cmd.CDBLen],
+	}
+	c.sendMu.Lock()
+	if !serialLE(c.cmdSN, c.maxCmdSN.Load()) {
+		c.sendMu.Unlock()
+		c.release(t)
+		return false
+	}
+	// From here the command is committed. t.async is set under t.mu with the connection seen
+	// alive: the reader's final sweep (after c.done is closed) then finds the task if no
+	// response ever comes, so done is called exactly once either way.
+	t.mu.Lock()
+	if c.dead() {
+		t.mu.Unlock()
+		c.sendMu.Unlock()
+		c.release(t)
+		return false
+	}
+	t.async = done
+	t.mu.Unlock()
+	sc.CmdSN, sc.ExpStatSN = c.cmdSN, c.expStatSN.Load()
+	t.cmdSN = c.cmdSN
+	t.tag.Store(t.itt) // from here on the reader may route PDUs to the task
+	c.cmdSN++
+	sc.Encode(&t.bhs)
+	c.queue = append(c.queue, queued{out: transport.OutPDU{BHS: &t.bhs, Data: t.xfer.Buf[:immediate], Task: &t.xfer}})
+	c.sendMu.Unlock()
+	return true
+}

@@ -1,0 +1,147 @@
+package iser
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/iser-blk/iser-blk/backend/iser/scsi"
+	"github.com/iser-blk/iser-blk/backend/iser/session"
+	"github.com/iser-blk/iser-blk/block"
+)
+
+// Submitter is implemented by an Executor that can start a command without waiting for it
+// (session.Session over TCP): see session.Session.Submit.
+type Submitter interface {
+	Submit(cmd *scsi.Command, resp *scsi.Response, done session.Completer) bool
+	Kick()
+}
+
+var _ Submitter = (*session.Session)(nil)
+var _ block.Submitter = (*Device)(nil)
+
+// asyncReq is what a request started by SubmitAt carries besides its command.
+type asyncReq struct {
+	ctx   context.Context
+	p     []byte
+	off   int64
+	write bool
+	flags block.WriteFlags
+	path  *path
+	done  block.Completion
+}
+
+// SubmitAt implements block.Submitter: a read or write that fits one command is started on the
+// least loaded path without a goroutine, and completed from the session's reader. Only the first
+// attempt runs there. Anything but a clean GOOD (a connection loss, a status the retry policy
+// would retry, a task aborted by the watchdog) hands the whole request to the synchronous path
+// (ReadAt/WriteAt, with retries, replay on another path and recovery) on a goroutine of its own;
+// a final SCSI error (e.g. MEDIUM ERROR) is reported as that path would report it.
+//
+// It declines (false) what that path must do itself: requests over one command's transfer
+// limit, FUA writes on a LUN without native FUA, and any request while commands failed by a
+// connection loss wait to be replayed (they go first, see replay.go).
+func (d *Device) SubmitAt(ctx context.Context, p []byte, off int64, write bool, flags block.WriteFlags, done block.Completion) bool {
+	if d.closed.Load() || len(p) == 0 || int64(len(p)) > int64(d.maxXferBlocks)<<d.shift {
+		return false
+	}
+	if block.CheckRange(d, off, int64(len(p))) != nil {
+		return false
+	}
+	fua := write && flags&block.FUA != 0
+	if write && (d.limits.ReadOnly || fua && !d.limits.CanFUA) {
+		return false
+	}
+	if d.recovering && d.replays.n.Load() > 0 {
+		return false
+	}
+	pth := d.pick(nil)
+	if pth == nil || !pth.up() {
+		return false
+	}
+	sub, ok := pth.ex.(Submitter)
+	if !ok {
+		return false
+	}
+	r := d.get()
+	lba := uint64(off) >> d.shift
+	blocks := uint64(len(p)) >> d.shift
+	switch {
+	case write && d.use16:
+		r.cmd.Write16(lba, uint32(blocks), fua, p)
+	case write:
+		r.cmd.Write10(uint32(lba), uint16(blocks), fua, p)
+	case d.use16:
+		r.cmd.Read16(lba, uint32(blocks), false, p)
+	default:
+		r.cmd.Read10(uint32(lba), uint16(blocks), false, p)
+	}
+	r.dev = d
+	r.async = asyncReq{ctx: ctx, p: p, off: off, write: write, flags: flags, path: pth, done: done}
+	if pth.outstanding.Add(1) == 1 {
+		pth.touch() // the command watchdog measures from the first command after idle
+	}
+	if !sub.Submit(&r.cmd, &r.resp, r) {
+		pth.outstanding.Add(-1)
+		r.async = asyncReq{}
+		d.put(r)
+		return false
+	}
+	return true
+}
+
+// Kick implements block.Submitter: it sends the commands SubmitAt queued on every path.
+func (d *Device) Kick() {
+	for _, p := range d.paths {
+		if s, ok := p.ex.(Submitter); ok {
+			s.Kick()
+		}
+	}
+}
+
+// Complete implements session.Completer for a request started by SubmitAt. It runs on the
+// session's reader goroutine.
+func (r *request) Complete(err error) {
+	d, a := r.dev, r.async
+	p := a.path
+	p.outstanding.Add(-1)
+	p.commands.Add(1)
+	if err == nil && scsi.Classify(&r.resp) == scsi.RetryNo {
+		p.touch()
+		if d.recovering && p.escalation.Load() != 0 {
+			p.escalation.Store(0) // progress (see runRecovering)
+		}
+		op := "read"
+		if a.write {
+			op = "write"
+		}
+		if err = scsi.CheckCommand(&r.cmd, &r.resp); err != nil {
+			err = opError(op, a.off, int64(len(a.p)), err)
+		} else if r.resp.Residual != 0 {
+			err = fmt.Errorf("iser: %s [%d, +%d): target reported residual %d: %w", op, a.off, len(a.p), r.resp.Residual, block.ErrIO)
+		}
+		r.async = asyncReq{}
+		d.put(r)
+		a.done.Complete(err)
+		return
+	}
+	// Not a final answer: the synchronous path starts over (it retries, re-issues on another
+	// path, waits for recovery), on its own goroutine since this one is the session's reader.
+	if err == nil && d.retry.OnUnitAttention != nil {
+		var se *scsi.SenseError
+		if errors.As(scsi.CheckCommand(&r.cmd, &r.resp), &se) && se.Key == scsi.KeyUnitAttention {
+			d.retry.OnUnitAttention(&r.cmd, &r.resp)
+		}
+	}
+	r.async = asyncReq{}
+	d.put(r)
+	go func() {
+		var err error
+		if a.write {
+			err = d.WriteAt(a.ctx, a.p, a.off, a.flags)
+		} else {
+			err = d.ReadAt(a.ctx, a.p, a.off)
+		}
+		a.done.Complete(err)
+	}()
+}

@@ -1,0 +1,189 @@
+package iser
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/iser-blk/iser-blk/backend/iser/scsi"
+	"github.com/iser-blk/iser-blk/backend/iser/scsi/scsitest"
+	"github.com/iser-blk/iser-blk/backend/iser/session"
+	"github.com/iser-blk/iser-blk/block"
+)
+
+// submitLUN is a scsitest LUN that also takes commands through Submit, like a session: they are
+// held until Kick and then completed from other goroutines.
+type submitLUN struct {
+	*scsitest.LUN
+	mu      sync.Mutex
+	queued  []func()
+	decline bool
+}
+
+func (s *submitLUN) Submit(cmd *scsi.Command, resp *scsi.Response, done session.Completer) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.decline {
+		return false
+	}
+	s.queued = append(s.queued, func() {
+		*resp = scsi.Response{}
+		done.Complete(s.LUN.Execute(context.Background(), cmd, resp))
+	})
+	return true
+}
+
+func (s *submitLUN) Kick() {
+	s.mu.Lock()
+	q := s.queued
+	s.queued = nil
+	s.mu.Unlock()
+	for _, f := range q {
+		go f()
+	}
+}
+
+type devCompletion chan error
+
+func (c devCompletion) Complete(err error) { c <- err }
+
+func (c devCompletion) wait(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-c:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("request never completed")
+		return nil
+	}
+}
+
+func openSubmit(t *testing.T, cfg scsitest.Config) (*Device, *submitLUN) {
+	t.Helper()
+	cfg.Log = true
+	lun := &submitLUN{LUN: scsitest.New(cfg)}
+	d, err := NewDevice(context.Background(), []scsi.Executor{lun}, cfg.LUN, Options{Retry: fastRetry()}, nil)
+	if err != nil {
+		t.Fatalf("NewDevice: %v", err)
+	}
+	lun.ResetOps()
+	t.Cleanup(func() { d.Close() })
+	return d, lun
+}
+
+func TestSubmitAt(t *testing.T) {
+	ctx := context.Background()
+	d, lun := openSubmit(t, scsitest.Config{DPOFUA: true})
+	data := randBytes(8192)
+	done := make(devCompletion, 2)
+	if !d.SubmitAt(ctx, data[:4096], 4096, true, 0, done) || !d.SubmitAt(ctx, data[4096:], 8192, true, block.FUA, done) {
+		t.Fatal("writes not submitted")
+	}
+	d.Kick()
+	for range 2 {
+		if err := done.wait(t); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make([]byte, 8192)
+	if !d.SubmitAt(ctx, got, 4096, false, 0, done) {
+		t.Fatal("read not submitted")
+	}
+	d.Kick()
+	if err := done.wait(t); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back: %v, equal %v", err, bytes.Equal(got, data))
+	}
+	w := opsWith(lun.LUN, 0x2a, 0x8a)
+	if len(w) != 2 || w[0].FUA != (w[0].LBA == 16) || w[1].FUA != (w[1].LBA == 16) {
+		t.Fatalf("writes on the LUN (the one at LBA 16 with FUA): %+v", w)
+	}
+	if p := d.paths[0]; p.outstanding.Load() != 0 || p.commands.Load() != 3 {
+		t.Fatalf("path counters: outstanding %d, commands %d", p.outstanding.Load(), p.commands.Load())
+	}
+
+	for _, tc := range []struct {
+		name  string
+		p     []byte
+		off   int64
+		write bool
+	}{
+		{"empty", nil, 0, false},
+		{"misaligned", make([]byte, 512), 100, false},
+		{"past the end", make([]byte, 512), 64 << 20, false},
+		{"over one command", make([]byte, DefaultMaxTransfer+512), 0, false},
+	} {
+		if d.SubmitAt(ctx, tc.p, tc.off, tc.write, 0, done) {
+			t.Errorf("%s: submitted", tc.name)
+		}
+	}
+	lun.mu.Lock()
+	lun.decline = true
+	lun.mu.Unlock()
+	if d.SubmitAt(ctx, got, 0, false, 0, done) {
+		t.Fatal("submitted although the executor declined")
+	}
+	if p := d.paths[0]; p.outstanding.Load() != 0 {
+		t.Fatalf("a declined submit left outstanding %d", p.outstanding.Load())
+	}
+}
+
+// TestSubmitAtFallback: a first attempt that is not a final answer is redone by the synchronous
+// path (retries, UNIT ATTENTION reporting), a final SCSI error is reported as ReadAt would.
+func TestSubmitAtFallback(t *testing.T) {
+	ctx := context.Background()
+	t.Run("unit attention", func(t *testing.T) {
+		d, lun := openSubmit(t, scsitest.Config{})
+		lun.SetUnitAttention(0x2A, 0x09) // capacity data has changed
+		done := make(devCompletion, 1)
+		if !d.SubmitAt(ctx, make([]byte, 4096), 0, false, 0, done) {
+			t.Fatal("not submitted")
+		}
+		d.Kick()
+		if err := done.wait(t); err != nil {
+			t.Fatal(err)
+		}
+		if n := len(opsWith(lun.LUN, 0x28, 0x88)); n != 2 {
+			t.Fatalf("%d READs reached the LUN, want the failed one and its re-issue", n)
+		}
+	})
+	t.Run("transport error", func(t *testing.T) {
+		d, lun := openSubmit(t, scsitest.Config{})
+		lun.InjectFault(scsitest.Fault{Opcode: -1, Err: &session.ConnError{Err: errors.New("connection reset")}})
+		done := make(devCompletion, 1)
+		data := randBytes(4096)
+		if !d.SubmitAt(ctx, data, 0, true, 0, done) {
+			t.Fatal("not submitted")
+		}
+		d.Kick()
+		if err := done.wait(t); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(lun.Bytes(0, 4096), data) {
+			t.Fatal("the re-issued write did not land")
+		}
+	})
+	t.Run("medium error", func(t *testing.T) {
+		d, lun := openSubmit(t, scsitest.Config{})
+		lun.InjectFault(scsitest.Fault{Opcode: -1, Key: scsi.KeyMediumError, ASC: 0x11})
+		done := make(devCompletion, 1)
+		if !d.SubmitAt(ctx, make([]byte, 4096), 0, false, 0, done) {
+			t.Fatal("not submitted")
+		}
+		d.Kick()
+		if err := done.wait(t); !errors.Is(err, block.ErrMedium) {
+			t.Fatalf("got %v, want a medium error", err)
+		}
+		if n := len(opsWith(lun.LUN, 0x28, 0x88)); n != 1 {
+			t.Fatalf("%d READs reached the LUN for a final error", n)
+		}
+	})
+	t.Run("no native FUA", func(t *testing.T) {
+		d, _ := openSubmit(t, scsitest.Config{})
+		if d.SubmitAt(ctx, make([]byte, 512), 0, true, block.FUA, make(devCompletion, 1)) {
+			t.Fatal("a FUA write was submitted to a LUN without FUA (it needs SYNCHRONIZE CACHE after)")
+		}
+	})
+}
