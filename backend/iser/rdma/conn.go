@@ -46,6 +46,11 @@ type Config struct {
 	OnDisconnect func(err error)
 	// ResolveTimeout bounds address and route resolution (default 2 s).
 	ResolveTimeout time.Duration
+	// AckTimeout is the local ACK timeout exponent for Dial: a sender retransmits what was not
+	// acknowledged within 4.096 µs × 2^AckTimeout. 0 leaves rdma_cm's default (17 on RoCE,
+	// 0.54 s). rdma_cm also announces it to the peer as the RoCE packet lifetime, so the
+	// accepting side's queue pair gets the same timeout (TestAckTimeoutReachesPeer).
+	AckTimeout uint8
 }
 
 func (c *Config) defaults() {
@@ -73,11 +78,16 @@ type Counters struct {
 	SendPosts, SendWRs int64
 	// Connections counts connections ever established (Dial or Accept).
 	Connections int64
+	// CQEventsMissed counts completions the poller found by its safety re-poll with no
+	// completion event queued for them (see cqSafetyPoll): each one would have stalled the
+	// connection.
+	CQEventsMissed int64
 }
 
 var counters struct {
 	conns, qps, cqs, pds, mrs, regs atomic.Int64
 	sendPosts, sendWRs, established atomic.Int64
+	cqEventsMissed                  atomic.Int64
 }
 
 // Stats returns a snapshot of the process-wide counters.
@@ -86,7 +96,7 @@ func Stats() Counters {
 		LiveConns: counters.conns.Load(), LiveQPs: counters.qps.Load(), LiveCQs: counters.cqs.Load(),
 		LivePDs: counters.pds.Load(), LiveMRs: counters.mrs.Load(), MRRegistrations: counters.regs.Load(),
 		SendPosts: counters.sendPosts.Load(), SendWRs: counters.sendWRs.Load(),
-		Connections: counters.established.Load(),
+		Connections: counters.established.Load(), CQEventsMissed: counters.cqEventsMissed.Load(),
 	}
 }
 
@@ -245,6 +255,14 @@ type Conn struct {
 	// PeerResponderResources and PeerInitiatorDepth come from the peer's connection parameters.
 	PeerResponderResources, PeerInitiatorDepth int
 
+	// lastPost (unix nanos of the last PostSend) and idleParked (the poller is parked without a
+	// safety timer) let a send re-arm the poller's safety re-poll; see cqSafetyPoll.
+	lastPost   atomic.Int64
+	idleParked atomic.Bool
+	// dropNextCQEvent makes the poller discard the next completion event unseen (tests only:
+	// it reproduces a lost event, which the safety re-poll must recover from).
+	dropNextCQEvent atomic.Bool
+
 	closing      atomic.Bool
 	disconnected atomic.Bool
 	pollDone     chan struct{}
@@ -298,6 +316,11 @@ func Dial(ctx context.Context, host string, port int, cfg Config) (_ *Conn, err 
 		return nil, fmt.Errorf("rdma_create_id: %w", errno)
 	}
 	c.id = id
+	if cfg.AckTimeout > 0 {
+		if r := C.isb_set_ack_timeout(c.id, C.uint8_t(cfg.AckTimeout)); r < 0 {
+			return nil, fmt.Errorf("rdma_set_option(ACK_TIMEOUT %d): %w", cfg.AckTimeout, syscall.Errno(-r))
+		}
+	}
 	ipb, iplen := ipBytes(ip)
 	tmo := C.int(cfg.ResolveTimeout.Milliseconds())
 	if r := C.isb_resolve_addr(c.id, (*C.uint8_t)(unsafe.Pointer(&ipb[0])), C.int(iplen), C.int(port), tmo); r < 0 {
@@ -430,50 +453,108 @@ func (c *Conn) start() {
 	go c.cmLoop()
 }
 
+// Safety re-poll. A completion event can be lost outside our control: the kernel drops it when
+// its GFP_ATOMIC allocation of the event entry fails (ib_uverbs_comp_handler), and generating it
+// has already disarmed the CQ, so no later completion would raise another one and the
+// connection would wait forever with its responses sitting in the CQ. While the connection is
+// busy (a completion or a send within cqBusyWindow), the poller therefore parks for at most
+// cqSafetyPoll and then polls anyway; once it has been idle that long it parks without a timer
+// (no wake-ups at idle), and the next PostSend arms the timer again.
+const (
+	cqSafetyPoll = time.Second
+	cqBusyWindow = 30 * time.Second
+)
+
 // pollLoop drains the CQ in batches and parks on the completion channel when it is empty.
 func (c *Conn) pollLoop() {
 	defer close(c.pollDone)
 	batch := make([]Completion, C.ISB_MAX_BATCH)
 	wcs := unsafe.Slice(c.wcScratch, C.ISB_MAX_BATCH)
+	deliver := func(n int) {
+		for i := 0; i < n; i++ {
+			w := &wcs[i]
+			batch[i] = Completion{ID: uint64(w.wr_id), Status: int(w.status), Op: compOp(w.opcode),
+				ByteLen: uint32(w.byte_len), VendorErr: uint32(w.vendor_err)}
+		}
+		if c.cfg.OnCompletion != nil {
+			c.cfg.OnCompletion(batch[:n])
+		}
+	}
 	armed := true // setupQP armed it
+	lastBusy := time.Now()
+	lost := false // a test made us drop the last event (dropNextCQEvent): wait again without polling
 	for {
-		n := int(C.isb_poll_cq(c.cq, c.wcScratch, C.ISB_MAX_BATCH))
-		if n < 0 {
-			c.fail(fmt.Errorf("ibv_poll_cq: %d", n))
-			return
-		}
-		if n > 0 {
-			for i := 0; i < n; i++ {
-				w := &wcs[i]
-				batch[i] = Completion{ID: uint64(w.wr_id), Status: int(w.status), Op: compOp(w.opcode),
-					ByteLen: uint32(w.byte_len), VendorErr: uint32(w.vendor_err)}
-			}
-			if c.cfg.OnCompletion != nil {
-				c.cfg.OnCompletion(batch[:n])
-			}
-			continue
-		}
-		if !armed {
-			// Arm, then poll once more: a completion that arrived between the empty poll and the
-			// arming would raise no event.
-			if r := C.ibv_req_notify_cq(c.cq, 0); r != 0 {
-				c.fail(fmt.Errorf("ibv_req_notify_cq: %w", syscall.Errno(r)))
+		if !lost {
+			n := int(C.isb_poll_cq(c.cq, c.wcScratch, C.ISB_MAX_BATCH))
+			if n < 0 {
+				c.fail(fmt.Errorf("ibv_poll_cq: %d", n))
 				return
 			}
-			armed = true
-			continue
+			if n > 0 {
+				deliver(n)
+				lastBusy = time.Now()
+				continue
+			}
+			if !armed {
+				// Arm, then poll once more: a completion that arrived between the empty poll and
+				// the arming would raise no event.
+				if r := C.ibv_req_notify_cq(c.cq, 0); r != 0 {
+					c.fail(fmt.Errorf("ibv_req_notify_cq: %w", syscall.Errno(r)))
+					return
+				}
+				armed = true
+				continue
+			}
+		}
+		lost = false
+		if sent := c.lastPost.Load(); sent > lastBusy.UnixNano() {
+			lastBusy = time.Unix(0, sent)
+		}
+		if time.Since(lastBusy) < cqBusyWindow {
+			c.cpfd.f.SetReadDeadline(time.Now().Add(cqSafetyPoll))
+		} else {
+			c.cpfd.f.SetReadDeadline(time.Time{})
+			c.idleParked.Store(true)
+			if c.lastPost.Load() > lastBusy.UnixNano() { // a send raced with parking
+				c.idleParked.Store(false)
+				continue
+			}
 		}
 		var r C.int
 		err := c.cpfd.wait(func() bool {
 			r = C.isb_get_cq_event(c.cch)
 			return r != 0
 		})
-		if err != nil || c.closing.Load() {
+		c.idleParked.Store(false)
+		if c.closing.Load() {
+			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			n := int(C.isb_poll_cq(c.cq, c.wcScratch, C.ISB_MAX_BATCH))
+			if n <= 0 {
+				continue // nothing waiting (or a poll error, which the next poll reports)
+			}
+			deliver(n)
+			lastBusy = time.Now()
+			// Completions with the CQ armed and no event: either the event is about to be queued
+			// (it follows the completion by microseconds) or it was lost. Count only the latter.
+			// Either way the CQ may be disarmed now: arm it again after draining.
+			if C.isb_get_cq_event(c.cch) == 0 {
+				counters.cqEventsMissed.Add(1)
+			}
+			armed = false
+			continue
+		}
+		if err != nil {
 			return // closed
 		}
 		if r < 0 {
 			c.fail(fmt.Errorf("ibv_get_cq_event: %w", syscall.Errno(-r)))
 			return
+		}
+		if c.dropNextCQEvent.Load() && c.dropNextCQEvent.CompareAndSwap(true, false) {
+			lost = true // as if the kernel had never queued it: the CQ is disarmed, nobody polls
+			continue
 		}
 		armed = false
 	}
@@ -564,6 +645,11 @@ func (c *Conn) PostSend(wrs ...SendWR) error {
 		counters.sendPosts.Add(1)
 		counters.sendWRs.Add(int64(n))
 		wrs = wrs[n:]
+	}
+	c.lastPost.Store(time.Now().UnixNano())
+	if c.idleParked.Load() && c.idleParked.CompareAndSwap(true, false) {
+		// the poller parked without a timer: its completions are expected now
+		c.cpfd.f.SetReadDeadline(time.Now().Add(cqSafetyPoll))
 	}
 	return nil
 }
@@ -669,6 +755,18 @@ func (m *MR) Contains(b []byte) bool {
 // AddrOf returns the virtual address of b's first byte (what an iSER header carries when ZBVA is
 // not used).
 func AddrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
+
+// AckTimeout returns the queue pair's local ACK timeout exponent (ibv_query_qp).
+func (c *Conn) AckTimeout() (int, error) {
+	if !c.qp {
+		return 0, ErrClosed
+	}
+	r := int(C.isb_qp_timeout(c.id.qp))
+	if r < 0 {
+		return 0, fmt.Errorf("ibv_query_qp: %w", syscall.Errno(-r))
+	}
+	return r, nil
+}
 
 // Disconnected reports whether the peer went away (or a CM error ended the connection).
 func (c *Conn) Disconnected() bool { return c.disconnected.Load() }

@@ -196,3 +196,18 @@ int isb_max_qp_rd_atom(struct ibv_context *ctx, int *init_rd) {
 	*init_rd = a.max_qp_init_rd_atom;
 	return a.max_qp_rd_atom;
 }
+
+// isb_set_ack_timeout sets the local ACK timeout exponent (4.096 us * 2^exp) of the connection.
+// Set before route resolution, rdma_cm also uses it as the RoCE packet lifetime it announces in
+// the connect request, from which the peer derives its own QP's ACK timeout.
+int isb_set_ack_timeout(struct rdma_cm_id *id, uint8_t exp) {
+	return rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &exp, sizeof(exp)) ? -errno : 0;
+}
+
+// isb_qp_timeout returns the QP's local ACK timeout exponent, or -errno.
+int isb_qp_timeout(struct ibv_qp *qp) {
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+	if (ibv_query_qp(qp, &a, IBV_QP_TIMEOUT, &ia)) return -errno;
+	return a.timeout;
+}

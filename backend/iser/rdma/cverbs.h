@@ -49,4 +49,6 @@ int isb_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_cq *cq,
                   int send_wr, int recv_wr, int send_sge, int recv_sge);
 struct ibv_mr *isb_reg_mr(struct ibv_pd *pd, uint64_t addr, size_t len, int access, int *err);
 int isb_max_qp_rd_atom(struct ibv_context *ctx, int *init_rd);
+int isb_set_ack_timeout(struct rdma_cm_id *id, uint8_t exp);
+int isb_qp_timeout(struct ibv_qp *qp);
 #endif

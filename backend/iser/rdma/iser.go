@@ -35,6 +35,11 @@ type Options struct {
 	MaxTransfer int
 	// Pool supplies registered memory. nil: the pool given to SetPool, else a private pool.
 	Pool *pool.Pool
+	// AckTimeout is the RDMA local ACK timeout exponent of both ends of the connection (see
+	// Config.AckTimeout); 0 keeps rdma_cm's default (17, 0.54 s on RoCE). Soft-RoCE on an
+	// overloaded or emulated host retransmits spuriously at 0.54 s (20, ~4.3 s, stops that); on
+	// a lossy fabric a longer timeout makes every lost packet cost that long.
+	AckTimeout uint8
 }
 
 // DefaultMaxTransfer is the largest SCSI command an iSER connection sends unless told otherwise.
@@ -203,9 +208,7 @@ type ISERConn struct {
 	// idle) posts everything queued as one chain, so that under load one ibv_post_send (one
 	// doorbell, on rxe one system call) carries many PDUs while the order of the queue (the
 	// session's CmdSN order) is kept.
-	sqMu      sync.Mutex
-	sqPending []SendWR
-	sqSpare   []SendWR
+	sq        *sendQueue
 	sqKick    chan struct{}
 	posterOut chan struct{}
 	// posterStarted is set before the poster goroutine starts (Dial) and read by Close.
@@ -271,8 +274,7 @@ func DialISER(ctx context.Context, portal string, o Options) (_ *ISERConn, err e
 	ic.nsend = o.QueueDepth + 16
 	ic.sendSize = headerRoom + defaultRecvDataSegLength
 	ic.sendFree = make(chan int32, ic.nsend)
-	ic.sqPending = make([]SendWR, 0, ic.nsend)
-	ic.sqSpare = make([]SendWR, 0, ic.nsend)
+	ic.sq = newSendQueue(ic.nsend)
 	ic.sqKick = make(chan struct{}, 1)
 	ic.posterOut = make(chan struct{})
 	ic.rxq = make(chan rxItem, ic.nrecv)
@@ -295,6 +297,7 @@ func DialISER(ctx context.Context, portal string, o Options) (_ *ISERConn, err e
 		PrivateData:  CMPrivateData(),
 		OnCompletion: ic.onCompletion,
 		OnDisconnect: ic.onDisconnect,
+		AckTimeout:   o.AckTimeout,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("iser: connect to %s: %w", ic.remote, err)
@@ -581,9 +584,7 @@ func (ic *ISERConn) send(h *Header, bhs *pdu.BHS, ahs, data []byte) error {
 		}
 	}
 	w.SGE[0] = ic.mr.SGE(b[:n])
-	ic.sqMu.Lock()
-	ic.sqPending = append(ic.sqPending, w) // never grows: at most one entry per send slot
-	ic.sqMu.Unlock()
+	ic.sq.push(w) // never grows the buffers: at most one entry per send slot
 	select {
 	case ic.sqKick <- struct{}{}:
 	default: // the poster is already due to run
@@ -600,12 +601,9 @@ func (ic *ISERConn) poster() {
 		case <-ic.dead:
 			return
 		}
-		ic.sqMu.Lock()
-		batch := ic.sqPending
-		ic.sqPending = ic.sqSpare[:0]
-		ic.sqMu.Unlock()
-		if len(batch) == 0 {
-			continue
+		batch := ic.sq.take()
+		if batch == nil {
+			continue // an earlier round took what this kick announced
 		}
 		if err := ic.c.PostSend(batch...); err != nil {
 			for _, w := range batch {
@@ -614,9 +612,7 @@ func (ic *ISERConn) poster() {
 			ic.fail(fmt.Errorf("iser: post %d sends: %w", len(batch), err))
 			return
 		}
-		ic.sqMu.Lock()
-		ic.sqSpare = batch[:0]
-		ic.sqMu.Unlock()
+		ic.sq.done(batch)
 	}
 }
 

@@ -376,3 +376,25 @@ func TestISERTgtLoginAndIO(t *testing.T) {
 		p.Put(rbuf)
 	}
 }
+
+// TestISERConnAckTimeout: Options.AckTimeout reaches the iSER connection's queue pair (and,
+// through the connect request, the target's: TestAckTimeoutReachesPeer); 0 keeps rdma_cm's.
+func TestISERConnAckTimeout(t *testing.T) {
+	tg := vmTarget(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, tc := range []struct{ set, want int }{{0, 17}, {20, 20}} {
+		ic, err := DialISER(ctx, tg.Portal, Options{AckTimeout: uint8(tc.set)})
+		if err != nil {
+			t.Fatalf("dial %s: %v", tg.Portal, err)
+		}
+		got, err := ic.c.AckTimeout()
+		ic.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != tc.want {
+			t.Errorf("Options.AckTimeout %d: QP ACK timeout exponent %d, want %d", tc.set, got, tc.want)
+		}
+	}
+}

@@ -283,3 +283,157 @@ func TestDialErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestAckTimeoutReachesPeer checks what Config.AckTimeout does on a real rdma_cm connection: the
+// dialer's queue pair gets that local ACK timeout, and so does the accepting side's, which never
+// asked for it. rdma_cm announces it as the RoCE packet lifetime in the connect request, and the
+// passive side (a kernel target such as LIO isert, or our Listener here) derives its own queue
+// pair's timeout from that. Without it both sides use rdma_cm's default.
+func TestAckTimeoutReachesPeer(t *testing.T) {
+	addr := vmAddr(t)
+	for _, tc := range []struct {
+		name string
+		exp  uint8
+	}{{"default", 0}, {"set", 20}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			l, err := Listen(ctx, addr, 0)
+			if err != nil {
+				t.Fatalf("listen: %v", err)
+			}
+			defer l.Close()
+			srvCh := make(chan *Conn, 1)
+			errCh := make(chan error, 1)
+			go func() {
+				c, err := l.Accept(ctx, Config{SendDepth: 4, RecvDepth: 4}, func([]byte) ([]byte, error) { return nil, nil })
+				if err != nil {
+					errCh <- err
+					return
+				}
+				srvCh <- c
+			}()
+			cli, err := Dial(ctx, addr, l.Port, Config{SendDepth: 4, RecvDepth: 4, AckTimeout: tc.exp})
+			if err != nil {
+				t.Fatalf("dial: %v", err)
+			}
+			defer cli.Close()
+			var srv *Conn
+			select {
+			case srv = <-srvCh:
+			case err := <-errCh:
+				t.Fatalf("accept: %v", err)
+			}
+			defer srv.Close()
+			ct, err := cli.AckTimeout()
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := srv.AckTimeout()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("AckTimeout %d: dialer's QP timeout exponent %d (%v), acceptor's %d (%v)", tc.exp,
+				ct, ackDuration(ct), st, ackDuration(st))
+			if tc.exp != 0 && (ct != int(tc.exp) || st < int(tc.exp)) {
+				t.Fatalf("asked for %d: dialer has %d, acceptor %d", tc.exp, ct, st)
+			}
+			if ct == 0 || st == 0 {
+				t.Fatalf("a queue pair without an ACK timeout (dialer %d, acceptor %d) would wait forever for a lost ACK", ct, st)
+			}
+		})
+	}
+}
+
+func ackDuration(exp int) time.Duration { return time.Duration(4096<<exp) * time.Nanosecond }
+
+// TestLostCQEventRecovered reproduces a completion event that never reaches the poller (the
+// kernel drops it when it cannot allocate the event entry; generating it has disarmed the CQ):
+// the poller discards the event unseen. Without the safety re-poll the message below would sit in
+// the CQ forever, since no later completion raises another event; with it, it is delivered within
+// about cqSafetyPoll and counted in CQEventsMissed. A second message then shows the CQ was armed
+// again (it arrives through a normal event).
+func TestLostCQEventRecovered(t *testing.T) {
+	addr := vmAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	l, err := Listen(ctx, addr, 0)
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	defer l.Close()
+	srvCh := make(chan *Conn, 1)
+	errCh := make(chan error, 1)
+	go func() {
+		c, err := l.Accept(ctx, Config{SendDepth: 4, RecvDepth: 4}, func([]byte) ([]byte, error) { return nil, nil })
+		if err != nil {
+			errCh <- err
+			return
+		}
+		srvCh <- c
+	}()
+	cliComp, cliOn := completions(8)
+	cli, err := Dial(ctx, addr, l.Port, Config{SendDepth: 4, RecvDepth: 4, OnCompletion: cliOn})
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer cli.Close()
+	var srv *Conn
+	select {
+	case srv = <-srvCh:
+	case err := <-errCh:
+		t.Fatalf("accept: %v", err)
+	}
+	defer srv.Close()
+	cmem, err := AllocMem(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer FreeMem(cmem)
+	smem, err := AllocMem(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer FreeMem(smem)
+	cmr, err := cli.Register(cmem, AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	smr, err := srv.Register(smem, AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.PostRecv(RecvWR{ID: 1, SGE: cmr.SGE(cmem[:64])}, RecvWR{ID: 2, SGE: cmr.SGE(cmem[64:128])}); err != nil {
+		t.Fatal(err)
+	}
+	before := Stats().CQEventsMissed
+	cli.dropNextCQEvent.Store(true)
+	start := time.Now()
+	if err := srv.PostSend(SendWR{ID: 9, Op: OpSend, NSGE: 1, SGE: [2]SGE{smr.SGE(smem[:8])}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c := <-cliComp:
+		if c.ID != 1 || c.Op != CompRecv || !c.OK() {
+			t.Fatalf("first completion: %+v", c)
+		}
+		t.Logf("the receive whose event was dropped was delivered after %v", time.Since(start).Round(time.Millisecond))
+	case <-time.After(10 * cqSafetyPoll):
+		t.Fatalf("a receive whose completion event was lost was not delivered within %v", 10*cqSafetyPoll)
+	}
+	if cli.dropNextCQEvent.Load() {
+		t.Fatal("the poller never saw the event it was told to drop")
+	}
+	if got := Stats().CQEventsMissed - before; got != 1 {
+		t.Fatalf("CQEventsMissed grew by %d, want 1", got)
+	}
+	if err := srv.PostSend(SendWR{ID: 10, Op: OpSend, NSGE: 1, SGE: [2]SGE{smr.SGE(smem[8:16])}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := waitComp(t, cliComp, CompRecv); c.ID != 2 {
+		t.Fatalf("second receive: %+v", c)
+	}
+	if got := Stats().CQEventsMissed - before; got != 1 {
+		t.Fatalf("CQEventsMissed grew by %d after a normal completion, want 1", got)
+	}
+}

@@ -9,7 +9,11 @@
 //     owned by the connection; no Go pointer is retained by C.
 //   - No goroutine spins: the completion channel and the CM event channel are non-blocking file
 //     descriptors parked on Go's netpoller; completions are drained with ibv_poll_cq in batches and
-//     the CQ is re-armed (ibv_req_notify_cq) only when it is empty.
+//     the CQ is re-armed (ibv_req_notify_cq) only when it is empty. While a connection is busy the
+//     poller also re-polls after a second without an event (a dropped event must not stall it);
+//     idle, it parks without a timer.
+//   - A batch of sends being posted is owned by the poster alone (sendq.go): senders append to
+//     the other buffer.
 //   - Every C resource a Conn or Listener owns (cm_id, event channel, PD, CQ, completion channel,
 //     QP, MRs) is released by Close and on every error path of Dial/Accept, in dependency order.
 //   - Pool regions are registered once per region per connection (ibv_reg_mr), never per I/O.
