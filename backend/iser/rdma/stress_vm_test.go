@@ -48,7 +48,7 @@ func versioned(b []byte, off int64, ver uint32, check bool) int64 {
 
 // TestStressNoLostResponse is the regression test for the lost-response stall seen over iSER
 // (an ext4 sync through ublk hung, the reader idle in ReadHeader with commands outstanding). It
-// drives a mixed random read/write load for ISER_STRESS_SECONDS (default 40): 64 concurrent
+// drives a mixed random read/write load for ISER_STRESS_SECONDS (default 30): 64 concurrent
 // requests of 4 KiB to 1 MiB (sizes spread over every power of two, so small and large commands
 // interleave and 1 MiB requests become two 512 KiB commands: up to 128 commands in flight, the
 // whole receive window), each worker on its own slice of the LUN with a version per 4 KiB block,
@@ -57,7 +57,7 @@ func versioned(b []byte, off int64, ver uint32, check bool) int64 {
 // reconnect: the test demands none of them, and data that verifies.
 func TestStressNoLostResponse(t *testing.T) {
 	vmtest.Require(t)
-	seconds := 40
+	seconds := 30
 	if v := os.Getenv("ISER_STRESS_SECONDS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n <= 0 {
