@@ -99,3 +99,21 @@ func TestSendQueueConcurrent(t *testing.T) {
 		next[s]++
 	}
 }
+
+// TestSendQueueNoAllocs: queueing and posting a batch allocates nothing once the two buffers
+// exist (they are sized for every send slot of the connection).
+func TestSendQueueNoAllocs(t *testing.T) {
+	q := newSendQueue(8)
+	allocs := testing.AllocsPerRun(1000, func() {
+		for i := range 8 {
+			q.push(SendWR{ID: uint64(i)})
+		}
+		if b := q.take(); len(b) == 8 {
+			q.done(b)
+		}
+		_ = q.take() // a kick that finds nothing
+	})
+	if allocs != 0 {
+		t.Fatalf("push/take/done allocate %.1f times per batch", allocs)
+	}
+}
