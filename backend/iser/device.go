@@ -541,21 +541,27 @@ func (d *Device) transfer(ctx context.Context, p []byte, off int64, write, fua b
 	})
 }
 
-func (d *Device) transferOne(ctx context.Context, p []byte, off int64, write, fua bool) error {
-	r := d.get()
-	defer d.put(r)
+// buildRW fills cmd with the READ or WRITE of p at byte offset off: the 16-byte CDBs when the
+// LUN needs (or was probed to take) them, the 10-byte ones otherwise.
+func (d *Device) buildRW(cmd *scsi.Command, p []byte, off int64, write, fua bool) {
 	lba := uint64(off) >> d.shift
 	blocks := uint64(len(p)) >> d.shift
 	switch {
 	case write && d.use16:
-		r.cmd.Write16(lba, uint32(blocks), fua, p)
+		cmd.Write16(lba, uint32(blocks), fua, p)
 	case write:
-		r.cmd.Write10(uint32(lba), uint16(blocks), fua, p)
+		cmd.Write10(uint32(lba), uint16(blocks), fua, p)
 	case d.use16:
-		r.cmd.Read16(lba, uint32(blocks), false, p)
+		cmd.Read16(lba, uint32(blocks), false, p)
 	default:
-		r.cmd.Read10(uint32(lba), uint16(blocks), false, p)
+		cmd.Read10(uint32(lba), uint16(blocks), false, p)
 	}
+}
+
+func (d *Device) transferOne(ctx context.Context, p []byte, off int64, write, fua bool) error {
+	r := d.get()
+	defer d.put(r)
+	d.buildRW(&r.cmd, p, off, write, fua)
 	if err := d.run(ctx, r); err != nil {
 		if write {
 			return opError("write", off, int64(len(p)), err)

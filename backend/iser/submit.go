@@ -64,18 +64,7 @@ func (d *Device) SubmitAt(ctx context.Context, p []byte, off int64, write bool, 
 		return false
 	}
 	r := d.get()
-	lba := uint64(off) >> d.shift
-	blocks := uint64(len(p)) >> d.shift
-	switch {
-	case write && d.use16:
-		r.cmd.Write16(lba, uint32(blocks), fua, p)
-	case write:
-		r.cmd.Write10(uint32(lba), uint16(blocks), fua, p)
-	case d.use16:
-		r.cmd.Read16(lba, uint32(blocks), false, p)
-	default:
-		r.cmd.Read10(uint32(lba), uint16(blocks), false, p)
-	}
+	d.buildRW(&r.cmd, p, off, write, fua)
 	r.dev = d
 	r.async = asyncReq{ctx: ctx, p: p, off: off, write: write, flags: flags, path: pth, done: done}
 	if pth.outstanding.Add(1) == 1 {

@@ -443,14 +443,8 @@ func (c *conn) readCached(r *request) bool {
 	if int(r.Length) > c.s.seg || r.Length == 0 {
 		return false // one segment only: larger reads are rarely all cached and worth a worker
 	}
-	// Budget first, then the buffer (the budget's rule); neither may wait on the reader.
-	n, ok := c.s.budget.tryAcquire(int64(r.Length))
+	n, b, ok := c.tryReadBuffer(r)
 	if !ok {
-		return false
-	}
-	b, ok := c.tryPool.TryGet(int(r.Length))
-	if !ok {
-		c.s.budget.release(n)
 		return false
 	}
 	if !c.cached.ReadCached(b, int64(r.Offset)) {
@@ -461,6 +455,19 @@ func (c *conn) readCached(r *request) bool {
 	r.reserved = n
 	r.bufs = append(r.bufs, b)
 	return true
+}
+
+// tryReadBuffer takes, without waiting (the reader must not), the budget and then the pool buffer
+// for a one-segment READ's data, in the budget's order. n is the budget held.
+func (c *conn) tryReadBuffer(r *request) (n int64, b []byte, ok bool) {
+	if n, ok = c.s.budget.tryAcquire(int64(r.Length)); !ok {
+		return 0, nil, false
+	}
+	if b, ok = c.tryPool.TryGet(int(r.Length)); !ok {
+		c.s.budget.release(n)
+		return 0, nil, false
+	}
+	return n, b, true
 }
 
 // idle is called by the reader before it may block for input: it sends the replies it deferred
@@ -479,13 +486,8 @@ func (c *conn) submitRead(r *request) bool {
 	if int(r.Length) > c.s.seg || r.Length == 0 {
 		return false
 	}
-	n, ok := c.s.budget.tryAcquire(int64(r.Length))
+	n, b, ok := c.tryReadBuffer(r)
 	if !ok {
-		return false
-	}
-	b, ok := c.tryPool.TryGet(int(r.Length))
-	if !ok {
-		c.s.budget.release(n)
 		return false
 	}
 	r.reserved = n

@@ -51,14 +51,14 @@ func benchTarget(b *testing.B, nc net.Conn, blk int) {
 	}
 }
 
-// BenchmarkExecuteRead4K measures the initiator's per-command cost with 32 commands in flight:
-// Execute must not allocate (0 allocs/op).
-func BenchmarkExecuteRead4K(b *testing.B) {
+// benchSession logs a session in to a benchTarget serving 4 KiB reads on loopback; both end
+// with the benchmark.
+func benchSession(b *testing.B) *Session {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer l.Close()
+	b.Cleanup(func() { l.Close() })
 	go func() {
 		c, err := l.Accept()
 		if err != nil {
@@ -75,7 +75,14 @@ func BenchmarkExecuteRead4K(b *testing.B) {
 	if err := s.Login(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	defer s.Close()
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
+// BenchmarkExecuteRead4K measures the initiator's per-command cost with 32 commands in flight:
+// Execute must not allocate (0 allocs/op).
+func BenchmarkExecuteRead4K(b *testing.B) {
+	s := benchSession(b)
 	b.SetParallelism(16) // 32 goroutines on 2 CPUs
 	b.ReportAllocs()
 	b.SetBytes(4096)
@@ -112,28 +119,7 @@ func (s *benchSlot) Complete(err error) {
 // BenchmarkSubmitRead4K is BenchmarkExecuteRead4K through Submit: one goroutine keeps 32 commands
 // in flight, completions come from the reader, and it must not allocate either (0 allocs/op).
 func BenchmarkSubmitRead4K(b *testing.B) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		benchTarget(b, c, 4096)
-	}()
-	s, err := New(Config{Portal: l.Addr().String(), InitiatorName: "iqn.2026-11.io.iser-blk:bench",
-		TargetName: "iqn.2026-11.io.iser-blk:fake", MaxTasks: 64})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := s.Login(context.Background()); err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
+	s := benchSession(b)
 	const depth = 32
 	done := make(chan int, depth)
 	slots := make([]*benchSlot, depth)
