@@ -4,7 +4,6 @@ package rdma_test
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -123,24 +122,10 @@ func TestCLIInfoISERMatchesTCP(t *testing.T) {
 }
 
 // pattern fills (or checks) b, which holds the device bytes at off, with a deterministic
-// pseudo-random sequence: every 8-byte word is a hash of its byte offset, so no reference copy of
-// the data is kept. check returns the offset of the first differing byte, or -1.
-func pattern(b []byte, off int64, check bool) int64 {
-	for i := 0; i+8 <= len(b); i += 8 {
-		x := uint64(off+int64(i)) + 0x9e3779b97f4a7c15
-		x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
-		x = (x ^ x>>27) * 0x94d049bb133111eb
-		x ^= x >> 31
-		if check {
-			if binary.LittleEndian.Uint64(b[i:]) != x {
-				return off + int64(i)
-			}
-		} else {
-			binary.LittleEndian.PutUint64(b[i:], x)
-		}
-	}
-	return -1
-}
+// pseudo-random sequence: every 8-byte word is a hash of its byte offset (versioned's version 0),
+// so no reference copy of the data is kept. check returns the offset of the first differing byte,
+// or -1.
+func pattern(b []byte, off int64, check bool) int64 { return versioned(b, off, 0, check) }
 
 // TestDeviceRandomIOLIO and TestDeviceRandomIOTgt write 256 MiB (ISER_IO_MIB) of pseudo-random
 // data in random-sized requests of 4 KiB to 4 MiB, 64 in flight, from pool buffers, read it back
