@@ -509,14 +509,9 @@ func (r *request) Complete(err error) {
 		c.log.Warn("nbd request failed", zap.Uint16("cmd", r.Type), zap.Uint64("offset", r.Offset),
 			zap.Uint32("length", r.Length), zap.Error(err))
 	}
-	c.replyMu.Lock()
-	c.replies = append(c.replies, r)
-	if c.writing {
-		c.replyMu.Unlock()
+	if !c.enqueueReply(r) {
 		return
 	}
-	c.writing = true
-	c.replyMu.Unlock()
 	// Never blocks: the writer role was free, so no wake is pending (only a completion that
 	// takes the role sends one, and the writer goroutine gives the role back only after
 	// receiving it).
@@ -541,20 +536,28 @@ func (c *conn) writeCached(r *request) bool {
 	return true
 }
 
+// enqueueReply queues r for the reply writer and reports whether the caller took the writer role
+// (nobody was writing), in which case it must see the queue sent.
+func (c *conn) enqueueReply(r *request) bool {
+	c.replyMu.Lock()
+	defer c.replyMu.Unlock()
+	c.replies = append(c.replies, r)
+	if c.writing {
+		return false
+	}
+	c.writing = true
+	return true
+}
+
 // reply queues the answered request r for sending. If no one is writing, the caller becomes the
 // writer: it yields once so that goroutines already runnable (typically workers woken by the same
 // backend read) can queue their replies too, then writes the queue in vectored writes (writev on
 // TCP and unix sockets) until it is empty, recycling the slots. Otherwise it returns at once and
 // the current writer sends r.
 func (c *conn) reply(r *request) {
-	c.replyMu.Lock()
-	c.replies = append(c.replies, r)
-	if c.writing {
-		c.replyMu.Unlock()
+	if !c.enqueueReply(r) {
 		return
 	}
-	c.writing = true
-	c.replyMu.Unlock()
 	runtime.Gosched()
 	c.writeQueued()
 }

@@ -121,6 +121,27 @@ func TestCLIInfoISERMatchesTCP(t *testing.T) {
 	}
 }
 
+// registeredPool makes a buffer pool, registers it with every iSER connection (rdma.SetPool) and
+// undoes both when the test ends: the guest is small (tgtd pins 1 GiB of it), so the pool's
+// memory goes back at once.
+func registeredPool(t *testing.T, maxBytes int64, maxClass int) *pool.Pool {
+	t.Helper()
+	p, err := pool.New(pool.Config{MaxBytes: maxBytes, MaxClass: maxClass})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("pool close: %v", err)
+		}
+	})
+	if err := rdma.SetPool(p); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdma.SetPool(nil) })
+	return p
+}
+
 // pattern fills (or checks) b, which holds the device bytes at off, with a deterministic
 // pseudo-random sequence: every 8-byte word is a hash of its byte offset (versioned's version 0),
 // so no reference copy of the data is kept. check returns the offset of the first differing byte,
@@ -157,20 +178,7 @@ func randomIO(t *testing.T, url string, poolBytes int64) {
 	const inflight = 64
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	p, err := pool.New(pool.Config{MaxBytes: poolBytes, MaxClass: 4 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// the guest is small (tgtd pins 1 GiB of it): give the pool's memory back when done
-	t.Cleanup(func() {
-		if err := p.Close(); err != nil {
-			t.Errorf("pool close: %v", err)
-		}
-	})
-	if err := rdma.SetPool(p); err != nil {
-		t.Fatal(err)
-	}
-	defer rdma.SetPool(nil)
+	p := registeredPool(t, poolBytes, 4<<20)
 	before := rdma.Stats()
 
 	// tgtd registers its 1 GiB pool on the first connection: minutes under a loaded TCG host

@@ -22,7 +22,6 @@ import (
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/backend/iser/rdma"
-	"github.com/iser-blk/iser-blk/pool"
 	"github.com/iser-blk/iser-blk/test/vm/vmtest"
 )
 
@@ -80,19 +79,7 @@ func TestStressNoLostResponse(t *testing.T) {
 		minTotal = 500 // fewer I/Os than this in the run proves nothing
 	)
 	tg := vmtest.StartLIO(t, vmtest.LIOOptions{SizeMiB: lunMiB})
-	p, err := pool.New(pool.Config{MaxBytes: 160 << 20, MaxClass: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.Close(); err != nil {
-			t.Errorf("pool close: %v", err)
-		}
-	})
-	if err := rdma.SetPool(p); err != nil {
-		t.Fatal(err)
-	}
-	defer rdma.SetPool(nil)
+	p := registeredPool(t, 160<<20, 1<<20)
 
 	core, logs := observer.New(zapcore.WarnLevel)
 	rec := iser.DefaultRecovery()

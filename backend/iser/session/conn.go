@@ -210,6 +210,12 @@ func (c *conn) acquire(ctx context.Context, kind uint8) (*task, error) {
 			return nil, c.connErr()
 		}
 	}
+	return c.claim(idx, kind), nil
+}
+
+// claim readies the free slot idx for a new task of kind (a fresh ITT generation, no state from
+// the slot's previous task).
+func (c *conn) claim(idx uint32, kind uint8) *task {
 	t := &c.tasks[idx]
 	t.mu.Lock()
 	t.active, t.abandoned, t.completed, t.err = true, false, false, nil
@@ -218,7 +224,7 @@ func (c *conn) acquire(ctx context.Context, kind uint8) (*task, error) {
 	t.dataSN, t.received, t.r2tSN = 0, 0, 0
 	t.tmfFn, t.endLive = 0, false
 	t.mu.Unlock()
-	return t, nil
+	return t
 }
 
 // release returns a slot to the free list. Called exactly once per acquire: by the owner, or by

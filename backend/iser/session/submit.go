@@ -50,15 +50,7 @@ func (c *conn) tryAcquire() *task {
 	default:
 		return nil
 	}
-	t := &c.tasks[idx]
-	t.mu.Lock()
-	t.active, t.abandoned, t.completed, t.err = true, false, false, nil
-	t.itt = t.gen<<16 | t.idx
-	t.kind = kindSCSI
-	t.dataSN, t.received, t.r2tSN = 0, 0, 0
-	t.tmfFn, t.endLive = 0, false
-	t.mu.Unlock()
-	return t
+	return c.claim(idx, kindSCSI)
 }
 
 func (c *conn) submit(cmd *scsi.Command, resp *scsi.Response, done Completer) bool {
