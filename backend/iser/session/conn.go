@@ -68,15 +68,23 @@ type task struct {
 	dir  scsi.Direction
 	buf  []byte
 	resp *scsi.Response
-	xfer transport.Task
-	bhs  pdu.BHS // the owner's send scratch
-	dout [16]pdu.BHS
-	outs []transport.OutPDU // scratch for dout, capacity len(dout)
+	// A read started by SubmitToPipe: its Data-In lands in the pipe whose write end is pipeW
+	// (toPipe), pipeLen bytes in all, instead of buf (nil).
+	toPipe  bool
+	pipeW   int
+	pipeLen int
+	xfer    transport.Task
+	bhs     pdu.BHS // the owner's send scratch
+	dout    [16]pdu.BHS
+	outs    []transport.OutPDU // scratch for dout, capacity len(dout)
 
 	// Reader-only progress.
 	dataSN   uint32 // next expected Data-In DataSN
 	received int    // bytes of Data-In received
 	r2tSN    uint32 // next expected R2TSN
+	// pipeErr is why a toPipe task's data did not all reach its pipe (transport.ErrPipeFull);
+	// the rest of its Data-In is discarded and it completes with this error.
+	pipeErr error
 
 	cmdSN uint32 // CmdSN the command was sent with (for ABORT TASK's RefCmdSN)
 	ref   uint32 // TMF tasks: the ITT of the task being aborted
@@ -154,7 +162,7 @@ func newConn(s *Session, tc transport.Conn, portal string, p *login.Params) *con
 	evCap := int(min(p.MaxOutstandingR2T, maxOutstandingR2T)) + 1
 	for i := range c.tasks {
 		t := &c.tasks[i]
-		t.idx, t.gen = uint32(i), 1
+		t.idx, t.gen, t.pipeW = uint32(i), 1, -1
 		t.ev = make(chan event, evCap)
 		t.sent = make(chan error, 1)
 		t.outs = make([]transport.OutPDU, 0, len(t.dout))
@@ -223,6 +231,7 @@ func (c *conn) claim(idx uint32, kind uint8) *task {
 	t.kind = kind
 	t.dataSN, t.received, t.r2tSN = 0, 0, 0
 	t.tmfFn, t.endLive = 0, false
+	t.toPipe, t.pipeW, t.pipeLen, t.pipeErr = false, -1, 0, nil
 	t.mu.Unlock()
 	return t
 }
@@ -237,6 +246,7 @@ func (c *conn) release(t *task) {
 	t.mu.Lock()
 	t.active = false
 	t.buf, t.resp = nil, nil
+	t.toPipe, t.pipeW, t.pipeErr = false, -1, nil
 	t.gen = (t.gen + 1) & 0xffff
 	if t.gen == 0 {
 		t.gen = 1
@@ -511,6 +521,9 @@ func (c *conn) complete(t *task, err error) {
 		return
 	}
 	if done := t.async; done != nil {
+		if err == nil && t.pipeErr != nil {
+			err = t.pipeErr // GOOD, but the data did not all reach the pipe
+		}
 		// Submitted without an owner: the slot is free before the completer runs (the
 		// response is in the caller's resp already), so the completer may submit again.
 		t.async = nil
@@ -619,20 +632,33 @@ func (c *conn) dataIn(bhs *pdu.BHS) error {
 		t.mu.Unlock()
 		return protoErr("Data-In DataSN %d for ITT 0x%08x, expected %d", bhs.DataSN(), itt, t.dataSN)
 	}
-	if off+int64(n) > int64(len(t.buf)) {
-		t.mu.Unlock()
-		return protoErr("Data-In [%d, +%d) beyond the %d-byte buffer of ITT 0x%08x", off, n, len(t.buf), itt)
+	size := len(t.buf)
+	if t.toPipe {
+		size = t.pipeLen
 	}
-	if c.params.DataPDUInOrder && off != int64(t.received) {
+	if off+int64(n) > int64(size) {
+		t.mu.Unlock()
+		return protoErr("Data-In [%d, +%d) beyond the %d-byte buffer of ITT 0x%08x", off, n, size, itt)
+	}
+	if (c.params.DataPDUInOrder || t.toPipe) && off != int64(t.received) {
 		t.mu.Unlock()
 		return protoErr("Data-In at offset %d for ITT 0x%08x, expected %d (DataPDUInOrder=Yes)", off, itt, t.received)
 	}
 	t.dataSN++
 	var err error
 	if n > 0 {
-		if t.abandoned {
+		switch {
+		case t.abandoned || t.pipeErr != nil:
 			err = c.tc.DiscardData()
-		} else {
+		case t.toPipe:
+			// Spliced from the socket into the caller's pipe (submit.go). A full pipe
+			// costs this task its fast path, not the connection: the transport consumed
+			// the segment, and the task completes with the error.
+			err = c.tc.(transport.PipeReader).ReadDataToPipe(t.pipeW)
+			if errors.Is(err, transport.ErrPipeFull) {
+				t.pipeErr, err = err, nil
+			}
+		default:
 			// Straight from the transport into the caller's buffer; t.mu keeps the owner from
 			// returning (and the buffer from being reused) while the bytes land.
 			err = c.tc.ReadData(t.buf[off : off+int64(n)])

@@ -32,7 +32,32 @@ func (s *Session) Submit(cmd *scsi.Command, resp *scsi.Response, done Completer)
 	if c == nil || s.cfg.Discovery {
 		return false
 	}
-	return c.submit(cmd, resp, done)
+	return c.submit(cmd, resp, done, -1, 0)
+}
+
+// SubmitToPipe is Submit for a read whose n bytes of data are to land in a pipe instead of
+// cmd.Data (which must be nil): the reader splices each Data-In segment from the socket into the
+// pipe whose write end is pipeW (non-blocking, room for n bytes; nobody else may write to or read
+// from it until done is called), so the bytes never pass through user memory
+// (transport.PipeReader). It declines (false) where that cannot work: a transport without
+// PipeReader or with a data digest, and DataPDUInOrder=No or DataSequenceInOrder=No (the pipe is
+// a stream; Data-In must arrive in offset order, §13.19, §13.20).
+//
+// done gets what Submit's would, with one addition: a GOOD status whose data did not all fit in
+// the pipe completes with transport.ErrPipeFull (the connection is fine). The pipe then holds an
+// unspecified part of the data, as it does after any error, a non-GOOD status or a residual.
+func (s *Session) SubmitToPipe(cmd *scsi.Command, n, pipeW int, resp *scsi.Response, done Completer) bool {
+	c := s.cur.Load()
+	if c == nil || s.cfg.Discovery || cmd.Dir != scsi.DirRead || cmd.Data != nil || n <= 0 || pipeW < 0 {
+		return false
+	}
+	if !c.params.DataPDUInOrder || !c.params.DataSequenceInOrder {
+		return false
+	}
+	if pr, ok := c.tc.(transport.PipeReader); !ok || !pr.CanReadToPipe() {
+		return false
+	}
+	return c.submit(cmd, resp, done, pipeW, n)
 }
 
 // Kick writes the commands Submit queued (see Submit).
@@ -53,8 +78,13 @@ func (c *conn) tryAcquire() *task {
 	return c.claim(idx, kindSCSI)
 }
 
-func (c *conn) submit(cmd *scsi.Command, resp *scsi.Response, done Completer) bool {
-	if cmd.CDBLen == 0 || cmd.CDBLen > 16 || len(cmd.Data) > 1<<24 || c.tc.MovesData() {
+// submit starts cmd; with pipeW >= 0 its pipeLen bytes of Data-In go to that pipe (SubmitToPipe).
+func (c *conn) submit(cmd *scsi.Command, resp *scsi.Response, done Completer, pipeW, pipeLen int) bool {
+	length := len(cmd.Data)
+	if pipeW >= 0 {
+		length = pipeLen
+	}
+	if cmd.CDBLen == 0 || cmd.CDBLen > 16 || length > 1<<24 || c.tc.MovesData() {
 		return false
 	}
 	var unsolicited, immediate int
@@ -72,6 +102,9 @@ func (c *conn) submit(cmd *scsi.Command, resp *scsi.Response, done Completer) bo
 		return false
 	}
 	t.lun, t.dir, t.buf, t.resp = cmd.LUN, cmd.Dir, cmd.Data, resp
+	if pipeW >= 0 {
+		t.toPipe, t.pipeW, t.pipeLen = true, pipeW, pipeLen
+	}
 	*resp = scsi.Response{}
 	t.xfer = transport.Task{ITT: t.itt, Dir: cmd.Dir, Buf: cmd.Data, Unsolicited: unsolicited, Immediate: immediate}
 	attr := uint8(cmd.Attr)
@@ -86,7 +119,7 @@ func (c *conn) submit(cmd *scsi.Command, resp *scsi.Response, done Completer) bo
 		DataSegmentLength:          immediate,
 		LUN:                        cmd.LUN,
 		ITT:                        t.itt,
-		ExpectedDataTransferLength: uint32(len(cmd.Data)),
+		ExpectedDataTransferLength: uint32(length),
 		CDB:                        cmd.CDB[:cmd.CDBLen],
 	}
 	c.sendMu.Lock()
