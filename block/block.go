@@ -134,6 +134,30 @@ type Submitter interface {
 	Kick()
 }
 
+// Pipe is the two ends of a non-blocking pipe(2) (file descriptors), for PipeSubmitter.
+type Pipe struct {
+	R, W int
+}
+
+// PipeSubmitter is an optional interface of a Device that can deliver a read's data into a pipe
+// without copying it through user memory (the iSCSI backend over TCP splices it from the socket
+// with splice(2)), so that a frontend can splice it on into its client's socket: the bytes cross
+// the process without being copied. It is Submitter's read for callers that own a pipe.
+//
+// SubmitReadToPipe starts a read of n bytes at off whose data goes into pipe, and returns true,
+// or returns false having started nothing (the caller then uses SubmitAt or ReadAt), on the same
+// grounds as SubmitAt and whenever the device cannot splice this request. The caller guarantees
+// that the pipe is empty, has room for n bytes (F_SETPIPE_SZ), and is neither read nor written by
+// anyone else until done is called. Complete(nil) means the pipe holds exactly the n bytes of the
+// range, in order; after Complete(err) the pipe holds an unspecified part of them and the caller
+// drains or discards it. Kick applies as for SubmitAt (the device must also be a Submitter).
+//
+// A layer that must see reads (a cache: a read must return its dirty data) does not offer it,
+// which hides the interface of the device below.
+type PipeSubmitter interface {
+	SubmitReadToPipe(ctx context.Context, pipe Pipe, n int, off int64, done Completion) bool
+}
+
 // CheckRange validates a request against a device's size and block size, returning an error that
 // wraps ErrInvalid when it is misaligned or out of range. Every layer calls it at its entry.
 func CheckRange(d Device, off, length int64) error {

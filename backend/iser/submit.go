@@ -29,6 +29,10 @@ type asyncReq struct {
 	flags block.WriteFlags
 	path  *path
 	done  block.Completion
+	// toPipe: a read started by SubmitReadToPipe (pipe.go), n bytes into pipe; p is nil.
+	toPipe bool
+	pipe   block.Pipe
+	n      int
 }
 
 // SubmitAt implements block.Submitter: a read or write that fits one command is started on the
@@ -79,6 +83,14 @@ func (d *Device) SubmitAt(ctx context.Context, p []byte, off int64, write bool, 
 	return true
 }
 
+// length is the request's size in bytes.
+func (a *asyncReq) length() int64 {
+	if a.toPipe {
+		return int64(a.n)
+	}
+	return int64(len(a.p))
+}
+
 // Kick implements block.Submitter: it sends the commands SubmitAt queued on every path.
 func (d *Device) Kick() {
 	for _, p := range d.paths {
@@ -105,7 +117,13 @@ func (r *request) Complete(err error) {
 			op = "write"
 		}
 		if err = scsi.CheckCommand(&r.cmd, &r.resp); err != nil {
-			err = opError(op, a.off, int64(len(a.p)), err)
+			err = opError(op, a.off, a.length(), err)
+		} else if r.resp.Residual != 0 && a.toPipe {
+			// Fewer bytes in the pipe than asked: let the synchronous path judge the target.
+			r.async = asyncReq{}
+			d.put(r)
+			go d.readToPipeSync(a)
+			return
 		} else if r.resp.Residual != 0 {
 			err = fmt.Errorf("iser: %s [%d, +%d): target reported residual %d: %w", op, a.off, len(a.p), r.resp.Residual, block.ErrIO)
 		}
@@ -124,6 +142,10 @@ func (r *request) Complete(err error) {
 	}
 	r.async = asyncReq{}
 	d.put(r)
+	if a.toPipe {
+		go d.readToPipeSync(a)
+		return
+	}
 	go func() {
 		var err error
 		if a.write {

@@ -1,0 +1,178 @@
+package iser
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/iser-blk/iser-blk/backend/iser/scsi"
+	"github.com/iser-blk/iser-blk/backend/iser/scsi/scsitest"
+	"github.com/iser-blk/iser-blk/backend/iser/session"
+	"github.com/iser-blk/iser-blk/backend/iser/transport"
+	"github.com/iser-blk/iser-blk/block"
+)
+
+// pipeLUN is a submitLUN that also takes reads into a pipe, like a session over TCP: the command
+// runs on the scsitest LUN into a buffer whose bytes are then written into the pipe. With short
+// set, only half of them go in and the command completes with transport.ErrPipeFull (a pipe that
+// ran out of slots).
+type pipeLUN struct {
+	*submitLUN
+	short bool
+}
+
+func (s *pipeLUN) SubmitToPipe(cmd *scsi.Command, n, pipeW int, resp *scsi.Response, done session.Completer) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.decline || cmd.Data != nil {
+		return false
+	}
+	short := s.short
+	s.queued = append(s.queued, func() {
+		*resp = scsi.Response{}
+		buf := make([]byte, n)
+		c := *cmd
+		c.Data = buf
+		err := s.LUN.Execute(context.Background(), &c, resp)
+		if err == nil && resp.Status == scsi.StatusGood {
+			if short {
+				buf, err = buf[:n/2], transport.ErrPipeFull
+			}
+			if werr := fillPipe(pipeW, buf); werr != nil {
+				panic(werr)
+			}
+		}
+		done.Complete(err)
+	})
+	return true
+}
+
+func openPipeSubmit(t *testing.T, cfg scsitest.Config) (*Device, *pipeLUN) {
+	t.Helper()
+	cfg.Log = true
+	lun := &pipeLUN{submitLUN: &submitLUN{LUN: scsitest.New(cfg)}}
+	d, err := NewDevice(context.Background(), []scsi.Executor{lun}, cfg.LUN, Options{Retry: fastRetry()}, nil)
+	if err != nil {
+		t.Fatalf("NewDevice: %v", err)
+	}
+	lun.ResetOps()
+	t.Cleanup(func() { d.Close() })
+	return d, lun
+}
+
+func testPipe(t *testing.T, size int) block.Pipe {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(p[0]); unix.Close(p[1]) })
+	if _, err := unix.FcntlInt(uintptr(p[1]), unix.F_SETPIPE_SZ, size); err != nil {
+		t.Fatal(err)
+	}
+	return block.Pipe{R: p[0], W: p[1]}
+}
+
+func pipeContents(t *testing.T, p block.Pipe) []byte {
+	var out []byte
+	buf := make([]byte, 1<<16)
+	for {
+		n, err := unix.Read(p.R, buf)
+		if err == unix.EAGAIN || n == 0 {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, buf[:n]...)
+	}
+}
+
+// TestSubmitReadToPipe: a clean GOOD leaves the data in the pipe; whatever is not a final answer
+// (pipe full, UNIT ATTENTION, connection loss) is served again synchronously, with the pipe
+// emptied of the failed attempt's bytes first; a final SCSI error is reported as ReadAt would.
+func TestSubmitReadToPipe(t *testing.T) {
+	ctx := context.Background()
+	const n, off = 64 << 10, 1 << 20
+	cases := []struct {
+		name    string
+		setup   func(*pipeLUN)
+		wantErr error
+		reads   int // READs that reach the LUN
+	}{
+		{name: "good", setup: func(*pipeLUN) {}, reads: 1},
+		{name: "pipe full", setup: func(l *pipeLUN) { l.short = true }, reads: 2},
+		{name: "unit attention", setup: func(l *pipeLUN) { l.SetUnitAttention(0x2A, 0x09) }, reads: 2},
+		{name: "connection loss", setup: func(l *pipeLUN) {
+			l.InjectFault(scsitest.Fault{Opcode: -1, Err: &session.ConnError{Err: errors.New("connection reset")}})
+		}, reads: 1}, // the failed attempt never reached the LUN; the re-issue did
+		{name: "medium error", setup: func(l *pipeLUN) {
+			l.InjectFault(scsitest.Fault{Opcode: -1, Key: scsi.KeyMediumError, ASC: 0x11})
+		}, wantErr: block.ErrMedium, reads: 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d, lun := openPipeSubmit(t, scsitest.Config{})
+			data := randBytes(n)
+			if err := d.WriteAt(ctx, data, off, 0); err != nil {
+				t.Fatal(err)
+			}
+			lun.ResetOps()
+			tc.setup(lun)
+			p := testPipe(t, 1<<20)
+			done := make(devCompletion, 1)
+			if !d.SubmitReadToPipe(ctx, p, n, off, done) {
+				t.Fatal("not submitted")
+			}
+			d.Kick()
+			err := done.wait(t)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("got %v, want %v", err, tc.wantErr)
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			} else if got := pipeContents(t, p); !bytes.Equal(got, data) {
+				t.Fatalf("pipe holds %d bytes, not the %d read", len(got), n)
+			}
+			if got := len(opsWith(lun.LUN, 0x28, 0x88)); got != tc.reads {
+				t.Fatalf("%d READs reached the LUN, want %d", got, tc.reads)
+			}
+			if pt := d.paths[0]; pt.outstanding.Load() != 0 {
+				t.Fatalf("outstanding %d after completion", pt.outstanding.Load())
+			}
+		})
+	}
+}
+
+func TestSubmitReadToPipeDeclines(t *testing.T) {
+	ctx := context.Background()
+	d, lun := openPipeSubmit(t, scsitest.Config{})
+	p := testPipe(t, 1<<20)
+	done := make(devCompletion, 1)
+	for _, tc := range []struct {
+		name string
+		n    int
+		off  int64
+	}{
+		{"empty", 0, 0},
+		{"misaligned", 512, 100},
+		{"past the end", 512, 64 << 20},
+		{"over one command", DefaultMaxTransfer + 512, 0},
+	} {
+		if d.SubmitReadToPipe(ctx, p, tc.n, tc.off, done) {
+			t.Errorf("%s: submitted", tc.name)
+		}
+	}
+	lun.mu.Lock()
+	lun.decline = true
+	lun.mu.Unlock()
+	if d.SubmitReadToPipe(ctx, p, 4096, 0, done) {
+		t.Fatal("submitted although the executor declined")
+	}
+	if pt := d.paths[0]; pt.outstanding.Load() != 0 {
+		t.Fatalf("a declined submit left outstanding %d", pt.outstanding.Load())
+	}
+}
