@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -33,6 +34,8 @@ type request struct {
 	errno    uint32
 	reserved int64    // bytes of the payload budget held
 	bufs     [][]byte // payload segments (pool buffers): WRITE data from the socket, READ data from the device
+	pipe     *spipe   // a spliced READ's data (splice.go), instead of bufs
+	spliced  bool     // the pipe's payload was written to the client (the pipe is empty)
 	raw      [requestHeaderLen]byte
 	hdr      [32]byte // reply header scratch
 }
@@ -51,6 +54,20 @@ type conn struct {
 	sub     block.Submitter    // the device's asynchronous path (the iSCSI backend); nil if none
 	wake    chan struct{}      // wakes the reply writer for replies queued by device completions
 	tryPool tryGetter
+
+	// Spliced reads (splice.go): psub is the device's pipe path, nil when off; rc the socket's
+	// raw connection. pipeMu guards the free pipes and their count.
+	psub     block.PipeSubmitter
+	rc       syscall.RawConn
+	pipeMu   sync.Mutex
+	pipes    []*spipe
+	npipes   int
+	pipeCap  int
+	spliceFn func(fd uintptr) bool
+	// writer-only splice state
+	spliceReq  *request
+	spliceLeft int
+	spliceErr  error
 
 	inflight sync.WaitGroup // requests handed to a worker or the reply queue and not yet released
 	shutting atomic.Bool
@@ -133,6 +150,7 @@ func (c *conn) transmit() {
 	if c.tryPool != nil {
 		c.sub, _ = c.s.dev.(block.Submitter)
 	}
+	c.initSplice()
 	c.wake = make(chan struct{}, 1)
 	c.replies = make([]*request, 0, n)
 	c.batch = make([]*request, 0, n)
@@ -165,6 +183,7 @@ func (c *conn) transmit() {
 	workers.Wait()
 	close(c.wake) // every completion that could wake the writer has been answered
 	<-writerDone
+	c.closePipes()
 	c.nc.Close()
 	if reason != nil {
 		c.log.Info("nbd connection closed", zap.Error(reason))
@@ -312,6 +331,12 @@ func (c *conn) readPayload(r *request) error {
 }
 
 func (c *conn) releaseBufs(r *request) {
+	if r.pipe != nil {
+		// Empty only if its payload went out; otherwise (an error reply, a broken client)
+		// it may hold some of the data and is closed rather than reused.
+		c.putPipe(r.pipe, r.spliced)
+		r.pipe, r.spliced = nil, false
+	}
 	for i, b := range r.bufs {
 		c.s.pool.Put(b)
 		r.bufs[i] = nil
@@ -486,6 +511,9 @@ func (c *conn) submitRead(r *request) bool {
 	if int(r.Length) > c.s.seg || r.Length == 0 {
 		return false
 	}
+	if c.psub != nil && c.submitReadToPipe(r) {
+		return true
+	}
 	n, b, ok := c.tryReadBuffer(r)
 	if !ok {
 		return false
@@ -610,21 +638,50 @@ func (c *conn) writeReplies(batch []*request) {
 		iov := c.iov[:0]
 		for _, r := range batch {
 			iov = c.appendReply(iov, r)
+			if r.pipe == nil || r.errno != 0 {
+				continue
+			}
+			// A spliced READ: what is gathered so far, this reply's header last, goes out
+			// first, then the payload from the pipe.
+			if !c.writeIov(iov) {
+				break
+			}
+			iov = c.iov[:0]
+			if err := c.spliceOut(r); err != nil {
+				c.log.Debug("nbd: splicing a read reply failed", zap.Error(err))
+				c.breakConn()
+				break
+			}
+			r.spliced = true
 		}
-		c.nb = iov
-		if _, err := c.nb.WriteTo(c.nc); err != nil {
-			// The client is gone: stop the reader and keep recycling slots so the
-			// connection can drain.
-			c.broken = true
-			c.nc.Close()
+		if !c.broken && len(iov) > 0 {
+			c.writeIov(iov)
 		}
-		clear(iov)
 	}
 	for _, r := range batch {
 		c.releaseBufs(r)
 		c.inflight.Done()
 		c.free <- r
 	}
+}
+
+// writeIov writes iov in one vectored write and reports whether it succeeded.
+func (c *conn) writeIov(iov [][]byte) bool {
+	c.nb = iov
+	_, err := c.nb.WriteTo(c.nc)
+	clear(iov)
+	if err != nil {
+		c.breakConn()
+		return false
+	}
+	return true
+}
+
+// breakConn marks the client gone: stop the reader and keep recycling slots so the connection
+// can drain.
+func (c *conn) breakConn() {
+	c.broken = true
+	c.nc.Close()
 }
 
 // appendReply appends the reply to r to iov ("Simple reply message", "Structured reply chunk
