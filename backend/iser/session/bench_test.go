@@ -7,6 +7,8 @@ import (
 	"net"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/iser-blk/iser-blk/backend/iser/pdu"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 )
@@ -53,7 +55,10 @@ func benchTarget(b *testing.B, nc net.Conn, blk int) {
 
 // benchSession logs a session in to a benchTarget serving 4 KiB reads on loopback; both end
 // with the benchmark.
-func benchSession(b *testing.B) *Session {
+func benchSession(b *testing.B) *Session { return benchSessionSize(b, 4096) }
+
+// benchSessionSize is benchSession for reads of up to blk bytes.
+func benchSessionSize(b *testing.B, blk int) *Session {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -65,7 +70,7 @@ func benchSession(b *testing.B) *Session {
 			return
 		}
 		defer c.Close()
-		benchTarget(b, c, 4096)
+		benchTarget(b, c, blk)
 	}()
 	s, err := New(Config{Portal: l.Addr().String(), InitiatorName: "iqn.2026-11.io.iser-blk:bench",
 		TargetName: "iqn.2026-11.io.iser-blk:fake", MaxTasks: 64})
@@ -158,6 +163,66 @@ func BenchmarkSubmitRead4K(b *testing.B) {
 		}
 		if len(done) == 0 {
 			s.Kick() // nothing more to collect right now: send what was resubmitted
+		}
+	}
+}
+
+// BenchmarkSubmitToPipe256K is BenchmarkSubmitRead4K for 256 KiB reads through SubmitToPipe: 8
+// in flight, each spliced from the socket into its own pipe, which the benchmark empties into
+// /dev/null with splice. The spliced read must not allocate (0 allocs/op).
+func BenchmarkSubmitToPipe256K(b *testing.B) {
+	const blk, depth = 256 << 10, 8
+	s := benchSessionSize(b, blk)
+	devNull, err := unix.Open("/dev/null", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { unix.Close(devNull) })
+	done := make(chan int, depth)
+	slots := make([]*benchSlot, depth)
+	pipes := make([][2]int, depth)
+	for i := range slots {
+		slots[i] = &benchSlot{i: i, done: done}
+		read16n(&slots[i].cmd, int64(i)*blk, blk)
+		pipes[i][0], pipes[i][1] = testPipe(b, 1<<20)
+	}
+	b.ReportAllocs()
+	b.SetBytes(blk)
+	b.ResetTimer()
+	inflight, started := 0, 0
+	submit := func(sl *benchSlot) {
+		if !s.SubmitToPipe(&sl.cmd, blk, pipes[sl.i][1], &sl.resp, sl) {
+			b.Fatal("SubmitToPipe declined")
+		}
+		started++
+		inflight++
+	}
+	for _, sl := range slots {
+		if started == b.N {
+			break
+		}
+		submit(sl)
+	}
+	s.Kick()
+	for inflight > 0 {
+		i := <-done
+		inflight--
+		sl := slots[i]
+		if sl.err != nil || sl.resp.Status != scsi.StatusGood {
+			b.Fatalf("command: %v %v", sl.err, sl.resp.Status)
+		}
+		for left := blk; left > 0; {
+			k, err := unix.Splice(pipes[i][0], nil, devNull, nil, left, unix.SPLICE_F_MOVE)
+			if err != nil || k == 0 {
+				b.Fatalf("emptying the pipe: %d %v", k, err)
+			}
+			left -= int(k)
+		}
+		if started < b.N {
+			submit(sl)
+		}
+		if len(done) == 0 {
+			s.Kick()
 		}
 	}
 }

@@ -108,34 +108,49 @@ func writePipe(pipeW int, b []byte) (w int, full bool, err error) {
 // readable through the runtime poller (so deadlines and Close interrupt it). It returns after
 // the first successful splice; full reports that the pipe has no free slot.
 func (c *TCPConn) spliceIn(pipeW int, limit int) (moved int, full bool, err error) {
-	var serr error
-	rerr := c.rc.Read(func(fd uintptr) bool {
-		for {
-			k, err := unix.Splice(int(fd), nil, pipeW, nil, limit, unix.SPLICE_F_NONBLOCK|unix.SPLICE_F_MOVE)
-			switch {
-			case err == unix.EINTR:
-				continue
-			case err == unix.EAGAIN:
-				// Either the socket has nothing or the pipe has no free slot: only the
-				// latter leaves the pipe unwritable (nobody reads it while we fill it).
-				if !pipeWritable(pipeW) {
-					full = true
-					return true
-				}
-				return false // wait for the socket
-			case err != nil:
-				serr = err
-			case k == 0:
-				serr = io.EOF
-			}
-			moved = int(k)
-			return true
-		}
-	})
-	if rerr != nil {
-		return moved, false, rerr
+	if c.sfn == nil {
+		c.sfn = c.spliceInFD // once: a method value allocates
 	}
-	return moved, full, serr
+	c.sp = spliceState{pipeW: pipeW, limit: limit}
+	if err := c.rc.Read(c.sfn); err != nil {
+		return c.sp.moved, false, err
+	}
+	return c.sp.moved, c.sp.full, c.sp.err
+}
+
+// spliceState is spliceIn's scratch for spliceInFD (no closure, so no allocation per call).
+type spliceState struct {
+	pipeW, limit, moved int
+	full                bool
+	err                 error
+}
+
+// spliceInFD runs inside RawConn.Read: one splice, or false on EAGAIN from the socket so the
+// poller waits for readability.
+func (c *TCPConn) spliceInFD(fd uintptr) bool {
+	sp := &c.sp
+	for {
+		k, err := unix.Splice(int(fd), nil, sp.pipeW, nil, sp.limit, unix.SPLICE_F_NONBLOCK|unix.SPLICE_F_MOVE)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			// Either the socket has nothing or the pipe has no free slot: only the latter
+			// leaves the pipe unwritable (nobody reads it while we fill it).
+			if !pipeWritable(sp.pipeW) {
+				sp.full = true
+				return true
+			}
+			return false // wait for the socket
+		case err != nil:
+			sp.err = err
+		case k == 0:
+			sp.err = io.EOF
+		default:
+			sp.moved = int(k)
+		}
+		return true
+	}
 }
 
 // pipeWritable reports whether the pipe has room for at least one more buffer (POLLOUT).

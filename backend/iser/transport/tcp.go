@@ -91,6 +91,10 @@ type TCPConn struct {
 	pending [][]byte
 	iovecs  []unix.Iovec // rawWritev scratch
 	werr    error
+
+	// Splicing into a pipe (pipe.go), reader goroutine only.
+	sfn func(fd uintptr) bool
+	sp  spliceState
 }
 
 // NewTCPConn wraps nc.
