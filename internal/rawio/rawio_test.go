@@ -1,0 +1,248 @@
+package rawio
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+)
+
+// pairs returns connected socket pairs of each kind the gateway uses, plus net.Pipe (no raw fd).
+func pairs(t *testing.T) map[string][2]net.Conn {
+	t.Helper()
+	out := map[string][2]net.Conn{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(acc)
+			return
+		}
+		acc <- c
+	}()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, ok := <-acc
+	if !ok {
+		t.Fatal("accept failed")
+	}
+	out["tcp"] = [2]net.Conn{a, b}
+
+	sock := t.TempDir() + "/s"
+	uln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uln.Close()
+	go func() {
+		c, err := uln.Accept()
+		if err != nil {
+			close(acc)
+			return
+		}
+		acc <- c
+	}()
+	ua, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ub, ok := <-acc
+	if !ok {
+		t.Fatal("accept failed")
+	}
+	out["unix"] = [2]net.Conn{ua, ub}
+
+	pa, pb := net.Pipe()
+	out["pipe"] = [2]net.Conn{pa, pb}
+	t.Cleanup(func() {
+		for _, p := range out {
+			p[0].Close()
+			p[1].Close()
+		}
+	})
+	return out
+}
+
+func TestRawOnlyWithFD(t *testing.T) {
+	for name, p := range pairs(t) {
+		if got, want := New(p[0]).Raw(), name != "pipe"; got != want {
+			t.Errorf("%s: Raw() = %v, want %v", name, got, want)
+		}
+	}
+}
+
+// TestWritevRead sends more than a socket buffer holds, in many buffers (more than IOV_MAX, empty
+// ones among them), so Writev must loop over short writes and wait for writability; the reader
+// must see every byte in order and then io.EOF.
+func TestWritevRead(t *testing.T) {
+	for name, p := range pairs(t) {
+		t.Run(name, func(t *testing.T) {
+			w, r := New(p[0]), New(p[1])
+			var bufs [][]byte
+			var want bytes.Buffer
+			for i := 0; i < 3000; i++ {
+				n := (i * 7919) % 3001 // includes zero-length buffers
+				b := bytes.Repeat([]byte{byte(i)}, n)
+				bufs = append(bufs, b)
+				want.Write(b)
+			}
+			var got bytes.Buffer
+			var rerr error
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, rerr = io.Copy(&got, r)
+			}()
+			n, err := w.Writev(bufs)
+			if err != nil {
+				t.Fatalf("Writev: %v", err)
+			}
+			if n != int64(want.Len()) {
+				t.Fatalf("Writev wrote %d bytes, want %d", n, want.Len())
+			}
+			p[0].Close()
+			wg.Wait()
+			if rerr != nil && !(name == "pipe" && errors.Is(rerr, io.ErrClosedPipe)) {
+				t.Fatalf("read: %v", rerr)
+			}
+			if !bytes.Equal(got.Bytes(), want.Bytes()) {
+				t.Fatalf("read %d bytes, differing from the %d written", got.Len(), want.Len())
+			}
+		})
+	}
+}
+
+func TestReadEOF(t *testing.T) {
+	for name, p := range pairs(t) {
+		if name == "pipe" {
+			continue // net.Pipe reports io.EOF too, but that is nc's own behaviour
+		}
+		r := New(p[1])
+		if _, err := p[0].Write([]byte("abc")); err != nil {
+			t.Fatal(err)
+		}
+		p[0].Close()
+		buf := make([]byte, 8)
+		n, err := r.Read(buf)
+		if err != nil || string(buf[:n]) != "abc" {
+			t.Fatalf("%s: Read = %q, %v; want \"abc\", nil", name, buf[:n], err)
+		}
+		if n, err := r.Read(buf); n != 0 || err != io.EOF {
+			t.Fatalf("%s: Read at end = %d, %v; want 0, io.EOF", name, n, err)
+		}
+	}
+}
+
+// TestDeadlineAndClose: a read with nothing to read waits in the poller, so a deadline ends it
+// with os.ErrDeadlineExceeded (a net.Error whose Timeout is true) and Close from another goroutine
+// ends it with net.ErrClosed: the same errors net.Conn gives.
+func TestDeadlineAndClose(t *testing.T) {
+	for name, p := range pairs(t) {
+		if name == "pipe" {
+			continue
+		}
+		r := New(p[1])
+		if err := p[1].SetReadDeadline(time.Now().Add(20 * time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := r.Read(make([]byte, 8))
+		var ne net.Error
+		if !errors.Is(err, os.ErrDeadlineExceeded) || !errors.As(err, &ne) || !ne.Timeout() {
+			t.Fatalf("%s: Read past deadline = %v, want a timeout wrapping os.ErrDeadlineExceeded", name, err)
+		}
+		if err := p[1].SetReadDeadline(time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.Read(make([]byte, 8))
+			done <- err
+		}()
+		// Whether Close lands before or while the read waits, the read ends with the same error.
+		p[1].Close()
+		if err := <-done; !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("%s: Read after Close = %v, want net.ErrClosed", name, err)
+		}
+	}
+}
+
+func TestWriteToClosedPeer(t *testing.T) {
+	p := pairs(t)["unix"]
+	w := New(p[0])
+	p[1].Close()
+	big := make([]byte, 4<<20)
+	_, err := w.Writev([][]byte{big})
+	var oe *net.OpError
+	if err == nil || !errors.As(err, &oe) || oe.Op != "write" {
+		t.Fatalf("Writev to a closed peer = %v, want a *net.OpError for write", err)
+	}
+}
+
+// TestNoAllocs: the per-I/O read and vectored write allocate nothing.
+func TestNoAllocs(t *testing.T) {
+	p := pairs(t)["unix"]
+	w, r := New(p[0]), New(p[1])
+	hdr, data := make([]byte, 16), make([]byte, 4096)
+	bufs := make([][]byte, 2)
+	rbuf := make([]byte, len(hdr)+len(data))
+	allocs := testing.AllocsPerRun(200, func() {
+		bufs[0], bufs[1] = hdr, data
+		if _, err := w.Writev(bufs); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(r, rbuf); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per write+read, want 0", allocs)
+	}
+}
+
+func BenchmarkWritevRead4K(b *testing.B) {
+	sock := b.TempDir() + "/s"
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	x, err := net.Dial("unix", sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	y := <-acc
+	defer x.Close()
+	defer y.Close()
+	w, r := New(x), New(y)
+	hdr, data := make([]byte, 16), make([]byte, 4096)
+	bufs := make([][]byte, 2)
+	rbuf := make([]byte, len(hdr)+len(data))
+	b.ReportAllocs()
+	b.SetBytes(int64(len(rbuf)))
+	for b.Loop() {
+		bufs[0], bufs[1] = hdr, data
+		if _, err := w.Writev(bufs); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(r, rbuf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
