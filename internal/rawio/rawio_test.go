@@ -12,57 +12,12 @@ import (
 )
 
 // pairs returns connected socket pairs of each kind the gateway uses, plus net.Pipe (no raw fd).
-func pairs(t *testing.T) map[string][2]net.Conn {
+func pairs(t testing.TB) map[string][2]net.Conn {
 	t.Helper()
-	out := map[string][2]net.Conn{}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	out := map[string][2]net.Conn{
+		"tcp":  dialPair(t, "tcp", "127.0.0.1:0"),
+		"unix": dialPair(t, "unix", t.TempDir()+"/s"),
 	}
-	defer ln.Close()
-	acc := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			close(acc)
-			return
-		}
-		acc <- c
-	}()
-	a, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, ok := <-acc
-	if !ok {
-		t.Fatal("accept failed")
-	}
-	out["tcp"] = [2]net.Conn{a, b}
-
-	sock := t.TempDir() + "/s"
-	uln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer uln.Close()
-	go func() {
-		c, err := uln.Accept()
-		if err != nil {
-			close(acc)
-			return
-		}
-		acc <- c
-	}()
-	ua, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ub, ok := <-acc
-	if !ok {
-		t.Fatal("accept failed")
-	}
-	out["unix"] = [2]net.Conn{ua, ub}
-
 	pa, pb := net.Pipe()
 	out["pipe"] = [2]net.Conn{pa, pb}
 	t.Cleanup(func() {
@@ -72,6 +27,34 @@ func pairs(t *testing.T) map[string][2]net.Conn {
 		}
 	})
 	return out
+}
+
+// dialPair returns the two ends of one connection on a fresh listener.
+func dialPair(t testing.TB, network, addr string) [2]net.Conn {
+	t.Helper()
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	type accepted struct {
+		c   net.Conn
+		err error
+	}
+	acc := make(chan accepted, 1)
+	go func() {
+		c, err := ln.Accept()
+		acc <- accepted{c, err}
+	}()
+	a, err := net.Dial(network, ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := <-acc
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return [2]net.Conn{a, b.c}
 }
 
 func TestRawOnlyWithFD(t *testing.T) {
@@ -212,25 +195,8 @@ func TestNoAllocs(t *testing.T) {
 }
 
 func BenchmarkWritevRead4K(b *testing.B) {
-	sock := b.TempDir() + "/s"
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	acc := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		acc <- c
-	}()
-	x, err := net.Dial("unix", sock)
-	if err != nil {
-		b.Fatal(err)
-	}
-	y := <-acc
-	defer x.Close()
-	defer y.Close()
-	w, r := New(x), New(y)
+	p := pairs(b)["unix"]
+	w, r := New(p[0]), New(p[1])
 	hdr, data := make([]byte, 16), make([]byte, 4096)
 	bufs := make([][]byte, 2)
 	rbuf := make([]byte, len(hdr)+len(data))
