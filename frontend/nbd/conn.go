@@ -65,9 +65,10 @@ type conn struct {
 	pipeCap  int
 	spliceFn func(fd uintptr) bool
 	// writer-only splice state
-	spliceReq  *request
-	spliceLeft int
-	spliceErr  error
+	spliceReq    *request
+	spliceLeft   int
+	spliceErr    error
+	splicedReads int64 // replies whose payload went out by splice (logged at the end)
 
 	inflight sync.WaitGroup // requests handed to a worker or the reply queue and not yet released
 	shutting atomic.Bool
@@ -186,9 +187,9 @@ func (c *conn) transmit() {
 	c.closePipes()
 	c.nc.Close()
 	if reason != nil {
-		c.log.Info("nbd connection closed", zap.Error(reason))
+		c.log.Info("nbd connection closed", zap.Error(reason), zap.Int64("spliced_reads", c.splicedReads))
 	} else {
-		c.log.Debug("nbd client disconnected")
+		c.log.Debug("nbd client disconnected", zap.Int64("spliced_reads", c.splicedReads))
 	}
 }
 
@@ -653,6 +654,7 @@ func (c *conn) writeReplies(batch []*request) {
 				break
 			}
 			r.spliced = true
+			c.splicedReads++
 		}
 		if !c.broken && len(iov) > 0 {
 			c.writeIov(iov)

@@ -13,6 +13,8 @@
 //     (free slot, open window, no Data-Out to send): its PDU joins the send queue and the reader
 //     hands the response to the caller's Completer (submit.go). A frontend serving many requests
 //     from one goroutine so needs no goroutine per command; Kick writes what it queued in one batch.
+//   - SubmitToPipe is Submit for a read whose data the reader splices from the socket into the
+//     caller's pipe (transport.PipeReader), for callers that splice it on into another socket.
 //   - Sends are serialised by one mutex; commands are sent in CmdSN order.
 //   - A task's slot (its ITT) is reused only when the target is done with it: after its final
 //     response, or when the connection is gone. A caller whose context ends gets ctx.Err()

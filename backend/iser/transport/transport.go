@@ -17,7 +17,11 @@
 //     Data-Out PDUs, expects no R2T and no Data-In payload for it, and calls TaskDone when the task's
 //     response arrived (or the task was reaped) so the transport can invalidate what it advertised
 //     before the buffer goes back to its owner.
-//   - Any error returned is a connection error: the session tears the connection down.
+//   - A transport may offer PipeReader (TCP without data digest): ReadDataToPipe splices a
+//     Data-In segment from the socket into a pipe, so that it never passes through user memory.
+//   - Any error returned is a connection error: the session tears the connection down. The one
+//     exception is ErrPipeFull from ReadDataToPipe (the segment was consumed, the stream is in
+//     sync; only that task's data is incomplete).
 package transport
 
 import (
