@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"go.uber.org/zap"
+
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 	"github.com/iser-blk/iser-blk/backend/iser/session"
 	"github.com/iser-blk/iser-blk/block"
@@ -120,6 +122,8 @@ func (r *request) Complete(err error) {
 			err = opError(op, a.off, a.length(), err)
 		} else if r.resp.Residual != 0 && a.toPipe {
 			// Fewer bytes in the pipe than asked: let the synchronous path judge the target.
+			d.log.Debug("spliced read retried through ReadAt", zap.Int64("offset", a.off), zap.Int("length", a.n),
+				zap.Int64("residual", r.resp.Residual))
 			r.async = asyncReq{}
 			d.put(r)
 			go d.readToPipeSync(a)
@@ -143,6 +147,7 @@ func (r *request) Complete(err error) {
 	r.async = asyncReq{}
 	d.put(r)
 	if a.toPipe {
+		d.log.Debug("spliced read retried through ReadAt", zap.Int64("offset", a.off), zap.Int("length", a.n), zap.Error(err))
 		go d.readToPipeSync(a)
 		return
 	}
