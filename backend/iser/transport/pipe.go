@@ -47,6 +47,7 @@ func (c *TCPConn) ReadDataToPipe(pipeW int) error {
 		return nil
 	}
 	c.hasData = false
+	c.spliced = true
 	n := c.remaining
 	left := n
 	if b := c.br.Buffered(); b > 0 {

@@ -120,8 +120,15 @@ func TestReadDataToPipe(t *testing.T) {
 			}()
 			for i, n := range tc.segs {
 				var h pdu.BHS
+				ahead := a.br.Buffered()
 				if _, err := a.ReadHeader(&h); err != nil {
 					t.Fatal(err)
+				}
+				if i > 0 && ahead == 0 && a.br.Buffered() != 0 {
+					// After a spliced segment that left bufio empty the header is read
+					// alone, so that none of the next segment is read ahead (and copied
+					// instead of spliced).
+					t.Fatalf("segment %d: bufio read %d bytes ahead of a header that followed a spliced segment", i, a.br.Buffered())
 				}
 				if tc.headerAlone {
 					gotHeader <- struct{}{}

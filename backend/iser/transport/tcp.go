@@ -92,9 +92,11 @@ type TCPConn struct {
 	iovecs  []unix.Iovec // rawWritev scratch
 	werr    error
 
-	// Splicing into a pipe (pipe.go), reader goroutine only.
-	sfn func(fd uintptr) bool
-	sp  spliceState
+	// Splicing into a pipe (pipe.go), reader goroutine only. spliced: the last data segment
+	// went to a pipe.
+	sfn     func(fd uintptr) bool
+	sp      spliceState
+	spliced bool
 }
 
 // NewTCPConn wraps nc.
@@ -307,18 +309,26 @@ func (c *TCPConn) ReadHeader(bhs *pdu.BHS) ([]byte, error) {
 	if c.hasData {
 		return nil, fmt.Errorf("transport: ReadHeader before the previous data segment was consumed")
 	}
-	if _, err := io.ReadFull(c.br, bhs[:]); err != nil {
+	var src io.Reader = c.br
+	if c.spliced && c.br.Buffered() == 0 {
+		// The last segment went to a pipe (pipe.go), and the next one likely will too: read
+		// just the header from the socket, so that bufio does not read ahead the start of that
+		// segment, which would then have to be copied into the pipe instead of spliced.
+		src = c.nc
+	}
+	c.spliced = false
+	if _, err := io.ReadFull(src, bhs[:]); err != nil {
 		return nil, c.readErr(err)
 	}
 	n := bhs.TotalAHSLength()
 	ahs := c.ahs[:n]
 	if n > 0 {
-		if _, err := io.ReadFull(c.br, ahs); err != nil {
+		if _, err := io.ReadFull(src, ahs); err != nil {
 			return nil, c.readErr(err)
 		}
 	}
 	if c.headerDigest {
-		if _, err := io.ReadFull(c.br, c.hd[:]); err != nil {
+		if _, err := io.ReadFull(src, c.hd[:]); err != nil {
 			return nil, c.readErr(err)
 		}
 		if got, want := pdu.GetDigest(c.hd[:]), pdu.HeaderDigest(bhs, ahs); got != want {
