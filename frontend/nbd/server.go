@@ -66,6 +66,10 @@ type Options struct {
 	// (0: unlimited). With a bounded Pool set it below the pool's size, so that a request that
 	// has its reservation always gets its buffers.
 	PayloadBudget int64
+	// NoSplice keeps READ data on the buffered path even when the device offers
+	// block.PipeSubmitter (see splice.go): for comparisons, and for kernels or sandboxes where
+	// splice(2) misbehaves.
+	NoSplice bool
 }
 
 // Server serves one block.Device as one NBD export to any number of connections.

@@ -108,9 +108,9 @@ func TestSplicedReadsWire(t *testing.T) {
 	if err := mem.WriteAt(context.Background(), data, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	run := func(t *testing.T, dev block.Device, structured bool) [][]byte {
+	run := func(t *testing.T, dev block.Device, structured, noSplice bool) [][]byte {
 		fds := openFDs(t)
-		srv, err := NewServer(dev, Options{MaxInflight: 8, PayloadBudget: 4 << 20})
+		srv, err := NewServer(dev, Options{MaxInflight: 8, PayloadBudget: 4 << 20, NoSplice: noSplice})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -145,10 +145,13 @@ func TestSplicedReadsWire(t *testing.T) {
 	}
 	for _, structured := range []bool{false, true} {
 		t.Run(fmt.Sprintf("structured=%v", structured), func(t *testing.T) {
-			plain := &submitDevice{Device: mem, declineFrom: 1 << 62, failFrom: failFrom}
-			want := run(t, plain, structured)
+			// The same pipe-capable device with splicing off gives the buffered replies.
 			pd := &pipeDevice{submitDevice: &submitDevice{Device: mem, declineFrom: 1 << 62, failFrom: failFrom}}
-			got := run(t, pd, structured)
+			want := run(t, pd, structured, true)
+			if n := pd.piped.Load(); n != 0 {
+				t.Fatalf("NoSplice: %d reads went through the pipe", n)
+			}
+			got := run(t, pd, structured, false)
 			if pd.piped.Load() < 5 {
 				t.Fatalf("%d reads went through the pipe, want at least 5", pd.piped.Load())
 			}
