@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/rawio"
 )
 
 // readBufferSize is the per-connection read buffer: request headers (and small payloads) are
@@ -83,15 +84,20 @@ type conn struct {
 	// writer-only state (owned by whoever set writing)
 	batch  []*request
 	iov    [][]byte
-	nb     net.Buffers
 	broken bool
+
+	// raw carries the per-request reads (under br) and the reply writevs with raw system calls
+	// (see package rawio).
+	raw *rawio.Conn
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
+	raw := rawio.New(nc)
 	return &conn{
 		s:   s,
 		nc:  nc,
-		br:  bufio.NewReaderSize(nc, readBufferSize),
+		raw: raw,
+		br:  bufio.NewReaderSize(raw, readBufferSize),
 		log: s.log.With(zap.String("remote", remoteName(nc))),
 	}
 }
@@ -669,8 +675,7 @@ func (c *conn) writeReplies(batch []*request) {
 
 // writeIov writes iov in one vectored write and reports whether it succeeded.
 func (c *conn) writeIov(iov [][]byte) bool {
-	c.nb = iov
-	_, err := c.nb.WriteTo(c.nc)
+	_, err := c.raw.Writev(iov)
 	clear(iov)
 	if err != nil {
 		c.breakConn()

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/rawio"
 )
 
 // Spliced reads (block.PipeSubmitter). A READ of at least minSpliceRead bytes and at most one
@@ -182,7 +183,7 @@ func (c *conn) spliceOut(r *request) error {
 func (c *conn) spliceOutFD(fd uintptr) bool {
 	p := c.spliceReq.pipe
 	for c.spliceLeft > 0 {
-		k, err := unix.Splice(p.r, nil, int(fd), nil, c.spliceLeft, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+		k, err := rawio.Splice(p.r, int(fd), c.spliceLeft, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
 		switch {
 		case err == unix.EINTR:
 			continue

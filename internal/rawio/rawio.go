@@ -191,3 +191,27 @@ func (c *Conn) writevFD(fd uintptr) bool {
 func (c *Conn) opError(op string, err error) error {
 	return &net.OpError{Op: op, Net: c.nc.LocalAddr().Network(), Source: c.nc.LocalAddr(), Addr: c.nc.RemoteAddr(), Err: err}
 }
+
+// Splice is splice(2) of up to n bytes from fd in to fd out (no offsets), without the
+// scheduler's syscall state: both ends must be non-blocking (a socket in the runtime poller, a
+// pipe opened O_NONBLOCK, or SPLICE_F_NONBLOCK in flags). Errors are the bare syscall.Errno
+// (EAGAIN and EINTR included), so callers keep their own retry and poller logic.
+func Splice(in, out, n, flags int) (int, error) {
+	r, _, e := unix.RawSyscall6(unix.SYS_SPLICE, uintptr(in), 0, uintptr(out), 0, uintptr(n), uintptr(flags))
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}
+
+// Write is write(2) to a non-blocking fd, on the same terms as Splice.
+func Write(fd int, b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	r, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // pairs returns connected socket pairs of each kind the gateway uses, plus net.Pipe (no raw fd).
@@ -210,5 +212,35 @@ func BenchmarkWritevRead4K(b *testing.B) {
 		if _, err := io.ReadFull(r, rbuf); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestSpliceAndWrite moves bytes written into a pipe on into a socket with Splice, and reports
+// EAGAIN (not a wait) when the pipe is empty, as the callers' loops expect.
+func TestSpliceAndWrite(t *testing.T) {
+	p := pairs(t)["unix"]
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	if n, err := Write(fds[1], []byte("spliced")); n != 7 || err != nil {
+		t.Fatalf("Write = %d, %v", n, err)
+	}
+	f, err := p[0].(*net.UnixConn).File() // a dup, blocking mode: fine for 7 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if n, err := Splice(fds[0], int(f.Fd()), 64, unix.SPLICE_F_NONBLOCK); n != 7 || err != nil {
+		t.Fatalf("Splice = %d, %v; want 7, nil", n, err)
+	}
+	if _, err := Splice(fds[0], int(f.Fd()), 64, unix.SPLICE_F_NONBLOCK); err != unix.EAGAIN {
+		t.Fatalf("Splice from an empty pipe = %v, want EAGAIN", err)
+	}
+	got := make([]byte, 7)
+	if _, err := io.ReadFull(p[1], got); err != nil || string(got) != "spliced" {
+		t.Fatalf("read %q, %v", got, err)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"io"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/iser-blk/iser-blk/internal/rawio"
 )
 
 // ErrPipeFull is returned by PipeReader.ReadDataToPipe when the pipe could not take the whole
@@ -91,7 +93,7 @@ func (c *TCPConn) discardAfterPipeFull(left, n int) error {
 // writePipe writes b into the non-blocking pipe; full reports that the pipe took only w bytes.
 func writePipe(pipeW int, b []byte) (w int, full bool, err error) {
 	for w < len(b) {
-		k, err := unix.Write(pipeW, b[w:])
+		k, err := rawio.Write(pipeW, b[w:])
 		switch {
 		case err == unix.EINTR:
 			continue
@@ -131,7 +133,7 @@ type spliceState struct {
 func (c *TCPConn) spliceInFD(fd uintptr) bool {
 	sp := &c.sp
 	for {
-		k, err := unix.Splice(int(fd), nil, sp.pipeW, nil, sp.limit, unix.SPLICE_F_NONBLOCK|unix.SPLICE_F_MOVE)
+		k, err := rawio.Splice(int(fd), sp.pipeW, sp.limit, unix.SPLICE_F_NONBLOCK|unix.SPLICE_F_MOVE)
 		switch {
 		case err == unix.EINTR:
 			continue

@@ -9,12 +9,10 @@ import (
 	"strconv"
 	"syscall"
 	"time"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/iser-blk/iser-blk/backend/iser/login"
 	"github.com/iser-blk/iser-blk/backend/iser/pdu"
+	"github.com/iser-blk/iser-blk/internal/rawio"
 )
 
 // TCP is the iSCSI/TCP transport (RFC 7143 §4, §11): PDUs on one TCP stream, optional CRC32C
@@ -77,20 +75,17 @@ type TCPConn struct {
 	head [pdu.BHSLen + pdu.MaxAHSLength + pdu.DigestLen]byte
 	tail [3 + pdu.DigestLen]byte
 	iov  [3][]byte
-	bufs net.Buffers
 
 	// Batch send scratch (allocated on first use).
 	bheads [][pdu.BHSLen + pdu.DigestLen]byte
 	btails [][3 + pdu.DigestLen]byte
 	biov   [][]byte
 
-	// Vectored writes straight through the socket's RawConn: net.Buffers.WriteTo allocates an
-	// iovec slice header per call, this does not. rc is nil for non-socket conns (net.Pipe).
-	rc      syscall.RawConn
-	wfn     func(fd uintptr) bool
-	pending [][]byte
-	iovecs  []unix.Iovec // rawWritev scratch
-	werr    error
+	// raw carries the per-PDU reads (under br) and writevs with raw system calls (see package
+	// rawio); rc is the socket's RawConn for splicing (pipe.go), nil for non-socket conns
+	// (net.Pipe in tests).
+	raw *rawio.Conn
+	rc  syscall.RawConn
 
 	// Splicing into a pipe (pipe.go), reader goroutine only. spliced: the last data segment
 	// went to a pipe.
@@ -101,91 +96,19 @@ type TCPConn struct {
 
 // NewTCPConn wraps nc.
 func NewTCPConn(nc net.Conn) *TCPConn {
-	c := &TCPConn{nc: nc, br: bufio.NewReaderSize(nc, readBufferSize), maxRecv: 8192 * 2}
+	raw := rawio.New(nc)
+	c := &TCPConn{nc: nc, raw: raw, br: bufio.NewReaderSize(raw, readBufferSize), maxRecv: 8192 * 2}
 	if sc, ok := nc.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
-			c.wfn = c.writevFD
 		}
 	}
 	return c
 }
 
-// writevFD runs inside RawConn.Write: it writes c.pending with writev(2) until done, returning
-// false on EAGAIN so the runtime poller waits for writability (honouring deadlines).
-func (c *TCPConn) writevFD(fd uintptr) bool {
-	for len(c.pending) > 0 {
-		n, err := c.rawWritev(int(fd), c.pending)
-		switch err {
-		case nil:
-		case unix.EAGAIN:
-			return false
-		case unix.EINTR:
-			continue
-		default:
-			c.werr = err
-			return true
-		}
-		for n > 0 && len(c.pending) > 0 {
-			if n >= len(c.pending[0]) {
-				n -= len(c.pending[0])
-				c.pending = c.pending[1:]
-			} else {
-				c.pending[0] = c.pending[0][n:]
-				n = 0
-			}
-		}
-		// Skip empty buffers so a zero-length tail never loops.
-		for len(c.pending) > 0 && len(c.pending[0]) == 0 {
-			c.pending = c.pending[1:]
-		}
-	}
-	return true
-}
-
-// rawWritev is writev(2) over a reused iovec array: unix.Writev builds its iovecs in a fresh
-// slice that escapes to the heap once a batch has more than 8 buffers (one allocation per batched
-// write in the CPU profile of fio 4k QD32). At most IOV_MAX (1024) buffers go out per call; the
-// caller loops on short writes.
-func (c *TCPConn) rawWritev(fd int, bufs [][]byte) (int, error) {
-	iov := c.iovecs[:0]
-	for _, b := range bufs {
-		if len(b) == 0 {
-			continue
-		}
-		if len(iov) == 1024 {
-			break
-		}
-		var v unix.Iovec
-		v.Base = &b[0]
-		v.SetLen(len(b))
-		iov = append(iov, v)
-	}
-	if len(iov) == 0 {
-		return 0, nil
-	}
-	n, _, errno := unix.Syscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
-	clear(iov) // do not keep the callers' buffers reachable
-	c.iovecs = iov[:0]
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(n), nil
-}
-
+// writev writes iov whole (one writev(2) unless the socket is full; no allocation).
 func (c *TCPConn) writev(iov [][]byte) error {
-	if c.rc == nil {
-		c.bufs = iov
-		_, err := c.bufs.WriteTo(c.nc)
-		c.bufs = nil
-		return err
-	}
-	c.pending, c.werr = iov, nil
-	err := c.rc.Write(c.wfn)
-	if err == nil {
-		err = c.werr
-	}
-	c.pending = nil
+	_, err := c.raw.Writev(iov)
 	return err
 }
 
@@ -314,7 +237,7 @@ func (c *TCPConn) ReadHeader(bhs *pdu.BHS) ([]byte, error) {
 		// The last segment went to a pipe (pipe.go), and the next one likely will too: read
 		// just the header from the socket, so that bufio does not read ahead the start of that
 		// segment, which would then have to be copied into the pipe instead of spliced.
-		src = c.nc
+		src = c.raw
 	}
 	c.spliced = false
 	if _, err := io.ReadFull(src, bhs[:]); err != nil {
