@@ -476,6 +476,16 @@ func TestConcurrentWaiters(t *testing.T) {
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// Hold the whole bound while the workers start, so that Gets do wait whatever the
+	// scheduler's interleaving (with mixed sizes the workers alone only sometimes reach it).
+	var held [][]byte
+	for i := 0; i < 4; i++ {
+		b, err := p.Get(ctx, 256<<10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, b)
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for g := 0; g < 8; g++ {
@@ -496,6 +506,12 @@ func TestConcurrentWaiters(t *testing.T) {
 				p.Put(b)
 			}
 		}(g)
+	}
+	for p.Stats().Waits == 0 && ctx.Err() == nil {
+		runtime.Gosched() // until a worker is blocked in Get on the full pool
+	}
+	for _, b := range held {
+		p.Put(b)
 	}
 	wg.Wait()
 	close(errs)
