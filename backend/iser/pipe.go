@@ -36,11 +36,8 @@ func (d *Device) SubmitReadToPipe(ctx context.Context, pipe block.Pipe, n int, o
 	if block.CheckRange(d, off, int64(n)) != nil {
 		return false
 	}
-	if d.recovering && d.replays.n.Load() > 0 {
-		return false
-	}
-	pth := d.pick(nil)
-	if pth == nil || !pth.up() {
+	pth := d.asyncPath()
+	if pth == nil {
 		return false
 	}
 	sub, ok := pth.ex.(PipeSubmitter)
@@ -49,15 +46,9 @@ func (d *Device) SubmitReadToPipe(ctx context.Context, pipe block.Pipe, n int, o
 	}
 	r := d.get()
 	d.buildRead(&r.cmd, n, off)
-	r.dev = d
-	r.async = asyncReq{ctx: ctx, off: off, path: pth, done: done, toPipe: true, pipe: pipe, n: n}
-	if pth.outstanding.Add(1) == 1 {
-		pth.touch()
-	}
+	d.startAsync(r, asyncReq{ctx: ctx, off: off, path: pth, done: done, toPipe: true, pipe: pipe, n: n})
 	if !sub.SubmitToPipe(&r.cmd, n, pipe.W, &r.resp, r) {
-		pth.outstanding.Add(-1)
-		r.async = asyncReq{}
-		d.put(r)
+		d.unstartAsync(r)
 		return false
 	}
 	return true

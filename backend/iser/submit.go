@@ -58,11 +58,8 @@ func (d *Device) SubmitAt(ctx context.Context, p []byte, off int64, write bool, 
 	if write && (d.limits.ReadOnly || fua && !d.limits.CanFUA) {
 		return false
 	}
-	if d.recovering && d.replays.n.Load() > 0 {
-		return false
-	}
-	pth := d.pick(nil)
-	if pth == nil || !pth.up() {
+	pth := d.asyncPath()
+	if pth == nil {
 		return false
 	}
 	sub, ok := pth.ex.(Submitter)
@@ -71,18 +68,44 @@ func (d *Device) SubmitAt(ctx context.Context, p []byte, off int64, write bool, 
 	}
 	r := d.get()
 	d.buildRW(&r.cmd, p, off, write, fua)
-	r.dev = d
-	r.async = asyncReq{ctx: ctx, p: p, off: off, write: write, flags: flags, path: pth, done: done}
-	if pth.outstanding.Add(1) == 1 {
-		pth.touch() // the command watchdog measures from the first command after idle
-	}
+	d.startAsync(r, asyncReq{ctx: ctx, p: p, off: off, write: write, flags: flags, path: pth, done: done})
 	if !sub.Submit(&r.cmd, &r.resp, r) {
-		pth.outstanding.Add(-1)
-		r.async = asyncReq{}
-		d.put(r)
+		d.unstartAsync(r)
 		return false
 	}
 	return true
+}
+
+// asyncPath is the path SubmitAt and SubmitReadToPipe start a request on, or nil when it must
+// take the synchronous path instead: while commands failed by a connection loss wait to be
+// replayed (they go first, see replay.go), or when no path is up (ReadAt/WriteAt wait for
+// recovery).
+func (d *Device) asyncPath() *path {
+	if d.recovering && d.replays.n.Load() > 0 {
+		return nil
+	}
+	pth := d.pick(nil)
+	if pth == nil || !pth.up() {
+		return nil
+	}
+	return pth
+}
+
+// startAsync makes r, whose command is built, the request a, counted as outstanding on a.path
+// from now until Complete (or unstartAsync).
+func (d *Device) startAsync(r *request, a asyncReq) {
+	r.dev = d
+	r.async = a
+	if a.path.outstanding.Add(1) == 1 {
+		a.path.touch() // the command watchdog measures from the first command after idle
+	}
+}
+
+// unstartAsync undoes startAsync for a command the session declined, and frees r.
+func (d *Device) unstartAsync(r *request) {
+	r.async.path.outstanding.Add(-1)
+	r.async = asyncReq{}
+	d.put(r)
 }
 
 // length is the request's size in bytes.
@@ -151,13 +174,19 @@ func (r *request) Complete(err error) {
 		go d.readToPipeSync(a)
 		return
 	}
-	go func() {
-		var err error
-		if a.write {
-			err = d.WriteAt(a.ctx, a.p, a.off, a.flags)
-		} else {
-			err = d.ReadAt(a.ctx, a.p, a.off)
-		}
-		a.done.Complete(err)
-	}()
+	go d.rwSync(a)
+}
+
+// rwSync serves a request that SubmitAt started but could not finish on the fast path with
+// ReadAt/WriteAt, and completes it. It is a method taking a by value, not a closure, because a
+// closure would capture Complete's a and so move it to the heap on every completion, the clean
+// ones included.
+func (d *Device) rwSync(a asyncReq) {
+	var err error
+	if a.write {
+		err = d.WriteAt(a.ctx, a.p, a.off, a.flags)
+	} else {
+		err = d.ReadAt(a.ctx, a.p, a.off)
+	}
+	a.done.Complete(err)
 }
