@@ -27,15 +27,24 @@ func fastRetry() *scsi.RetryPolicy {
 
 func open(t testing.TB, cfg scsitest.Config) (*Device, *scsitest.LUN) {
 	t.Helper()
+	return openWith(t, cfg, func(lun *scsitest.LUN) *scsitest.LUN { return lun })
+}
+
+// openWith opens a Device with instant retries on one path: the executor wrap makes of a
+// scsitest LUN built from cfg, with its op log on and emptied of what opening sent, so opsWith
+// sees only the test's own commands. The device closes with the test.
+func openWith[E scsi.Executor](t testing.TB, cfg scsitest.Config, wrap func(*scsitest.LUN) E) (*Device, E) {
+	t.Helper()
 	cfg.Log = true
 	lun := scsitest.New(cfg)
-	d, err := NewDevice(context.Background(), []scsi.Executor{lun}, cfg.LUN, Options{Retry: fastRetry()}, nil)
+	ex := wrap(lun)
+	d, err := NewDevice(context.Background(), []scsi.Executor{ex}, cfg.LUN, Options{Retry: fastRetry()}, nil)
 	if err != nil {
 		t.Fatalf("NewDevice: %v", err)
 	}
 	lun.ResetOps()
 	t.Cleanup(func() { d.Close() })
-	return d, lun
+	return d, ex
 }
 
 func opsWith(lun *scsitest.LUN, opcodes ...byte) []scsitest.Op {
