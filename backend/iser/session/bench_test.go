@@ -135,12 +135,21 @@ func BenchmarkSubmitRead4K(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(4096)
 	b.ResetTimer()
-	inflight, started := 0, 0
-	submit := func(sl *benchSlot) {
+	runSlots(b, s, slots, done, func(sl *benchSlot) {
 		// depth is below MaxTasks and the target's window: Submit never has to decline.
 		if !s.Submit(&sl.cmd, &sl.resp, sl) {
 			b.Fatal("Submit declined")
 		}
+	}, nil)
+}
+
+// runSlots keeps every slot's command in flight until b.N have completed: start submits a slot's
+// command (failing the benchmark if the session declines), and drain, if not nil, consumes the
+// data of a slot whose command completed cleanly before the slot is started again.
+func runSlots(b *testing.B, s *Session, slots []*benchSlot, done <-chan int, start, drain func(*benchSlot)) {
+	inflight, started := 0, 0
+	submit := func(sl *benchSlot) {
+		start(sl)
 		started++
 		inflight++
 	}
@@ -157,6 +166,9 @@ func BenchmarkSubmitRead4K(b *testing.B) {
 		sl := slots[i]
 		if sl.err != nil || sl.resp.Status != scsi.StatusGood {
 			b.Fatalf("command: %v %v", sl.err, sl.resp.Status)
+		}
+		if drain != nil {
+			drain(sl)
 		}
 		if started < b.N {
 			submit(sl)
@@ -189,40 +201,17 @@ func BenchmarkSubmitToPipe256K(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(blk)
 	b.ResetTimer()
-	inflight, started := 0, 0
-	submit := func(sl *benchSlot) {
+	runSlots(b, s, slots, done, func(sl *benchSlot) {
 		if !s.SubmitToPipe(&sl.cmd, blk, pipes[sl.i][1], &sl.resp, sl) {
 			b.Fatal("SubmitToPipe declined")
 		}
-		started++
-		inflight++
-	}
-	for _, sl := range slots {
-		if started == b.N {
-			break
-		}
-		submit(sl)
-	}
-	s.Kick()
-	for inflight > 0 {
-		i := <-done
-		inflight--
-		sl := slots[i]
-		if sl.err != nil || sl.resp.Status != scsi.StatusGood {
-			b.Fatalf("command: %v %v", sl.err, sl.resp.Status)
-		}
+	}, func(sl *benchSlot) {
 		for left := blk; left > 0; {
-			k, err := unix.Splice(pipes[i][0], nil, devNull, nil, left, unix.SPLICE_F_MOVE)
+			k, err := unix.Splice(pipes[sl.i][0], nil, devNull, nil, left, unix.SPLICE_F_MOVE)
 			if err != nil || k == 0 {
 				b.Fatalf("emptying the pipe: %d %v", k, err)
 			}
 			left -= int(k)
 		}
-		if started < b.N {
-			submit(sl)
-		}
-		if len(done) == 0 {
-			s.Kick()
-		}
-	}
+	})
 }

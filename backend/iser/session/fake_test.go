@@ -68,6 +68,12 @@ func (d *pipeDialer) DefaultPort() int { return 3260 }
 // newFake creates a fake target reachable at portal through d.
 func newFake(t testing.TB, d *pipeDialer, portal string, keys map[string]string) *fakeTarget {
 	a, b := net.Pipe()
+	return attachFake(t, d, portal, keys, a, b)
+}
+
+// attachFake creates a fake target on b, the target's end of a connection whose initiator end a
+// the next Dial of portal through d returns; b closes with the test.
+func attachFake(t testing.TB, d *pipeDialer, portal string, keys map[string]string, a, b net.Conn) *fakeTarget {
 	d.mu.Lock()
 	if d.conns == nil {
 		d.conns = map[string][]net.Conn{}

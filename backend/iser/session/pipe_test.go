@@ -34,16 +34,10 @@ func newFakeTCP(t testing.TB, d *pipeDialer, portal string, keys map[string]stri
 	}
 	b := <-acc
 	if b == nil {
+		a.Close()
 		t.Fatal("accept failed")
 	}
-	d.mu.Lock()
-	if d.conns == nil {
-		d.conns = map[string][]net.Conn{}
-	}
-	d.conns[portal] = append(d.conns[portal], a)
-	d.mu.Unlock()
-	t.Cleanup(func() { b.Close() })
-	return &fakeTarget{t: t, nc: b, keys: keys, statSN: 100, expCmdSN: 1, maxCmdSN: 64, window: 64}
+	return attachFake(t, d, portal, keys, a, b)
 }
 
 // testPipe returns a non-blocking pipe of size bytes, closed at the end of the test.
