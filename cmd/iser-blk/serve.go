@@ -40,6 +40,7 @@ type exportFlags struct {
 	readOnly     bool
 	maxInflight  int
 	bufferMemory string
+	noSplice     bool
 	cache        cacheFlags
 }
 
@@ -50,6 +51,8 @@ func (ef *exportFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&ef.readOnly, "read-only", false, "export read-only")
 	fs.IntVar(&ef.maxInflight, "max-inflight", 128, "requests executing concurrently per connection")
 	fs.StringVar(&ef.bufferMemory, "buffer-memory", "512MiB", "bound on the registered buffer pool (mapped lazily)")
+	fs.BoolVar(&ef.noSplice, "no-splice", false, "copy large READ payloads through memory instead of splicing them from the\n"+
+		"iSCSI socket to the NBD socket (cache off, iSCSI/TCP only; for comparison and debugging)")
 	ef.cache.register(fs)
 }
 
@@ -154,6 +157,7 @@ func newExportServer(dev block.Device, ef *exportFlags, p *pool.Pool, mem int64,
 		MaxInflight:   ef.maxInflight,
 		Logger:        log,
 		ForceReadOnly: ef.readOnly,
+		NoSplice:      ef.noSplice,
 		// Three quarters of the pool: size-class rounding never leaves a reserved request
 		// without buffers.
 		PayloadBudget: mem * 3 / 4,
