@@ -40,7 +40,7 @@ type exportFlags struct {
 	readOnly     bool
 	maxInflight  int
 	bufferMemory string
-	noSplice     bool
+	splice       bool
 	cache        cacheFlags
 }
 
@@ -51,8 +51,9 @@ func (ef *exportFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&ef.readOnly, "read-only", false, "export read-only")
 	fs.IntVar(&ef.maxInflight, "max-inflight", 128, "requests executing concurrently per connection")
 	fs.StringVar(&ef.bufferMemory, "buffer-memory", "512MiB", "bound on the registered buffer pool (mapped lazily)")
-	fs.BoolVar(&ef.noSplice, "no-splice", false, "copy large READ payloads through memory instead of splicing them from the\n"+
-		"iSCSI socket to the NBD socket (cache off, iSCSI/TCP only; for comparison and debugging)")
+	fs.BoolVar(&ef.splice, "splice", false, "splice large READ payloads from the iSCSI socket to the NBD socket instead of\n"+
+		"copying them through memory (cache off, iSCSI/TCP only); saves the gateway's CPU,\n"+
+		"but a target on the same host may spend more than that (see docs/bench)")
 	ef.cache.register(fs)
 }
 
@@ -157,7 +158,7 @@ func newExportServer(dev block.Device, ef *exportFlags, p *pool.Pool, mem int64,
 		MaxInflight:   ef.maxInflight,
 		Logger:        log,
 		ForceReadOnly: ef.readOnly,
-		NoSplice:      ef.noSplice,
+		Splice:        ef.splice,
 		// Three quarters of the pool: size-class rounding never leaves a reserved request
 		// without buffers.
 		PayloadBudget: mem * 3 / 4,

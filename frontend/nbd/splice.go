@@ -41,7 +41,7 @@ type spipe struct {
 
 // initSplice enables spliced reads on c when the device, the pool and the socket allow them.
 func (c *conn) initSplice() {
-	if c.sub == nil || c.s.seg < minSpliceRead || c.s.opts.NoSplice {
+	if c.sub == nil || c.s.seg < minSpliceRead || !c.s.opts.Splice {
 		return
 	}
 	ps, ok := c.s.dev.(block.PipeSubmitter)

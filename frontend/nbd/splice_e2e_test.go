@@ -41,7 +41,7 @@ func TestSplicedReadsFromTGTD(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	srv := gateway.Start(t, fmt.Sprintf("iscsi://%s/%s/%d", tg.Portal, tg.Name, tg.LUN), "--cache", "off", "--debug")
+	srv := gateway.Start(t, fmt.Sprintf("iscsi://%s/%s/%d", tg.Portal, tg.Name, tg.LUN), "--cache", "off", "--splice", "--debug")
 	for _, requests := range []int{1, 8} {
 		out := filepath.Join(t.TempDir(), "out")
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

@@ -110,7 +110,7 @@ func TestSplicedReadsWire(t *testing.T) {
 	}
 	run := func(t *testing.T, dev block.Device, structured, noSplice bool) [][]byte {
 		fds := openFDs(t)
-		srv, err := NewServer(dev, Options{MaxInflight: 8, PayloadBudget: 4 << 20, NoSplice: noSplice})
+		srv, err := NewServer(dev, Options{MaxInflight: 8, PayloadBudget: 4 << 20, Splice: !noSplice})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -149,7 +149,7 @@ func TestSplicedReadsWire(t *testing.T) {
 			pd := &pipeDevice{submitDevice: &submitDevice{Device: mem, declineFrom: 1 << 62, failFrom: failFrom}}
 			want := run(t, pd, structured, true)
 			if n := pd.piped.Load(); n != 0 {
-				t.Fatalf("NoSplice: %d reads went through the pipe", n)
+				t.Fatalf("Splice off: %d reads went through the pipe", n)
 			}
 			got := run(t, pd, structured, false)
 			if pd.piped.Load() < 5 {
