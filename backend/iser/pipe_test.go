@@ -13,6 +13,7 @@ import (
 	"github.com/iser-blk/iser-blk/backend/iser/session"
 	"github.com/iser-blk/iser-blk/backend/iser/transport"
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/fdtest"
 )
 
 // pipeLUN is a submitLUN that also takes reads into a pipe, like a session over TCP: the command
@@ -56,31 +57,11 @@ func openPipeSubmit(t *testing.T, cfg scsitest.Config) (*Device, *pipeLUN) {
 }
 
 func testPipe(t testing.TB, size int) block.Pipe {
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(p[0]); unix.Close(p[1]) })
-	if _, err := unix.FcntlInt(uintptr(p[1]), unix.F_SETPIPE_SZ, size); err != nil {
-		t.Fatal(err)
-	}
-	return block.Pipe{R: p[0], W: p[1]}
+	r, w := fdtest.Pipe(t, size)
+	return block.Pipe{R: r, W: w}
 }
 
-func pipeContents(t *testing.T, p block.Pipe) []byte {
-	var out []byte
-	buf := make([]byte, 1<<16)
-	for {
-		n, err := unix.Read(p.R, buf)
-		if err == unix.EAGAIN || n == 0 {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, buf[:n]...)
-	}
-}
+func pipeContents(t *testing.T, p block.Pipe) []byte { return fdtest.Drain(t, p.R) }
 
 // TestSubmitReadToPipe: a clean GOOD leaves the data in the pipe; whatever is not a final answer
 // (pipe full, UNIT ATTENTION, connection loss) is served again synchronously, with the pipe

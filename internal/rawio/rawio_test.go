@@ -11,14 +11,21 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/iser-blk/iser-blk/internal/fdtest"
 )
+
+func pair(t testing.TB, network, addr string) [2]net.Conn {
+	a, b := fdtest.Pair(t, network, addr)
+	return [2]net.Conn{a, b}
+}
 
 // pairs returns connected socket pairs of each kind the gateway uses, plus net.Pipe (no raw fd).
 func pairs(t testing.TB) map[string][2]net.Conn {
 	t.Helper()
 	out := map[string][2]net.Conn{
-		"tcp":  dialPair(t, "tcp", "127.0.0.1:0"),
-		"unix": dialPair(t, "unix", t.TempDir()+"/s"),
+		"tcp":  pair(t, "tcp", "127.0.0.1:0"),
+		"unix": pair(t, "unix", t.TempDir()+"/s"),
 	}
 	pa, pb := net.Pipe()
 	out["pipe"] = [2]net.Conn{pa, pb}
@@ -29,34 +36,6 @@ func pairs(t testing.TB) map[string][2]net.Conn {
 		}
 	})
 	return out
-}
-
-// dialPair returns the two ends of one connection on a fresh listener.
-func dialPair(t testing.TB, network, addr string) [2]net.Conn {
-	t.Helper()
-	ln, err := net.Listen(network, addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	type accepted struct {
-		c   net.Conn
-		err error
-	}
-	acc := make(chan accepted, 1)
-	go func() {
-		c, err := ln.Accept()
-		acc <- accepted{c, err}
-	}()
-	a, err := net.Dial(network, ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := <-acc
-	if b.err != nil {
-		t.Fatal(b.err)
-	}
-	return [2]net.Conn{a, b.c}
 }
 
 func TestRawOnlyWithFD(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/backend/iser/pdu"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
+	"github.com/iser-blk/iser-blk/internal/fdtest"
 )
 
 // benchTarget answers READ(16) with one Data-In carrying status, over a real loopback socket,
@@ -196,7 +197,7 @@ func BenchmarkSubmitToPipe256K(b *testing.B) {
 	for i := range slots {
 		slots[i] = &benchSlot{i: i, done: done}
 		read16n(&slots[i].cmd, int64(i)*blk, blk)
-		pipes[i][0], pipes[i][1] = testPipe(b, 1<<20)
+		pipes[i][0], pipes[i][1] = fdtest.Pipe(b, 1<<20)
 	}
 	b.ReportAllocs()
 	b.SetBytes(blk)

@@ -4,68 +4,20 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"net"
 	"testing"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/iser-blk/iser-blk/backend/iser/login"
 	"github.com/iser-blk/iser-blk/backend/iser/pdu"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 	"github.com/iser-blk/iser-blk/backend/iser/transport"
+	"github.com/iser-blk/iser-blk/internal/fdtest"
 )
 
 // newFakeTCP is newFake over a loopback TCP connection: a real socket, so the session's
 // transport can splice from it (transport.PipeReader).
 func newFakeTCP(t testing.TB, d *pipeDialer, portal string, keys map[string]string) *fakeTarget {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	acc := make(chan net.Conn, 1)
-	go func() {
-		c, _ := l.Accept()
-		acc <- c
-	}()
-	a, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := <-acc
-	if b == nil {
-		a.Close()
-		t.Fatal("accept failed")
-	}
+	a, b := fdtest.TCPPair(t)
 	return attachFake(t, d, portal, keys, a, b)
-}
-
-// testPipe returns a non-blocking pipe of size bytes, closed at the end of the test.
-func testPipe(t testing.TB, size int) (r, w int) {
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(p[0]); unix.Close(p[1]) })
-	if _, err := unix.FcntlInt(uintptr(p[1]), unix.F_SETPIPE_SZ, size); err != nil {
-		t.Fatalf("F_SETPIPE_SZ %d: %v", size, err)
-	}
-	return p[0], p[1]
-}
-
-func drainPipe(t testing.TB, r int) []byte {
-	var out []byte
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := unix.Read(r, buf)
-		if err == unix.EAGAIN || n == 0 {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, buf[:n]...)
-	}
 }
 
 // read16n builds READ(16) of n bytes at off with no data buffer (the data goes to a pipe).
@@ -160,7 +112,7 @@ func TestSubmitToPipe(t *testing.T) {
 			})
 			s := newTestSession(t, d, nil)
 			mustLogin(t, s)
-			pr, pw := testPipe(t, tc.pipeSize)
+			pr, pw := fdtest.Pipe(t, tc.pipeSize)
 			const off = 128 << 10
 			var cmd scsi.Command
 			var resp scsi.Response
@@ -171,7 +123,7 @@ func TestSubmitToPipe(t *testing.T) {
 			}
 			s.Kick()
 			err := done.wait(t)
-			tc.check(t, err, &resp, drainPipe(t, pr), dt.disk.data[off:off+tc.n])
+			tc.check(t, err, &resp, fdtest.Drain(t, pr), dt.disk.data[off:off+tc.n])
 			if tc.name == "connection loss" {
 				return
 			}
@@ -222,7 +174,7 @@ func TestSubmitToPipeDeclines(t *testing.T) {
 				}
 			})
 			mustLogin(t, s)
-			_, pw := testPipe(t, 1<<16)
+			_, pw := fdtest.Pipe(t, 1<<16)
 			var cmd scsi.Command
 			read16n(&cmd, 0, 4096)
 			if tc.cmd != nil {

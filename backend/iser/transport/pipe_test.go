@@ -5,39 +5,9 @@ import (
 	"errors"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/iser-blk/iser-blk/backend/iser/pdu"
+	"github.com/iser-blk/iser-blk/internal/fdtest"
 )
-
-// testPipe returns a non-blocking pipe of (at least) size bytes, closed at the end of the test.
-func testPipe(t testing.TB, size int) (r, w int) {
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(p[0]); unix.Close(p[1]) })
-	if _, err := unix.FcntlInt(uintptr(p[1]), unix.F_SETPIPE_SZ, size); err != nil {
-		t.Fatalf("F_SETPIPE_SZ %d: %v", size, err)
-	}
-	return p[0], p[1]
-}
-
-// drainPipe reads everything the pipe holds now.
-func drainPipe(t testing.TB, r int) []byte {
-	var out []byte
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := unix.Read(r, buf)
-		if err == unix.EAGAIN || n == 0 {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, buf[:n]...)
-	}
-}
 
 func pattern(n, seed int) []byte {
 	b := make([]byte, n)
@@ -79,7 +49,7 @@ func TestReadDataToPipe(t *testing.T) {
 			if !a.CanReadToPipe() {
 				t.Fatal("a loopback TCP connection without digests cannot read to a pipe")
 			}
-			pr, pw := testPipe(t, tc.pipeSize)
+			pr, pw := fdtest.Pipe(t, tc.pipeSize)
 			gotHeader := make(chan struct{})
 			errc := make(chan error, 1)
 			go func() {
@@ -134,7 +104,7 @@ func TestReadDataToPipe(t *testing.T) {
 					gotHeader <- struct{}{}
 				}
 				err := a.ReadDataToPipe(pw)
-				got := drainPipe(t, pr)
+				got := fdtest.Drain(t, pr)
 				want := pattern(n, i)
 				if i == 0 && tc.full {
 					if !errors.Is(err, ErrPipeFull) {
@@ -176,7 +146,7 @@ func TestCanReadToPipe(t *testing.T) {
 	if a.CanReadToPipe() {
 		t.Fatal("a connection with a data digest offers splicing (the CRC needs the bytes)")
 	}
-	_, pw := testPipe(t, 1<<16)
+	_, pw := fdtest.Pipe(t, 1<<16)
 	if err := a.ReadDataToPipe(pw); err == nil {
 		t.Fatal("ReadDataToPipe with a data digest accepted")
 	}

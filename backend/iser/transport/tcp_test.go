@@ -4,31 +4,17 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"net"
 	"testing"
 
 	"github.com/iser-blk/iser-blk/backend/iser/login"
 	"github.com/iser-blk/iser-blk/backend/iser/pdu"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
+	"github.com/iser-blk/iser-blk/internal/fdtest"
 )
 
 // loopPair returns two TCPConns over a loopback TCP connection (real sockets, so writev is used).
 func loopPair(t testing.TB) (*TCPConn, *TCPConn) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	acc := make(chan net.Conn, 1)
-	go func() {
-		c, _ := l.Accept()
-		acc <- c
-	}()
-	a, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := <-acc
+	a, b := fdtest.TCPPair(t)
 	ca, cb := NewTCPConn(a), NewTCPConn(b)
 	t.Cleanup(func() { ca.Close(); cb.Close() })
 	return ca, cb
