@@ -197,18 +197,27 @@ func (r *Ring) SubmitAndWait(wait uint32) (int, error) {
 	if wait > 0 {
 		flags = EnterGetEvents
 	}
+	submitted := 0
 	for {
 		toSubmit := r.localTail - atomic.LoadUint32(r.sqHead)
 		if toSubmit == 0 && wait == 0 {
-			return 0, nil
+			return submitted, nil
 		}
 		if wait > 0 && r.cqReady() >= wait && toSubmit == 0 {
-			return 0, nil
+			return submitted, nil
 		}
 		n, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(toSubmit), uintptr(wait), flags, 0, 0)
 		switch errno {
 		case 0:
-			return int(n), nil
+			submitted += int(n)
+			if wait == 0 {
+				return submitted, nil
+			}
+			// Having submitted something, io_uring_enter returns that count even when a
+			// signal cut its wait short (the runtime's preemption signals do so routinely),
+			// so success does not mean the CQEs are there: check and wait again. (ublk's
+			// STOP_DEV, which waits for the I/O in flight, came back with "no completion".)
+			continue
 		case unix.EINTR:
 			continue
 		default:

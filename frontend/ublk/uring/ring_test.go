@@ -3,7 +3,9 @@ package uring
 import (
 	"encoding/binary"
 	"errors"
+	"runtime"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -227,4 +229,56 @@ func BenchmarkNop(b *testing.B) {
 		}
 		r.SeenCQE()
 	}
+}
+
+// TestSubmitAndWaitSurvivesSignals: a signal delivered while SubmitAndWait waits must not make it
+// return before the CQE exists. io_uring_enter reports the SQEs it submitted even when a signal
+// ends its wait early, which once let ublk's STOP_DEV return "no completion". The waiter is
+// signalled until the pipe it polls is written; whenever it returns, the CQE must be there.
+func TestSubmitAndWaitSurvivesSignals(t *testing.T) {
+	r := newRing(t, 4, 0)
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	PrepPollAdd(r.GetSQE(), p[0], unix.POLLIN, 9)
+	tid := make(chan int, 1)
+	type result struct {
+		ready uint32
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		tid <- unix.Gettid()
+		_, err := r.SubmitAndWait(1)
+		done <- result{r.cqReady(), err}
+	}()
+	id := <-tid
+	// SIGURG is what the runtime itself uses for preemption: harmless to a Go thread, but it
+	// interrupts a blocking system call.
+	for i := 0; i < 50; i++ {
+		if err := unix.Tgkill(unix.Getpid(), id, unix.SIGURG); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case res := <-done:
+			t.Fatalf("SubmitAndWait(1) returned before the pipe was written: %d CQEs ready, err %v", res.ready, res.err)
+		case <-time.After(2 * time.Millisecond): // spacing of the signals, not synchronisation
+		}
+	}
+	if _, err := unix.Write(p[1], []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	if res.err != nil || res.ready < 1 {
+		t.Fatalf("SubmitAndWait(1) = %v with %d CQEs ready, want nil and at least 1", res.err, res.ready)
+	}
+	if cqe := r.PeekCQE(); cqe == nil || cqe.UserData != 9 {
+		t.Fatalf("cqe = %+v, want the POLLIN for user_data 9", cqe)
+	}
+	r.SeenCQE()
 }
