@@ -10,6 +10,7 @@ import (
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 	"github.com/iser-blk/iser-blk/backend/iser/session"
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/rawio"
 )
 
 // PipeSubmitter is implemented by an Executor that can start a read whose data it splices into a
@@ -109,15 +110,6 @@ func drainPipe(pipeR int, scratch []byte) error {
 // fillPipe writes b into the empty, non-blocking pipe, which has room for it (the
 // block.PipeSubmitter contract); EAGAIN means it has not.
 func fillPipe(pipeW int, b []byte) error {
-	for len(b) > 0 {
-		k, err := unix.Write(pipeW, b)
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err != nil:
-			return err
-		}
-		b = b[k:]
-	}
-	return nil
+	_, err := rawio.WriteAll(pipeW, b)
+	return err
 }

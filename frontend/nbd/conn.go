@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -56,10 +55,9 @@ type conn struct {
 	wake    chan struct{}      // wakes the reply writer for replies queued by device completions
 	tryPool tryGetter
 
-	// Spliced reads (splice.go): psub is the device's pipe path, nil when off; rc the socket's
-	// raw connection. pipeMu guards the free pipes and their count.
+	// Spliced reads (splice.go): psub is the device's pipe path, nil when off. pipeMu guards
+	// the free pipes and their count.
 	psub     block.PipeSubmitter
-	rc       syscall.RawConn
 	pipeMu   sync.Mutex
 	pipes    []*spipe
 	npipes   int

@@ -3,7 +3,6 @@ package nbd
 import (
 	"errors"
 	"fmt"
-	"syscall"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -48,15 +47,10 @@ func (c *conn) initSplice() {
 	if !ok {
 		return
 	}
-	sc, ok := c.nc.(syscall.Conn)
-	if !ok {
-		return
+	if c.raw.RawConn() == nil {
+		return // no fd to splice into (net.Pipe, TLS)
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return
-	}
-	c.psub, c.rc = ps, rc
+	c.psub = ps
 	c.pipeCap = min(c.s.opts.MaxInflight, maxPipes)
 	c.pipes = make([]*spipe, 0, c.pipeCap)
 	c.spliceFn = c.spliceOutFD
@@ -170,7 +164,7 @@ var errPipeShort = errors.New("nbd: pipe holds less than the read's length")
 // written). Reply writer only.
 func (c *conn) spliceOut(r *request) error {
 	c.spliceReq, c.spliceLeft, c.spliceErr = r, int(r.Length), nil
-	err := c.rc.Write(c.spliceFn)
+	err := c.raw.RawConn().Write(c.spliceFn)
 	if err == nil {
 		err = c.spliceErr
 	}

@@ -67,6 +67,10 @@ func New(nc net.Conn) *Conn {
 // Raw reports whether the Conn bypasses nc (a raw fd was available).
 func (c *Conn) Raw() bool { return c.rc != nil }
 
+// RawConn is nc's syscall.RawConn (nil without a raw fd), for callers that run their own system
+// calls on the socket through the poller (splice).
+func (c *Conn) RawConn() syscall.RawConn { return c.rc }
+
 // Read implements io.Reader with one read(2) (io.EOF at end of stream).
 func (c *Conn) Read(p []byte) (int, error) {
 	if c.rc == nil {
@@ -127,16 +131,6 @@ func (c *Conn) Writev(bufs [][]byte) (int64, error) {
 		return n, c.opError("write", os.NewSyscallError("writev", c.werr))
 	}
 	return n, nil
-}
-
-// Write implements io.Writer (one buffer through Writev).
-func (c *Conn) Write(p []byte) (int, error) {
-	if c.rc == nil {
-		return c.nc.Write(p)
-	}
-	one := [1][]byte{p}
-	n, err := c.Writev(one[:])
-	return int(n), err
 }
 
 func (c *Conn) writevFD(fd uintptr) bool {
@@ -202,6 +196,22 @@ func Splice(in, out, n, flags int) (int, error) {
 		return 0, e
 	}
 	return int(r), nil
+}
+
+// WriteAll writes b to the non-blocking fd (a pipe) with Write until all of it is written,
+// retrying EINTR. On an error, EAGAIN included (the fd is full), n says how much was written.
+func WriteAll(fd int, b []byte) (n int, err error) {
+	for n < len(b) {
+		k, err := Write(fd, b[n:])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return n, err
+		}
+		n += k
+	}
+	return n, nil
 }
 
 // Write is write(2) to a non-blocking fd, on the same terms as Splice.

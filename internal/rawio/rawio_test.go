@@ -223,3 +223,19 @@ func TestSpliceAndWrite(t *testing.T) {
 		t.Fatalf("read %q, %v", got, err)
 	}
 }
+
+// TestWriteAllFullPipe: WriteAll fills a pipe and, when it is full, reports EAGAIN with the count
+// written, which the spliced-read fallback relies on to tell "full" from "done".
+func TestWriteAllFullPipe(t *testing.T) {
+	r, w := fdtest.Pipe(t, 64<<10)
+	if n, err := WriteAll(w, make([]byte, 4096)); n != 4096 || err != nil {
+		t.Fatalf("WriteAll into an empty pipe = %d, %v", n, err)
+	}
+	n, err := WriteAll(w, make([]byte, 1<<20))
+	if err != unix.EAGAIN || n <= 0 || n >= 1<<20 {
+		t.Fatalf("WriteAll of 1 MiB into a 64 KiB pipe = %d, %v; want a partial count and EAGAIN", n, err)
+	}
+	if got := len(fdtest.Drain(t, r)); got != 4096+n {
+		t.Fatalf("pipe held %d bytes, want %d", got, 4096+n)
+	}
+}

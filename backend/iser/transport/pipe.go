@@ -36,7 +36,7 @@ type PipeReader interface {
 var _ PipeReader = (*TCPConn)(nil)
 
 // CanReadToPipe implements PipeReader: a socket with a raw fd and no data digest.
-func (c *TCPConn) CanReadToPipe() bool { return c.rc != nil && !c.dataDigest }
+func (c *TCPConn) CanReadToPipe() bool { return c.raw.Raw() && !c.dataDigest }
 
 // ReadDataToPipe implements PipeReader. The bytes bufio already read from the socket go into the
 // pipe with write(2) (one copy, at most readBufferSize bytes, usually just the start of the
@@ -92,19 +92,11 @@ func (c *TCPConn) discardAfterPipeFull(left, n int) error {
 
 // writePipe writes b into the non-blocking pipe; full reports that the pipe took only w bytes.
 func writePipe(pipeW int, b []byte) (w int, full bool, err error) {
-	for w < len(b) {
-		k, err := rawio.Write(pipeW, b[w:])
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err == unix.EAGAIN:
-			return w, true, nil
-		case err != nil:
-			return w, false, err
-		}
-		w += k
+	w, err = rawio.WriteAll(pipeW, b)
+	if err == unix.EAGAIN {
+		return w, true, nil
 	}
-	return w, false, nil
+	return w, false, err
 }
 
 // spliceIn splices up to limit bytes from the socket into the pipe, waiting for the socket to be
@@ -115,7 +107,7 @@ func (c *TCPConn) spliceIn(pipeW int, limit int) (moved int, full bool, err erro
 		c.sfn = c.spliceInFD // once: a method value allocates
 	}
 	c.sp = spliceState{pipeW: pipeW, limit: limit}
-	if err := c.rc.Read(c.sfn); err != nil {
+	if err := c.raw.RawConn().Read(c.sfn); err != nil {
 		return c.sp.moved, false, err
 	}
 	return c.sp.moved, c.sp.full, c.sp.err

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/iser-blk/iser-blk/backend/iser/login"
@@ -82,10 +81,8 @@ type TCPConn struct {
 	biov   [][]byte
 
 	// raw carries the per-PDU reads (under br) and writevs with raw system calls (see package
-	// rawio); rc is the socket's RawConn for splicing (pipe.go), nil for non-socket conns
-	// (net.Pipe in tests).
+	// rawio); raw.RawConn() serves splicing (pipe.go), nil for non-socket conns (net.Pipe).
 	raw *rawio.Conn
-	rc  syscall.RawConn
 
 	// Splicing into a pipe (pipe.go), reader goroutine only. spliced: the last data segment
 	// went to a pipe.
@@ -97,13 +94,7 @@ type TCPConn struct {
 // NewTCPConn wraps nc.
 func NewTCPConn(nc net.Conn) *TCPConn {
 	raw := rawio.New(nc)
-	c := &TCPConn{nc: nc, raw: raw, br: bufio.NewReaderSize(raw, readBufferSize), maxRecv: 8192 * 2}
-	if sc, ok := nc.(syscall.Conn); ok {
-		if rc, err := sc.SyscallConn(); err == nil {
-			c.rc = rc
-		}
-	}
-	return c
+	return &TCPConn{nc: nc, raw: raw, br: bufio.NewReaderSize(raw, readBufferSize), maxRecv: 8192 * 2}
 }
 
 // writev writes iov whole (one writev(2) unless the socket is full; no allocation).

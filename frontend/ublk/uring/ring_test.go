@@ -134,15 +134,21 @@ func TestEventfdRead(t *testing.T) {
 	}
 }
 
-func TestPollAddPipe(t *testing.T) {
-	r := newRing(t, 4, 0)
-	var p [2]int
+// pollPipe returns a pipe, closed at the end of the test, with a POLLIN on its read end prepared
+// (not yet submitted) on r under user data ud.
+func pollPipe(t *testing.T, r *Ring, ud uint64) (p [2]int) {
+	t.Helper()
 	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Close(p[0])
-	defer unix.Close(p[1])
-	PrepPollAdd(r.GetSQE(), p[0], unix.POLLIN, 7)
+	t.Cleanup(func() { unix.Close(p[0]); unix.Close(p[1]) })
+	PrepPollAdd(r.GetSQE(), p[0], unix.POLLIN, ud)
+	return p
+}
+
+func TestPollAddPipe(t *testing.T) {
+	r := newRing(t, 4, 0)
+	p := pollPipe(t, r, 7)
 	if _, err := r.Submit(); err != nil {
 		t.Fatal(err)
 	}
@@ -237,13 +243,7 @@ func BenchmarkNop(b *testing.B) {
 // signalled until the pipe it polls is written; whenever it returns, the CQE must be there.
 func TestSubmitAndWaitSurvivesSignals(t *testing.T) {
 	r := newRing(t, 4, 0)
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(p[0])
-	defer unix.Close(p[1])
-	PrepPollAdd(r.GetSQE(), p[0], unix.POLLIN, 9)
+	p := pollPipe(t, r, 9)
 	tid := make(chan int, 1)
 	type result struct {
 		ready uint32
