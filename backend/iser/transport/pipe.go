@@ -49,7 +49,7 @@ func (c *TCPConn) ReadDataToPipe(pipeW int) error {
 		return nil
 	}
 	c.hasData = false
-	c.spliced = true
+	c.exact = true
 	n := c.remaining
 	left := n
 	if b := c.br.Buffered(); b > 0 {

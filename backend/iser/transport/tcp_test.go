@@ -3,7 +3,9 @@ package transport
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"testing"
 
 	"github.com/iser-blk/iser-blk/backend/iser/login"
@@ -287,5 +289,76 @@ func TestTCPBatchZeroAlloc(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations per batch of %d PDUs", allocs, n)
+	}
+}
+
+// TestReadDataDirect streams Data-In PDUs of many sizes, written back to back, through ReadData:
+// the bytes arrive intact whether they came out of bufio, straight from the conn or both; a
+// segment with at least directReadMin beyond what bufio held is read straight from the conn, and
+// the header after it is read without read-ahead into the next segment.
+func TestReadDataDirect(t *testing.T) {
+	segs := []int{100, 4097, 512 << 10, 3, directReadMin, 262144, 1, 131072 + 5, 1 << 20, 48}
+	pairs := []struct {
+		name string
+		pair func(t *testing.T) (*TCPConn, *TCPConn)
+	}{
+		{"tcp", func(t *testing.T) (*TCPConn, *TCPConn) { return loopPair(t) }},
+		{"net.Pipe", func(t *testing.T) (*TCPConn, *TCPConn) {
+			x, y := net.Pipe()
+			a, b := NewTCPConn(x), NewTCPConn(y)
+			t.Cleanup(func() { a.Close(); b.Close() })
+			return a, b
+		}},
+	}
+	for _, p := range pairs {
+		for _, digests := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/digests=%v", p.name, digests), func(t *testing.T) {
+				a, b := p.pair(t)
+				start(t, a, digests)
+				start(t, b, digests)
+				errc := make(chan error, 1)
+				go func() {
+					for i, n := range append(segs, 8) {
+						h := dataInPDU(n)
+						if err := b.WritePDU(&h, nil, pattern(n, i)); err != nil {
+							errc <- err
+							return
+						}
+					}
+					errc <- nil
+				}()
+				direct := 0
+				for i, n := range append(segs, 8) {
+					afterDirect := a.exact && a.br.Buffered() == 0
+					var h pdu.BHS
+					if _, err := a.ReadHeader(&h); err != nil {
+						t.Fatalf("segment %d: %v", i, err)
+					}
+					if afterDirect && a.br.Buffered() != 0 {
+						t.Fatalf("segment %d: bufio read %d bytes ahead of a header that followed a directly read segment", i, a.br.Buffered())
+					}
+					held := a.br.Buffered()
+					dst := make([]byte, h.DataSegmentLength())
+					if err := a.ReadData(dst); err != nil {
+						t.Fatalf("segment %d (%d bytes): %v", i, n, err)
+					}
+					if !bytes.Equal(dst, pattern(n, i)) {
+						t.Fatalf("segment %d (%d bytes): data differs", i, n)
+					}
+					if want := n-min(held, n) >= directReadMin; a.exact != want {
+						t.Fatalf("segment %d (%d bytes, %d in bufio): read directly %v, want %v", i, n, held, a.exact, want)
+					}
+					if a.exact {
+						direct++
+					}
+				}
+				if err := <-errc; err != nil {
+					t.Fatal(err)
+				}
+				if direct == 0 {
+					t.Fatal("no segment was read directly")
+				}
+			})
+		}
 	}
 }
