@@ -2,7 +2,8 @@
 """make bench: iser-blk side by side with its peers, the way storage people measure.
 
 One tgtd on 127.0.0.1 serves one LUN backed by a file on /dev/shm (bstype rdwr), with
-MaxRecvDataSegmentLength / MaxBurstLength raised from tgt's small defaults. For each repetition
+MaxRecvDataSegmentLength / MaxBurstLength raised from tgt's small defaults and glibc's malloc
+thresholds fixed (TGTD_MALLOC), so that its CPU per MiB does not jump between repetitions. For each repetition
 (the outer loop) every system (the inner loop) starts an NBD server on a unix socket in front of
 that LUN and the same fio jobs run against it with ioengine=nbd (one connection per fio job):
 
@@ -14,6 +15,14 @@ that LUN and the same fio jobs run against it with ioengine=nbd (one connection 
 
 CPU seconds per I/O of the gateway process and of tgtd come from /proc/PID/stat around each job,
 and fio's from its rusage: together they show where the 2 cores go.
+
+Placement. Every repetition runs twice: "shared", every process free to run on every core (the
+scheduler's choice), and "split", tgtd pinned to core 0 and the client side (NBD server, fio,
+iscsi-perf) to the other cores, as if the target were its own machine. On a small host the
+shared placement measures the scheduler as much as the clients: wake-affine pulls tgtd, the
+gateway and fio onto one core while the other idles (half the machine idle in a 1 MiB read with
+the throughput flat from QD8 to QD32). The split pass runs qemu-nbd, iser-blk with the cache off
+and libiscsi-direct; both placements are reported, each with its own ratios and goals table.
 Ratios to qemu-nbd are computed per repetition; the report gives median and min-max. Results go
 to docs/bench/ (markdown table, JSON, PNG chart) with machine, kernel, package versions, load and
 date. Never part of `make test`.
@@ -60,6 +69,46 @@ def run(cmd, **kw):
     return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
 
 
+# name -> (target cores, client cores); None: no pinning. Filled in by placements().
+PLACEMENTS = {}
+# The systems the split placement runs (the write-back cache and nbdkit never wait on the target).
+SPLIT_SYSTEMS = ("qemu-nbd", "iser-blk-nocache", "libiscsi-direct")
+
+
+def placements(names):
+    ncpu = os.cpu_count() or 1
+    out = {}
+    for n in names:
+        if n == "shared":
+            out[n] = None
+        elif n == "split":
+            if ncpu < 2:
+                log("   one core: no split placement")
+                continue
+            out[n] = ({0}, set(range(1, ncpu)))
+        else:
+            raise SystemExit(f"unknown placement {n!r} (shared, split)")
+    return out
+
+
+def pin_tasks(pid, cpus):
+    """Pins every thread of pid (tgtd's I/O threads exist before a placement starts)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
+            pass
+
+
+def client_preexec(placement):
+    """A preexec_fn pinning a client process (and every thread it will start) for placement."""
+    pl = PLACEMENTS.get(placement)
+    if pl is None:
+        return None
+    cpus = pl[1]
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
 def cpu_seconds(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -87,6 +136,11 @@ def wait_for(pred, what, timeout=20.0, proc=None):
     raise RuntimeError(f"timed out waiting for {what}")
 
 
+# glibc tunables for tgtd (see Tgtd): data buffers up to 32 MiB from the heap, and the heap not
+# trimmed after every burst of frees.
+TGTD_MALLOC = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=268435456"
+
+
 class Tgtd:
     def __init__(self, work, size_mb):
         self.port = free_port()
@@ -98,9 +152,15 @@ class Tgtd:
             for _ in range(size_mb):
                 f.write(chunk)
         self.logf = open(os.path.join(work, "tgtd.log"), "w")
+        # tgtd mallocs each command's data buffer. glibc serves a 1 MiB malloc with mmap until a
+        # large enough free raises its dynamic threshold, so a fresh tgtd maps, faults in and
+        # unmaps every 1 MiB buffer (~1 ms of CPU per MiB, its threads queueing on mmap_lock) and
+        # only some jobs later switches to the heap (~0.47 ms): a bimodal target that changed
+        # between repetitions. Fixing the thresholds keeps it in the second state for every client.
+        env = dict(os.environ, GLIBC_TUNABLES=TGTD_MALLOC)
         self.proc = subprocess.Popen(["tgtd", "-f", "-C", str(self.ctl), "--iscsi",
                                       f"portal=127.0.0.1:{self.port}"],
-                                     stdout=self.logf, stderr=subprocess.STDOUT)
+                                     stdout=self.logf, stderr=subprocess.STDOUT, env=env)
         adm = ["tgtadm", "-C", str(self.ctl), "--lld", "iscsi"]
         wait_for(lambda: subprocess.run(adm + ["--mode", "sys", "--op", "show"],
                                         capture_output=True).returncode == 0, "tgtd", proc=self.proc)
@@ -126,10 +186,11 @@ class Tgtd:
 class NBDServer:
     """One system under test: a process serving an NBD export on a unix socket."""
 
-    def __init__(self, name, argv, sock, work, env=None):
+    def __init__(self, name, argv, sock, work, env=None, preexec=None):
         self.name, self.sock = name, sock
-        self.logf = open(os.path.join(work, f"{name}.log"), "w")
-        self.proc = subprocess.Popen(argv, stdout=self.logf, stderr=subprocess.STDOUT, env=env)
+        self.logf = open(os.path.join(work, f"{name}.log"), "a")
+        self.proc = subprocess.Popen(argv, stdout=self.logf, stderr=subprocess.STDOUT, env=env,
+                                     preexec_fn=preexec)
         wait_for(lambda: os.path.exists(sock), f"{name} socket", proc=self.proc)
         self.uri = f"nbd+unix:///?socket={sock}"
 
@@ -145,7 +206,7 @@ class NBDServer:
             os.unlink(self.sock)
 
 
-def fio(uri, job, args, runtime, size, work):
+def fio(uri, job, args, runtime, size, work, preexec=None):
     out = os.path.join(work, f"fio-{job}.json")
     argv = ["fio", "--name", job, "--ioengine=nbd", f"--uri={uri}", f"--runtime={runtime}",
             "--time_based", f"--size={size}", "--group_reporting", "--output-format=json",
@@ -154,7 +215,7 @@ def fio(uri, job, args, runtime, size, work):
     # fio is the only child reaped while it runs (the servers live on), so the children's rusage
     # delta is fio's own CPU: the client's share of the machine, beside the gateway's and tgtd's.
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    run(argv)
+    run(argv, preexec_fn=preexec)
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     fio_cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
     with open(out) as f:
@@ -174,11 +235,11 @@ def fio(uri, job, args, runtime, size, work):
     return res
 
 
-def iscsi_perf(url, runtime, depth, blocks, random):
+def iscsi_perf(url, runtime, depth, blocks, random, preexec=None):
     """libiscsi straight to tgtd (iscsi-perf): the target's ceiling for one job shape, no NBD and
     no gateway in between. Returns IOPS; blocks are 512-byte blocks per request."""
     argv = ["iscsi-perf", "-t", str(runtime), "-m", str(depth), "-b", str(blocks)] + (["-r"] if random else [])
-    p = subprocess.run(argv + [url], capture_output=True, text=True)
+    p = subprocess.run(argv + [url], capture_output=True, text=True, preexec_fn=preexec)
     last = [l for l in p.stdout.replace("\r", "\n").splitlines() if "iops average" in l]
     if not last:
         raise RuntimeError("iscsi-perf printed no average: " + p.stdout[-300:] + p.stderr[-300:])
@@ -189,7 +250,7 @@ def iscsi_perf(url, runtime, depth, blocks, random):
 CEILINGS = {"randread-4k-qd32": (32, 8, True), "seqread-1m-qd8": (8, 2048, False)}
 
 
-def systems(tgt, work, pprof_addr=None, alt_bin=None):
+def systems(tgt, work, pprof_addr=None, alt_bin=None, preexec=None):
     """name -> function starting the server; the warm variant reuses the cold process. With
     alt_bin (--alt-bin), the iser-blk systems run a second time from that binary, named with the
     suffix -alt, in the same repetition: an A/B comparison under the same load."""
@@ -199,16 +260,17 @@ def systems(tgt, work, pprof_addr=None, alt_bin=None):
             if pprof_addr:
                 env = dict(os.environ, ISERBLK_PPROF=pprof_addr)
             return NBDServer(f"iser-blk-{cache}{suffix}", [binary, "serve", "--target", tgt.url, "--listen",
-                                                            f"unix://{sock}", "--cache", cache], sock, work, env)
+                                                            f"unix://{sock}", "--cache", cache], sock, work, env,
+                             preexec)
         return start
 
     def qemu(sock):
         return NBDServer("qemu-nbd", ["qemu-nbd", "-f", "raw", "--cache=none", "-e", "8", "-t",
-                                      "-k", sock, tgt.url], sock, work)
+                                      "-k", sock, tgt.url], sock, work, preexec=preexec)
 
     def nbdkit(sock):
         return NBDServer("nbdkit-memory", ["nbdkit", "-f", "-U", sock, "memory",
-                                           str(tgt.size)], sock, work)
+                                           str(tgt.size)], sock, work, preexec=preexec)
     out = [("qemu-nbd", qemu, False), ("iser-blk-nocache", iserblk("off"), False),
            ("iser-blk-wb-cold", iserblk("writeback"), True)]
     if alt_bin:
@@ -269,7 +331,11 @@ def main():
                     help="directory for CPU and allocation profiles of iser-blk per job (see Profiler)")
     ap.add_argument("--alt-bin", default=os.environ.get("BENCH_ALT_BIN", ""),
                     help="a second iser-blk binary run side by side (systems named ...-alt)")
+    ap.add_argument("--placements", default=os.environ.get("BENCH_PLACEMENTS", "shared,split"),
+                    help="comma-separated: shared (no pinning), split (tgtd on core 0, clients on the rest)")
     a = ap.parse_args()
+    global PLACEMENTS
+    PLACEMENTS = placements(a.placements.split(","))
     prof = Profiler(a.pprof, f"127.0.0.1:{free_port()}") if a.pprof else None
     # recorded before anything runs: the binary make bench just built is this tree (with
     # "-dirty" when it had uncommitted changes)
@@ -286,48 +352,61 @@ def main():
     results = []  # dicts: rep, system, job, metrics, cpu
     try:
         for rep in range(a.reps):
-            log(f"== repetition {rep + 1}/{a.reps}")
-            for job, _, _ in jobs:
-                if not wanted("libiscsi-direct") or job not in CEILINGS:
-                    continue
-                depth, blocks, random = CEILINGS[job]
-                iops = iscsi_perf(tgt.url, a.runtime, depth, blocks, random)
-                results.append(dict(rep=rep, system="libiscsi-direct", job=job, iops=iops,
-                                    bw_mib=iops * blocks * 512 / (1 << 20), ios=None))
-                log(f"   libiscsi-direct {job}: {iops:.0f} IOPS")
-            for name, start, has_warm in systems(tgt, work, prof.addr if prof else None, a.alt_bin):
-                if not wanted(name):
-                    continue
-                sock = os.path.join(work, f"{name}.sock")
-                srv = start(sock)
-                try:
-                    variants = [(name, False)] + ([(name.replace("-cold", "-warm"), True)] if has_warm else [])
-                    for vname, warm in variants:
-                        if warm:
-                            # warm the cache: read the working set once
-                            fio(srv.uri, "warmup", dict(rw="read", bs="1m", iodepth=8, numjobs=1),
-                                max(a.runtime, 5), a.size, work)
-                        for job, args, _ in jobs:
-                            pt = prof.start(vname, job, a.runtime) if prof and vname.startswith("iser-blk") else None
-                            c0, t0 = cpu_seconds(srv.proc.pid), cpu_seconds(tgt.proc.pid)
-                            m = fio(srv.uri, job, args, a.runtime, a.size, work)
-                            c1, t1 = cpu_seconds(srv.proc.pid), cpu_seconds(tgt.proc.pid)
-                            if pt:
-                                prof.finish(pt, vname, job)
-                            m.update(rep=rep, system=vname, job=job,
-                                     gw_cpu_us_per_io=(c1 - c0) * 1e6 / max(m["ios"], 1),
-                                     tgt_cpu_us_per_io=(t1 - t0) * 1e6 / max(m["ios"], 1),
-                                     load1=os.getloadavg()[0])
-                            results.append(m)
-                            log(f"   {vname:18s} {job:20s} {m['iops']:9.0f} IOPS {m['bw_mib']:8.1f} MiB/s "
-                                f"p50 {m['p50_us']:8.1f} us  gw {m['gw_cpu_us_per_io']:6.1f} cpu-us/io "
-                                f"errors {m['errors']}")
-                finally:
-                    srv.stop()
+            for placement, pl in PLACEMENTS.items():
+                log(f"== repetition {rep + 1}/{a.reps}, placement {placement}")
+                pin_tasks(tgt.proc.pid, pl[0] if pl else set(range(os.cpu_count() or 1)))
+                results += run_pass(a, jobs, tgt, work, prof, rep, placement, wanted)
     finally:
         tgt.stop()
     report(a, jobs, results, started, load_before, work)
     shutil.rmtree(work, ignore_errors=True)
+
+
+def run_pass(a, jobs, tgt, work, prof, rep, placement, wanted):
+    """One repetition in one placement: libiscsi-direct, then every system, each running every job."""
+    pre = client_preexec(placement)
+    results = []
+
+    def want(system):
+        return wanted(system) and (placement != "split" or system.removesuffix("-alt") in SPLIT_SYSTEMS)
+    for job, _, _ in jobs:
+        if not want("libiscsi-direct") or job not in CEILINGS:
+            continue
+        depth, blocks, random = CEILINGS[job]
+        iops = iscsi_perf(tgt.url, a.runtime, depth, blocks, random, pre)
+        results.append(dict(rep=rep, placement=placement, system="libiscsi-direct", job=job, iops=iops,
+                            bw_mib=iops * blocks * 512 / (1 << 20), ios=None))
+        log(f"   libiscsi-direct {job}: {iops:.0f} IOPS")
+    for name, start, has_warm in systems(tgt, work, prof.addr if prof else None, a.alt_bin, pre):
+        if not want(name):
+            continue
+        sock = os.path.join(work, f"{name}.sock")
+        srv = start(sock)
+        try:
+            variants = [(name, False)] + ([(name.replace("-cold", "-warm"), True)] if has_warm else [])
+            for vname, warm in variants:
+                if warm:
+                    # warm the cache: read the working set once
+                    fio(srv.uri, "warmup", dict(rw="read", bs="1m", iodepth=8, numjobs=1),
+                        max(a.runtime, 5), a.size, work, pre)
+                for job, args, _ in jobs:
+                    pt = prof.start(vname, job, a.runtime) if prof and vname.startswith("iser-blk") else None
+                    c0, t0 = cpu_seconds(srv.proc.pid), cpu_seconds(tgt.proc.pid)
+                    m = fio(srv.uri, job, args, a.runtime, a.size, work, pre)
+                    c1, t1 = cpu_seconds(srv.proc.pid), cpu_seconds(tgt.proc.pid)
+                    if pt:
+                        prof.finish(pt, vname, job)
+                    m.update(rep=rep, placement=placement, system=vname, job=job,
+                             gw_cpu_us_per_io=(c1 - c0) * 1e6 / max(m["ios"], 1),
+                             tgt_cpu_us_per_io=(t1 - t0) * 1e6 / max(m["ios"], 1),
+                             load1=os.getloadavg()[0])
+                    results.append(m)
+                    log(f"   {vname:18s} {job:20s} {m['iops']:9.0f} IOPS {m['bw_mib']:8.1f} MiB/s "
+                        f"p50 {m['p50_us']:8.1f} us  gw {m['gw_cpu_us_per_io']:6.1f} cpu-us/io "
+                        f"errors {m['errors']}")
+        finally:
+            srv.stop()
+    return results
 
 
 def versions():
@@ -354,13 +433,6 @@ def metric_of(job):
 
 def report(a, jobs, results, started, load_before, work):
     os.makedirs(a.out, exist_ok=True)
-    sysnames = []
-    for r in results:
-        if r["system"] not in sysnames:
-            sysnames.append(r["system"])
-    by = {}
-    for r in results:
-        by.setdefault((r["system"], r["job"]), []).append(r)
     lines = []
     lines.append(f"# iser-blk benchmark, {started:%Y-%m-%d %H:%M} UTC\n")
     lines.append(f"Machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
@@ -370,8 +442,42 @@ def report(a, jobs, results, started, load_before, work):
                  f"working set {a.size} of a {a.lun_mb} MiB tgtd LUN on /dev/shm.\n")
     lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in VERSIONS.items()) + "\n")
     lines.append("Each cell: median (min–max) over repetitions. Ratio columns are computed per "
-                 "repetition against qemu-nbd + libiscsi, then summarised.\n")
+                 "repetition against qemu-nbd + libiscsi in the same placement, then summarised.\n")
+    names = []
+    for r in results:
+        if r.get("placement", "shared") not in names:
+            names.append(r.get("placement", "shared"))
+    for placement in names:
+        rs = [r for r in results if r.get("placement", "shared") == placement]
+        lines += placement_report(a, jobs, rs, placement, work)
+    md = "\n".join(lines) + "\n"
+    stamp = started.strftime("%Y%m%d-%H%M")
+    with open(os.path.join(a.out, "latest.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(a.out, f"results-{stamp}.json"), "w") as f:
+        json.dump(dict(started=started.isoformat(), results=results), f, indent=1)
+    print(md)
+
+
+PLACEMENT_TITLES = {
+    "shared": "Placement shared: every process on every core",
+    "split": "Placement split: tgtd on core 0, the client side (NBD server, fio, iscsi-perf) on the other cores",
+}
+
+
+def placement_report(a, jobs, results, placement, work):
+    """The job tables, goals and chart of one placement."""
+    sysnames = []
+    for r in results:
+        if r["system"] not in sysnames:
+            sysnames.append(r["system"])
+    by = {}
+    for r in results:
+        by.setdefault((r["system"], r["job"]), []).append(r)
+    lines = [f"\n# {PLACEMENT_TITLES.get(placement, placement)}\n"]
     for job, _, kind in jobs:
+        if not any((s, job) in by for s in sysnames):
+            continue
         key = metric_of(job)
         unit = {"p50_us": "p50 µs", "iops": "IOPS", "bw_mib": "MiB/s"}[key]
         lines.append(f"\n## {job} ({unit}{', lower is better' if key == 'p50_us' else ''})\n")
@@ -395,15 +501,9 @@ def report(a, jobs, results, started, load_before, work):
                          f"{fmt([r.get('gw_cpu_us_per_io') for r in rs], 1)} | "
                          f"{fmt([r.get('tgt_cpu_us_per_io') for r in rs], 1)} | "
                          f"{fmt([r.get('fio_cpu_us_per_io') for r in rs], 1)} |")
-    lines += goals(by)
-    md = "\n".join(lines) + "\n"
-    stamp = started.strftime("%Y%m%d-%H%M")
-    with open(os.path.join(a.out, "latest.md"), "w") as f:
-        f.write(md)
-    with open(os.path.join(a.out, f"results-{stamp}.json"), "w") as f:
-        json.dump(dict(started=started.isoformat(), results=results), f, indent=1)
-    chart(a, jobs, sysnames, by, work)
-    print(md)
+    lines += goals(by, placement)
+    chart(a, jobs, sysnames, by, work, placement)
+    return lines
 
 
 # The goals of issue 9: (label, system, job, metric, reference system, comparison, target).
@@ -421,15 +521,26 @@ GOALS = [
 ]
 
 
-def goals(by):
-    """The issue-9 goals against this run: per-repetition ratios, median (min–max), met or not."""
-    out = ["\n## Goals (issue 9), from this run\n",
-           "The last column is the target's own ceiling for that job where this run measured it: "
-           "libiscsi straight to tgtd (iscsi-perf, no NBD, no fio, no gateway) against the same "
-           "reference. A ratio above it cannot be reached by any client in front of this target.\n",
-           "The bound column is what a gateway costing no CPU at all could reach in this run: all "
-           f"{os.cpu_count()} cores spent on tgtd and fio at the CPU per I/O they used with iser-blk "
-           "in the same repetition, against qemu-nbd's rate. Both columns are optimistic (no "
+def goals(by, placement):
+    """The issue-9 goals against one placement of this run: per-repetition ratios, median (min–max),
+    met or not."""
+    pl = PLACEMENTS.get(placement)
+    ncpu = os.cpu_count() or 1
+    if pl is None:
+        where = (f"all {ncpu} cores spent on tgtd and fio at the CPU per I/O they used with iser-blk "
+                 "in the same repetition")
+    else:
+        where = (f"tgtd's {len(pl[0])} core(s) spent on tgtd and the client's {len(pl[1])} on fio, at "
+                 "the CPU per I/O they used with iser-blk in the same repetition, whichever runs out first")
+    out = [f"\n## Goals (issue 9), placement {placement}\n",
+           "The ceiling column is libiscsi straight to tgtd (iscsi-perf, no NBD, no fio, no "
+           "gateway) against the same reference, where this run measured it. " + (
+               "With every core shared it is the target's ceiling: no client in front of this "
+               "target can exceed it.\n" if pl is None else
+               "Pinned to the client's core, iscsi-perf is one single-threaded client among "
+               "others, not a ceiling; the bound column is the one to read.\n"),
+           "The bound column is what a gateway costing no CPU at all could reach in this run: "
+           f"{where}, against qemu-nbd's rate. Both columns are optimistic (no "
            "kernel time outside the three processes, full use of every core).\n",
            "| goal | target | achieved: median (min–max) | met (median) | libiscsi-direct ceiling | "
            "bound with a zero-CPU gateway |",
@@ -457,7 +568,7 @@ def goals(by):
         bound = "–"
         if ref == "qemu-nbd" and cmp == "min" and system == "iser-blk-nocache":
             base = {r["rep"]: r["iops"] for r in by.get((ref, job), [])}
-            bs = [os.cpu_count() * 1e6 / (r["tgt_cpu_us_per_io"] + r["fio_cpu_us_per_io"]) / base[r["rep"]]
+            bs = [zero_gw_rate(r, pl) / base[r["rep"]]
                   for r in rs if base.get(r["rep"]) and r.get("fio_cpu_us_per_io")]
             bm = median_range(bs)
             if bm:
@@ -467,11 +578,21 @@ def goals(by):
     return out
 
 
-def chart(a, jobs, sysnames, by, work):
-    """A grouped bar chart of ratios to qemu-nbd (median), one group per job."""
+def zero_gw_rate(r, pl):
+    """I/Os per second a gateway costing no CPU could reach, given tgtd's and fio's CPU per I/O in
+    result r and placement pl: the cores they share (shared), or the first group to run out (split)."""
+    tgt, client = r["tgt_cpu_us_per_io"], r["fio_cpu_us_per_io"]
+    if pl is None:
+        return (os.cpu_count() or 1) * 1e6 / (tgt + client)
+    return min(len(pl[0]) * 1e6 / max(tgt, 1e-9), len(pl[1]) * 1e6 / max(client, 1e-9))
+
+
+def chart(a, jobs, sysnames, by, work, placement):
+    """A grouped bar chart of ratios to qemu-nbd (median), one group per job: latest.png for the
+    shared placement, latest-<placement>.png for the others."""
     if not shutil.which("gnuplot"):
         return
-    dat = os.path.join(work, "chart.dat")
+    dat = os.path.join(work, f"chart-{placement}.dat")
     systems_ = [s for s in sysnames if s != "libiscsi-direct"]
     with open(dat, "w") as f:
         f.write("job " + " ".join(systems_) + "\n")
@@ -486,11 +607,11 @@ def chart(a, jobs, sysnames, by, work):
                     ratios = [1 / x for x in ratios if x]
                 row.append(f"{statistics.median(ratios):.3f}" if ratios else "0")
             f.write(" ".join(row) + "\n")
-    png = os.path.join(a.out, "latest.png")
+    png = os.path.join(a.out, "latest.png" if placement == "shared" else f"latest-{placement}.png")
     script = f"""
 set terminal pngcairo size 1100,520 noenhanced
 set output '{png}'
-set title 'iser-blk vs peers on one tgtd LUN (median ratio to qemu-nbd + libiscsi; higher is better; QD1 is 1/latency)'
+set title 'iser-blk vs peers on one tgtd LUN, placement {placement} (median ratio to qemu-nbd + libiscsi; higher is better; QD1 is 1/latency)'
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.8 border -1
