@@ -57,16 +57,12 @@ type conn struct {
 
 	// Spliced reads (splice.go): psub is the device's pipe path, nil when off. pipeMu guards
 	// the free pipes and their count.
-	psub     block.PipeSubmitter
-	pipeMu   sync.Mutex
-	pipes    []*spipe
-	npipes   int
-	pipeCap  int
-	spliceFn func(fd uintptr) bool
+	psub    block.PipeSubmitter
+	pipeMu  sync.Mutex
+	pipes   []*spipe
+	npipes  int
+	pipeCap int
 	// writer-only splice state
-	spliceReq    *request
-	spliceLeft   int
-	spliceErr    error
 	splicedReads int64 // replies whose payload went out by splice (logged at the end)
 
 	inflight sync.WaitGroup // requests handed to a worker or the reply queue and not yet released

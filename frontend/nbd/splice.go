@@ -1,14 +1,12 @@
 package nbd
 
 import (
-	"errors"
 	"fmt"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"github.com/iser-blk/iser-blk/block"
-	"github.com/iser-blk/iser-blk/internal/rawio"
 )
 
 // Spliced reads (block.PipeSubmitter). A READ of at least minSpliceRead bytes and at most one
@@ -47,13 +45,12 @@ func (c *conn) initSplice() {
 	if !ok {
 		return
 	}
-	if c.raw.RawConn() == nil {
+	if !c.raw.Raw() {
 		return // no fd to splice into (net.Pipe, TLS)
 	}
 	c.psub = ps
 	c.pipeCap = min(c.s.opts.MaxInflight, maxPipes)
 	c.pipes = make([]*spipe, 0, c.pipeCap)
-	c.spliceFn = c.spliceOutFD
 }
 
 // takePipe returns an empty pipe without waiting, or nil when none is free (or none can be made).
@@ -158,45 +155,11 @@ func (c *conn) submitReadToPipe(r *request) bool {
 	return true
 }
 
-var errPipeShort = errors.New("nbd: pipe holds less than the read's length")
-
 // spliceOut moves r's payload from its pipe into the client socket (the reply header is already
-// written). Reply writer only.
+// written). A pipe that holds less than the read's length (rawio.ErrPipeShort) means a device
+// broke the PipeSubmitter contract: the connection ends rather than wait for bytes that will not
+// come. Reply writer only.
 func (c *conn) spliceOut(r *request) error {
-	c.spliceReq, c.spliceLeft, c.spliceErr = r, int(r.Length), nil
-	err := c.raw.RawConn().Write(c.spliceFn)
-	if err == nil {
-		err = c.spliceErr
-	}
-	c.spliceReq = nil
+	_, err := c.raw.SpliceOut(r.pipe.r, int(r.Length))
 	return err
-}
-
-// spliceOutFD runs inside RawConn.Write: it splices until the payload is out, returning false on
-// EAGAIN from the socket so the runtime poller waits for writability.
-func (c *conn) spliceOutFD(fd uintptr) bool {
-	p := c.spliceReq.pipe
-	for c.spliceLeft > 0 {
-		k, err := rawio.Splice(p.r, int(fd), c.spliceLeft, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err == unix.EAGAIN:
-			// The socket is full, unless the pipe is empty (a device that broke the
-			// PipeSubmitter contract): never wait for a socket that cannot help.
-			if avail, ierr := unix.IoctlGetInt(p.r, unix.TIOCINQ); ierr == nil && avail == 0 {
-				c.spliceErr = errPipeShort
-				return true
-			}
-			return false
-		case err != nil:
-			c.spliceErr = err
-			return true
-		case k == 0:
-			c.spliceErr = errPipeShort
-			return true
-		}
-		c.spliceLeft -= int(k)
-	}
-	return true
 }

@@ -48,6 +48,10 @@ type Conn struct {
 	wn      int64
 	werr    syscall.Errno
 	writeF  func(fd uintptr) bool
+
+	// splicing (splice.go): in on the read side, out on the write side
+	in, out   spliceState
+	inF, outF func(fd uintptr) bool
 }
 
 // New wraps nc. It never fails: without a raw fd the Conn passes calls through to nc.
@@ -58,6 +62,7 @@ func New(nc net.Conn) *Conn {
 			c.rc = rc
 			c.readF = c.readFD
 			c.writeF = c.writevFD
+			c.inF, c.outF = c.spliceInFD, c.spliceOutFD
 			c.iov = make([]unix.Iovec, 0, 64)
 		}
 	}
@@ -66,10 +71,6 @@ func New(nc net.Conn) *Conn {
 
 // Raw reports whether the Conn bypasses nc (a raw fd was available).
 func (c *Conn) Raw() bool { return c.rc != nil }
-
-// RawConn is nc's syscall.RawConn (nil without a raw fd), for callers that run their own system
-// calls on the socket through the poller (splice).
-func (c *Conn) RawConn() syscall.RawConn { return c.rc }
 
 // Read implements io.Reader with one read(2) (io.EOF at end of stream).
 func (c *Conn) Read(p []byte) (int, error) {

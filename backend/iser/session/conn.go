@@ -69,8 +69,7 @@ type task struct {
 	buf  []byte
 	resp *scsi.Response
 	// A read started by SubmitToPipe: its Data-In lands in the pipe whose write end is pipeW
-	// (toPipe), pipeLen bytes in all, instead of buf (nil).
-	toPipe  bool
+	// (>= 0, see toPipe), pipeLen bytes in all, instead of buf (nil).
 	pipeW   int
 	pipeLen int
 	xfer    transport.Task
@@ -231,7 +230,7 @@ func (c *conn) claim(idx uint32, kind uint8) *task {
 	t.kind = kind
 	t.dataSN, t.received, t.r2tSN = 0, 0, 0
 	t.tmfFn, t.endLive = 0, false
-	t.toPipe, t.pipeW, t.pipeLen, t.pipeErr = false, -1, 0, nil
+	t.pipeW, t.pipeLen, t.pipeErr = -1, 0, nil
 	t.mu.Unlock()
 	return t
 }
@@ -246,7 +245,7 @@ func (c *conn) release(t *task) {
 	t.mu.Lock()
 	t.active = false
 	t.buf, t.resp = nil, nil
-	t.toPipe, t.pipeW, t.pipeErr = false, -1, nil
+	t.pipeW, t.pipeErr = -1, nil
 	t.gen = (t.gen + 1) & 0xffff
 	if t.gen == 0 {
 		t.gen = 1
@@ -409,6 +408,9 @@ func (c *conn) execute(ctx context.Context, cmd *scsi.Command, resp *scsi.Respon
 	}
 	return c.wait(ctx, t, nil)
 }
+
+// toPipe reports whether the task is a read started by SubmitToPipe.
+func (t *task) toPipe() bool { return t.pipeW >= 0 }
 
 // ctlResult receives a control task's response before its slot is released.
 type ctlResult struct {
@@ -633,14 +635,14 @@ func (c *conn) dataIn(bhs *pdu.BHS) error {
 		return protoErr("Data-In DataSN %d for ITT 0x%08x, expected %d", bhs.DataSN(), itt, t.dataSN)
 	}
 	size := len(t.buf)
-	if t.toPipe {
+	if t.toPipe() {
 		size = t.pipeLen
 	}
 	if off+int64(n) > int64(size) {
 		t.mu.Unlock()
 		return protoErr("Data-In [%d, +%d) beyond the %d-byte buffer of ITT 0x%08x", off, n, size, itt)
 	}
-	if (c.params.DataPDUInOrder || t.toPipe) && off != int64(t.received) {
+	if (c.params.DataPDUInOrder || t.toPipe()) && off != int64(t.received) {
 		t.mu.Unlock()
 		return protoErr("Data-In at offset %d for ITT 0x%08x, expected %d (DataPDUInOrder=Yes)", off, itt, t.received)
 	}
@@ -650,7 +652,7 @@ func (c *conn) dataIn(bhs *pdu.BHS) error {
 		switch {
 		case t.abandoned || t.pipeErr != nil:
 			err = c.tc.DiscardData()
-		case t.toPipe:
+		case t.toPipe():
 			// Spliced from the socket into the caller's pipe (submit.go). A full pipe
 			// costs this task its fast path, not the connection: the transport consumed
 			// the segment, and the task completes with the error.

@@ -103,7 +103,7 @@ func (c *conn) submit(cmd *scsi.Command, resp *scsi.Response, done Completer, pi
 	}
 	t.lun, t.dir, t.buf, t.resp = cmd.LUN, cmd.Dir, cmd.Data, resp
 	if pipeW >= 0 {
-		t.toPipe, t.pipeW, t.pipeLen = true, pipeW, pipeLen
+		t.pipeW, t.pipeLen = pipeW, pipeLen
 	}
 	*resp = scsi.Response{}
 	t.xfer = transport.Task{ITT: t.itt, Dir: cmd.Dir, Buf: cmd.Data, Unsolicited: unsolicited, Immediate: immediate}

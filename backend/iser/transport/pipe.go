@@ -3,7 +3,6 @@ package transport
 import (
 	"errors"
 	"fmt"
-	"io"
 
 	"golang.org/x/sys/unix"
 
@@ -66,13 +65,13 @@ func (c *TCPConn) ReadDataToPipe(pipeW int) error {
 		}
 	}
 	for left > 0 {
-		moved, full, err := c.spliceIn(pipeW, left)
+		moved, err := c.raw.SpliceIn(pipeW, left)
 		left -= moved
+		if err == rawio.ErrPipeFull {
+			return c.discardAfterPipeFull(left, n)
+		}
 		if err != nil {
 			return c.readErr(err)
-		}
-		if full {
-			return c.discardAfterPipeFull(left, n)
 		}
 	}
 	return c.finishData(0, n)
@@ -97,65 +96,4 @@ func writePipe(pipeW int, b []byte) (w int, full bool, err error) {
 		return w, true, nil
 	}
 	return w, false, err
-}
-
-// spliceIn splices up to limit bytes from the socket into the pipe, waiting for the socket to be
-// readable through the runtime poller (so deadlines and Close interrupt it). It returns after
-// the first successful splice; full reports that the pipe has no free slot.
-func (c *TCPConn) spliceIn(pipeW int, limit int) (moved int, full bool, err error) {
-	if c.sfn == nil {
-		c.sfn = c.spliceInFD // once: a method value allocates
-	}
-	c.sp = spliceState{pipeW: pipeW, limit: limit}
-	if err := c.raw.RawConn().Read(c.sfn); err != nil {
-		return c.sp.moved, false, err
-	}
-	return c.sp.moved, c.sp.full, c.sp.err
-}
-
-// spliceState is spliceIn's scratch for spliceInFD (no closure, so no allocation per call).
-type spliceState struct {
-	pipeW, limit, moved int
-	full                bool
-	err                 error
-}
-
-// spliceInFD runs inside RawConn.Read: one splice, or false on EAGAIN from the socket so the
-// poller waits for readability.
-func (c *TCPConn) spliceInFD(fd uintptr) bool {
-	sp := &c.sp
-	for {
-		k, err := rawio.Splice(int(fd), sp.pipeW, sp.limit, unix.SPLICE_F_NONBLOCK|unix.SPLICE_F_MOVE)
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err == unix.EAGAIN:
-			// Either the socket has nothing or the pipe has no free slot: only the latter
-			// leaves the pipe unwritable (nobody reads it while we fill it).
-			if !pipeWritable(sp.pipeW) {
-				sp.full = true
-				return true
-			}
-			return false // wait for the socket
-		case err != nil:
-			sp.err = err
-		case k == 0:
-			sp.err = io.EOF
-		default:
-			sp.moved = int(k)
-		}
-		return true
-	}
-}
-
-// pipeWritable reports whether the pipe has room for at least one more buffer (POLLOUT).
-func pipeWritable(pipeW int) bool {
-	fds := [1]unix.PollFd{{Fd: int32(pipeW), Events: unix.POLLOUT}}
-	for {
-		n, err := unix.Poll(fds[:], 0)
-		if err == unix.EINTR {
-			continue
-		}
-		return err == nil && n == 1 && fds[0].Revents&unix.POLLOUT != 0
-	}
 }

@@ -87,13 +87,9 @@ type TCPConn struct {
 	btails [][3 + pdu.DigestLen]byte
 	biov   [][]byte
 
-	// raw carries the per-PDU reads (under br) and writevs with raw system calls (see package
-	// rawio); raw.RawConn() serves splicing (pipe.go), nil for non-socket conns (net.Pipe).
+	// raw carries the per-PDU reads (under br), the writevs and the splices into a pipe
+	// (pipe.go) with raw system calls (see package rawio).
 	raw *rawio.Conn
-
-	// Splicing into a pipe (pipe.go), reader goroutine only.
-	sfn func(fd uintptr) bool
-	sp  spliceState
 
 	// exact: the last data segment went round br (spliced into a pipe, or read straight into the
 	// caller's buffer), so the next one likely will too; its header is read without read-ahead.
