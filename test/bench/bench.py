@@ -19,10 +19,12 @@ and fio's from its rusage: together they show where the 2 cores go.
 Placement. Every repetition runs twice: "shared", every process free to run on every core (the
 scheduler's choice), and "split", tgtd pinned to core 0 and the client side (NBD server, fio,
 iscsi-perf) to the other cores, as if the target were its own machine. On a small host the
-shared placement measures the scheduler as much as the clients: wake-affine pulls tgtd, the
-gateway and fio onto one core while the other idles (half the machine idle in a 1 MiB read with
-the throughput flat from QD8 to QD32). The split pass runs qemu-nbd, iser-blk with the cache off
-and libiscsi-direct; both placements are reported, each with its own ratios and goals table.
+shared placement measures the scheduler as much as the clients: a 1 MiB read through iser-blk
+left half the machine idle, its throughput flat from QD8 to QD32, while the same binary with
+tgtd and the client side each on its own core did 1.9x qemu-nbd (where the wait is -- wake-up
+latency of an idle vCPU, threads sharing a core -- was not pinned down). The split pass runs
+qemu-nbd, iser-blk with the cache off and libiscsi-direct; both placements are reported, each
+with its own ratios and goals table.
 Ratios to qemu-nbd are computed per repetition; the report gives median and min-max. Results go
 to docs/bench/ (markdown table, JSON, PNG chart) with machine, kernel, package versions, load and
 date. Never part of `make test`.
