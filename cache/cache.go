@@ -155,7 +155,7 @@ type Cache struct {
 
 	dmu           sync.Mutex
 	head, tail    int32
-	dirtyIdx      map[int64]int32
+	dirtyIdx      *dirtyIndex
 	seq           uint64
 	flushTarget   uint64
 	inflightPages int64
@@ -286,7 +286,7 @@ func New(dev block.Device, cfg Config, log *zap.Logger) (*Cache, error) {
 		freeSlots: make([]int32, 0, r.nPages),
 		head:      -1,
 		tail:      -1,
-		dirtyIdx:  make(map[int64]int32, r.limitPages),
+		dirtyIdx:  newDirtyIndex(int(r.limitPages)),
 		kick:      make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 	}
@@ -907,7 +907,7 @@ func (c *Cache) markDirtyLocked(s int32, sl *slot, page int64, mask uint64) bool
 		c.head = s
 	}
 	c.tail = s
-	c.dirtyIdx[page] = s
+	c.dirtyIdx.put(page, s)
 	c.dirtyPages.Add(1)
 	sl.busy.Store(1)
 	// Wake a flusher when there is enough to write, or when this is the only dirty page: the
@@ -932,7 +932,7 @@ func (c *Cache) cleanLocked(s int32, sl *slot, page int64) {
 		c.tail = sl.prev
 	}
 	sl.prev, sl.next = -1, -1
-	delete(c.dirtyIdx, page)
+	c.dirtyIdx.del(page)
 	c.dirtyPages.Add(-1)
 	c.reserved.Add(-1)
 	if !sl.inflight {
@@ -1027,7 +1027,7 @@ func (c *Cache) syncRange(ctx context.Context, off, length int64, fua bool) erro
 	for pg <= last {
 		ch := c.progress.wait()
 		c.dmu.Lock()
-		s, ok := c.dirtyIdx[pg]
+		s, ok := c.dirtyIdx.get(pg)
 		if !ok || c.slots[s].dirty>>uint(sec) == 0 {
 			c.dmu.Unlock()
 			pg, sec = pg+1, 0

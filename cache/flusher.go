@@ -70,7 +70,7 @@ func (c *Cache) buildJobLocked(j *job, s int32, pg int64, minSec int, lo, hi int
 	maxBytes := c.cfg.maxJob
 	if b == spp {
 		for p := pg + 1; p <= hi; p++ {
-			s2, ok := c.dirtyIdx[p]
+			s2, ok := c.dirtyIdx.get(p)
 			if !ok {
 				break
 			}
@@ -92,7 +92,7 @@ func (c *Cache) buildJobLocked(j *job, s int32, pg int64, minSec int, lo, hi int
 	}
 	if a == 0 {
 		for p := pg - 1; p >= lo; p-- {
-			s2, ok := c.dirtyIdx[p]
+			s2, ok := c.dirtyIdx.get(p)
 			if !ok {
 				break
 			}
