@@ -90,8 +90,6 @@ func (d *dirtyIndex) del(page int64) {
 	d.n--
 }
 
-func (d *dirtyIndex) len() int { return d.n }
-
 func (d *dirtyIndex) grow() {
 	keys, vals := d.keys, d.vals
 	d.alloc(2 * len(keys))

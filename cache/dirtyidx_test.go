@@ -42,8 +42,8 @@ func TestDirtyIndexModel(t *testing.T) {
 				if ok != wok || (ok && got != want) {
 					t.Fatalf("op %d: get(%d) = %d, %v; want %d, %v", i, k, got, ok, want, wok)
 				}
-				if d.len() != len(model) {
-					t.Fatalf("op %d: len %d, want %d", i, d.len(), len(model))
+				if d.n != len(model) {
+					t.Fatalf("op %d: len %d, want %d", i, d.n, len(model))
 				}
 			}
 			for k, v := range model {
@@ -51,8 +51,8 @@ func TestDirtyIndexModel(t *testing.T) {
 					t.Fatalf("final: get(%d) = %d, %v; want %d", k, got, ok, v)
 				}
 			}
-			if 2*d.len() > len(d.keys) {
-				t.Fatalf("%d entries in %d slots: more than half full", d.len(), len(d.keys))
+			if 2*d.n > len(d.keys) {
+				t.Fatalf("%d entries in %d slots: more than half full", d.n, len(d.keys))
 			}
 		})
 	}

@@ -187,11 +187,11 @@ func (c *Conn) opError(op string, err error) error {
 	return &net.OpError{Op: op, Net: c.nc.LocalAddr().Network(), Source: c.nc.LocalAddr(), Addr: c.nc.RemoteAddr(), Err: err}
 }
 
-// Splice is splice(2) of up to n bytes from fd in to fd out (no offsets), without the
+// splice is splice(2) of up to n bytes from fd in to fd out (no offsets), without the
 // scheduler's syscall state: both ends must be non-blocking (a socket in the runtime poller, a
 // pipe opened O_NONBLOCK, or SPLICE_F_NONBLOCK in flags). Errors are the bare syscall.Errno
 // (EAGAIN and EINTR included), so callers keep their own retry and poller logic.
-func Splice(in, out, n, flags int) (int, error) {
+func splice(in, out, n, flags int) (int, error) {
 	r, _, e := unix.RawSyscall6(unix.SYS_SPLICE, uintptr(in), 0, uintptr(out), 0, uintptr(n), uintptr(flags))
 	if e != 0 {
 		return 0, e
@@ -199,11 +199,11 @@ func Splice(in, out, n, flags int) (int, error) {
 	return int(r), nil
 }
 
-// WriteAll writes b to the non-blocking fd (a pipe) with Write until all of it is written,
+// WriteAll writes b to the non-blocking fd (a pipe) with write(2) until all of it is written,
 // retrying EINTR. On an error, EAGAIN included (the fd is full), n says how much was written.
 func WriteAll(fd int, b []byte) (n int, err error) {
 	for n < len(b) {
-		k, err := Write(fd, b[n:])
+		k, err := write(fd, b[n:])
 		switch {
 		case err == unix.EINTR:
 			continue
@@ -215,8 +215,8 @@ func WriteAll(fd int, b []byte) (n int, err error) {
 	return n, nil
 }
 
-// Write is write(2) to a non-blocking fd, on the same terms as Splice.
-func Write(fd int, b []byte) (int, error) {
+// write is write(2) to a non-blocking fd, on the same terms as splice.
+func write(fd int, b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
 	}

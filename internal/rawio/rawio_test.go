@@ -194,7 +194,7 @@ func BenchmarkWritevRead4K(b *testing.B) {
 	}
 }
 
-// TestSpliceAndWrite moves bytes written into a pipe on into a socket with Splice, and reports
+// TestSpliceAndWrite moves bytes written into a pipe on into a socket with splice, and reports
 // EAGAIN (not a wait) when the pipe is empty, as the callers' loops expect.
 func TestSpliceAndWrite(t *testing.T) {
 	p := pairs(t)["unix"]
@@ -204,7 +204,7 @@ func TestSpliceAndWrite(t *testing.T) {
 	}
 	defer unix.Close(fds[0])
 	defer unix.Close(fds[1])
-	if n, err := Write(fds[1], []byte("spliced")); n != 7 || err != nil {
+	if n, err := write(fds[1], []byte("spliced")); n != 7 || err != nil {
 		t.Fatalf("Write = %d, %v", n, err)
 	}
 	f, err := p[0].(*net.UnixConn).File() // a dup, blocking mode: fine for 7 bytes
@@ -212,10 +212,10 @@ func TestSpliceAndWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if n, err := Splice(fds[0], int(f.Fd()), 64, unix.SPLICE_F_NONBLOCK); n != 7 || err != nil {
+	if n, err := splice(fds[0], int(f.Fd()), 64, unix.SPLICE_F_NONBLOCK); n != 7 || err != nil {
 		t.Fatalf("Splice = %d, %v; want 7, nil", n, err)
 	}
-	if _, err := Splice(fds[0], int(f.Fd()), 64, unix.SPLICE_F_NONBLOCK); err != unix.EAGAIN {
+	if _, err := splice(fds[0], int(f.Fd()), 64, unix.SPLICE_F_NONBLOCK); err != unix.EAGAIN {
 		t.Fatalf("Splice from an empty pipe = %v, want EAGAIN", err)
 	}
 	got := make([]byte, 7)

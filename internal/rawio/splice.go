@@ -48,7 +48,7 @@ func (c *Conn) SpliceIn(pipeW, limit int) (int, error) {
 func (c *Conn) spliceInFD(fd uintptr) bool {
 	sp := &c.in
 	for {
-		k, err := Splice(int(fd), sp.pipe, sp.n, unix.SPLICE_F_NONBLOCK|unix.SPLICE_F_MOVE)
+		k, err := splice(int(fd), sp.pipe, sp.n, unix.SPLICE_F_NONBLOCK|unix.SPLICE_F_MOVE)
 		switch {
 		case err == unix.EINTR:
 			continue
@@ -88,7 +88,7 @@ func (c *Conn) SpliceOut(pipeR, n int) (int, error) {
 func (c *Conn) spliceOutFD(fd uintptr) bool {
 	sp := &c.out
 	for sp.moved < sp.n {
-		k, err := Splice(sp.pipe, int(fd), sp.n-sp.moved, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+		k, err := splice(sp.pipe, int(fd), sp.n-sp.moved, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
 		switch {
 		case err == unix.EINTR:
 			continue

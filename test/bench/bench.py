@@ -3,9 +3,10 @@
 
 One tgtd on 127.0.0.1 serves one LUN backed by a file on /dev/shm (bstype rdwr), with
 MaxRecvDataSegmentLength / MaxBurstLength raised from tgt's small defaults and glibc's malloc
-thresholds fixed (TGTD_MALLOC), so that its CPU per MiB does not jump between repetitions. For each repetition
-(the outer loop) every system (the inner loop) starts an NBD server on a unix socket in front of
-that LUN and the same fio jobs run against it with ioengine=nbd (one connection per fio job):
+thresholds fixed (TGTD_MALLOC), so that its CPU per MiB does not jump between repetitions. For
+each repetition (the outer loop) every system (the inner loop) starts an NBD server on a unix
+socket in front of that LUN and the same fio jobs run against it with ioengine=nbd (one
+connection per fio job):
 
   systems   iser-blk --cache off, iser-blk --cache writeback (cold, then warm), qemu-nbd + libiscsi,
             nbdkit memory (the cost of the NBD protocol alone), and libiscsi straight to tgtd
@@ -284,7 +285,8 @@ def systems(tgt, work, pprof_addr=None, alt_bin=None, preexec=None):
 class Profiler:
     """With --pprof DIR: a CPU profile of the gateway over each iser-blk job (all of the job but
     its first and last second) and the allocation profile after it, saved as
-    DIR/<system>-<job>.{cpu,allocs}.pprof for `go tool pprof`. Profiling costs the gateway some
+    DIR/<system>[-<placement>]-<job>.{cpu,allocs}.pprof for `go tool pprof` (the shared
+    placement unsuffixed, so the split pass does not overwrite it). Profiling costs the gateway some
     CPU (the CLI also turns on mutex and block profiling), so figures of such a run are for
     finding hot spots, not for the report."""
 
@@ -392,12 +394,13 @@ def run_pass(a, jobs, tgt, work, prof, rep, placement, wanted):
                     fio(srv.uri, "warmup", dict(rw="read", bs="1m", iodepth=8, numjobs=1),
                         max(a.runtime, 5), a.size, work, pre)
                 for job, args, _ in jobs:
-                    pt = prof.start(vname, job, a.runtime) if prof and vname.startswith("iser-blk") else None
+                    pname = vname if placement == "shared" else f"{vname}-{placement}"
+                    pt = prof.start(pname, job, a.runtime) if prof and vname.startswith("iser-blk") else None
                     c0, t0 = cpu_seconds(srv.proc.pid), cpu_seconds(tgt.proc.pid)
                     m = fio(srv.uri, job, args, a.runtime, a.size, work, pre)
                     c1, t1 = cpu_seconds(srv.proc.pid), cpu_seconds(tgt.proc.pid)
                     if pt:
-                        prof.finish(pt, vname, job)
+                        prof.finish(pt, pname, job)
                     m.update(rep=rep, placement=placement, system=vname, job=job,
                              gw_cpu_us_per_io=(c1 - c0) * 1e6 / max(m["ios"], 1),
                              tgt_cpu_us_per_io=(t1 - t0) * 1e6 / max(m["ios"], 1),

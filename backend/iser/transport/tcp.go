@@ -228,13 +228,7 @@ func (c *TCPConn) ReadHeader(bhs *pdu.BHS) ([]byte, error) {
 	if c.hasData {
 		return nil, fmt.Errorf("transport: ReadHeader before the previous data segment was consumed")
 	}
-	var src io.Reader = c.br
-	if c.exact && c.br.Buffered() == 0 {
-		// The last segment went round bufio, and the next one likely will too: read just the
-		// header from the socket, so that bufio does not read ahead the start of that segment,
-		// which would then have to be copied out of bufio instead of read or spliced in place.
-		src = c.raw
-	}
+	src := c.next()
 	c.exact = false
 	if _, err := io.ReadFull(src, bhs[:]); err != nil {
 		return nil, c.readErr(err)
@@ -279,6 +273,17 @@ func (c *TCPConn) ReadData(dst []byte) error {
 		crc = pdu.CRC32C(0, dst)
 	}
 	return c.finishData(crc, len(dst))
+}
+
+// next is the reader for the bytes after the current data segment (its padding and digest, the
+// next header). After a segment that went round bufio (c.exact) with bufio empty it is the socket
+// itself: a bufio fill would read ahead the start of the next segment, which then has to be copied
+// out of bufio instead of read or spliced in place.
+func (c *TCPConn) next() io.Reader {
+	if c.exact && c.br.Buffered() == 0 {
+		return c.raw
+	}
+	return c.br
 }
 
 // readSegment fills dst with the data segment: first what bufio holds, then, if at least
@@ -338,7 +343,7 @@ func (c *TCPConn) finishData(crc uint32, n int) error {
 	if t == 0 {
 		return nil
 	}
-	if _, err := io.ReadFull(c.br, c.trailer[:t]); err != nil {
+	if _, err := io.ReadFull(c.next(), c.trailer[:t]); err != nil {
 		return c.readErr(err)
 	}
 	if c.dataDigest {

@@ -295,7 +295,8 @@ func TestTCPBatchZeroAlloc(t *testing.T) {
 // TestReadDataDirect streams Data-In PDUs of many sizes, written back to back, through ReadData:
 // the bytes arrive intact whether they came out of bufio, straight from the conn or both; a
 // segment with at least directReadMin beyond what bufio held is read straight from the conn, and
-// the header after it is read without read-ahead into the next segment.
+// neither its padding and digest nor the header after it are read with read-ahead into the next
+// segment.
 func TestReadDataDirect(t *testing.T) {
 	segs := []int{100, 4097, 512 << 10, 3, directReadMin, 262144, 1, 131072 + 5, 1 << 20, 48}
 	pairs := []struct {
@@ -350,6 +351,11 @@ func TestReadDataDirect(t *testing.T) {
 					}
 					if a.exact {
 						direct++
+						// Nothing after the segment was read ahead, its padding and digest
+						// included: the next header comes straight from the conn.
+						if b := a.br.Buffered(); b != 0 {
+							t.Fatalf("segment %d (%d bytes) was read directly, but bufio then read %d bytes ahead", i, n, b)
+						}
 					}
 				}
 				if err := <-errc; err != nil {
