@@ -1,0 +1,104 @@
+package lifecycle
+
+import (
+	"reflect"
+	"testing"
+)
+
+type recorder struct {
+	transitions []Transition
+	progress    []FlushProgress
+}
+
+func (r *recorder) StateChanged(t Transition)       { r.transitions = append(r.transitions, t) }
+func (r *recorder) FlushProgressed(p FlushProgress) { r.progress = append(r.progress, p) }
+
+func TestMachineWalksTheDetachPath(t *testing.T) {
+	m := New()
+	var r recorder
+	m.Subscribe(&r)
+	for _, s := range []State{Ready, Draining, Flushing} {
+		if err := m.To(s, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.ReportFlush(FlushProgress{DirtyBytes: 10, WrittenBackBytes: 5})
+	if err := m.To(Stopped, "detached"); err != nil {
+		t.Fatal(err)
+	}
+	var got []State
+	for _, tr := range r.transitions {
+		got = append(got, tr.To)
+	}
+	if want := []State{Ready, Draining, Flushing, Stopped}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("observed %v, want %v", got, want)
+	}
+	if len(r.progress) != 1 || r.progress[0].WrittenBackBytes != 5 {
+		t.Fatalf("progress %+v", r.progress)
+	}
+	if s, reason := m.State(); s != Stopped || reason != "detached" {
+		t.Fatalf("state %s %q", s, reason)
+	}
+}
+
+func TestMachineRefusesInvalidTransitions(t *testing.T) {
+	m := New()
+	var r recorder
+	m.Subscribe(&r)
+	if err := m.To(Flushing, ""); err == nil {
+		t.Fatal("starting → flushing accepted")
+	}
+	if s, _ := m.State(); s != Starting {
+		t.Fatalf("state changed to %s by a refused transition", s)
+	}
+	_ = m.To(Ready, "")
+	_ = m.To(Draining, "")
+	_ = m.To(Stopped, "")
+	if err := m.To(Ready, ""); err == nil {
+		t.Fatal("stopped → ready accepted")
+	}
+	if len(r.transitions) != 3 {
+		t.Fatalf("observer saw %d transitions, want 3", len(r.transitions))
+	}
+}
+
+func TestSameStateIsANoOp(t *testing.T) {
+	m := New()
+	var r recorder
+	m.Subscribe(&r)
+	if err := m.To(Starting, ""); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.transitions) != 0 {
+		t.Fatalf("no-op transition observed: %+v", r.transitions)
+	}
+}
+
+func TestFailedWriteBackReturnsToReady(t *testing.T) {
+	m := New()
+	for _, s := range []State{Ready, Draining, Flushing, Ready} {
+		if err := m.To(s, ""); err != nil {
+			t.Fatalf("→ %s: %v", s, err)
+		}
+	}
+}
+
+func TestUnsubscribeStopsNotifications(t *testing.T) {
+	m := New()
+	var a, b recorder
+	cancel := m.Subscribe(&a)
+	m.Subscribe(&b)
+	cancel()
+	_ = m.To(Ready, "")
+	if len(a.transitions) != 0 || len(b.transitions) != 1 {
+		t.Fatalf("a saw %d, b saw %d", len(a.transitions), len(b.transitions))
+	}
+}
+
+func TestEveryStateHasATableEntry(t *testing.T) {
+	for _, s := range States {
+		if _, ok := next[s]; !ok {
+			t.Errorf("state %s missing from the transition table", s)
+		}
+	}
+}

@@ -1,0 +1,109 @@
+package status
+
+import (
+	"os"
+	"sync"
+	"time"
+
+	"github.com/iser-blk/iser-blk/internal/lifecycle"
+)
+
+// The Providers: each layer implements the one for its part with a small method that reads its
+// atomics. They are called off the data path (a status request, a scrape), may be called
+// concurrently, and must not block on I/O.
+type (
+	PathsProvider    interface{ PathsStatus() []Path }
+	LUNProvider      interface{ LUNStatus() LUN }
+	FrontendProvider interface{ FrontendStatus() Frontend }
+	CacheProvider    interface{ CacheStatus() Cache }
+	IOProvider       interface{ IOStatus() IO }
+)
+
+// Identity is what the gateway knows about itself when it starts.
+type Identity struct {
+	Name         string
+	Device       string
+	FrontendKind string
+	FrontendPath string
+	Targets      []string // already redacted: Registry does not parse URLs
+	CacheMode    string
+	BuildVersion string
+}
+
+// Registry assembles a Status from the registered providers. Layers register once they exist
+// (the backend after login, the frontend once serving); a part not registered is omitted from
+// the Status (nil, or empty for lists). Safe for concurrent use.
+type Registry struct {
+	mu        sync.RWMutex
+	id        Identity
+	lifecycle *lifecycle.Machine
+	paths     PathsProvider
+	lun       LUNProvider
+	frontend  FrontendProvider
+	cache     CacheProvider
+	io        IOProvider
+}
+
+// NewRegistry returns a Registry for the gateway id whose state lm holds.
+func NewRegistry(id Identity, lm *lifecycle.Machine) *Registry {
+	return &Registry{id: id, lifecycle: lm}
+}
+
+// SetPaths registers the backend's paths; the others likewise. A nil provider unregisters.
+func (r *Registry) SetPaths(p PathsProvider)       { r.mu.Lock(); r.paths = p; r.mu.Unlock() }
+func (r *Registry) SetLUN(p LUNProvider)           { r.mu.Lock(); r.lun = p; r.mu.Unlock() }
+func (r *Registry) SetFrontend(p FrontendProvider) { r.mu.Lock(); r.frontend = p; r.mu.Unlock() }
+func (r *Registry) SetCache(p CacheProvider)       { r.mu.Lock(); r.cache = p; r.mu.Unlock() }
+func (r *Registry) SetIO(p IOProvider)             { r.mu.Lock(); r.io = p; r.mu.Unlock() }
+
+// Identity returns the identity the Registry was created with.
+func (r *Registry) Identity() Identity { return r.id }
+
+// Snapshot reads every registered provider once.
+func (r *Registry) Snapshot() Status {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	st := Status{Version: Version, Gateway: r.gateway(), Paths: []Path{}}
+	if r.paths != nil {
+		st.Paths = r.paths.PathsStatus()
+	}
+	if r.lun != nil {
+		l := r.lun.LUNStatus()
+		st.LUN = &l
+	}
+	if r.frontend != nil {
+		f := r.frontend.FrontendStatus()
+		st.Frontend = &f
+	}
+	if r.cache != nil {
+		c := r.cache.CacheStatus()
+		st.Cache = &c
+	}
+	if r.io != nil {
+		st.IO = r.io.IOStatus()
+	}
+	if st.IO.Ops == nil {
+		st.IO.Ops = []OpStats{}
+	}
+	return st
+}
+
+func (r *Registry) gateway() Gateway {
+	state, reason := r.lifecycle.State()
+	started := r.lifecycle.Started()
+	targets := append([]string{}, r.id.Targets...)
+	return Gateway{
+		Name:          r.id.Name,
+		PID:           os.Getpid(),
+		Device:        r.id.Device,
+		FrontendKind:  r.id.FrontendKind,
+		FrontendPath:  r.id.FrontendPath,
+		Targets:       targets,
+		CacheMode:     r.id.CacheMode,
+		State:         string(state),
+		StateReason:   reason,
+		StartedAt:     started.UTC(),
+		UptimeSeconds: time.Since(started).Seconds(),
+		BuildVersion:  r.id.BuildVersion,
+	}
+}
