@@ -1,0 +1,106 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/iser-blk/iser-blk/internal/lifecycle"
+)
+
+// detach runs the handler's Detach and streams the lifecycle to the client meanwhile: every
+// state change, and write-back progress (coalesced: a slow client sees the latest, never
+// blocks the flush).
+func (s *Server) detach(w *replyWriter, req Request) bool {
+	if !s.detachMu.TryLock() {
+		return w.error(&Error{Code: CodeBusy, Message: "a detach is already running"})
+	}
+	defer s.detachMu.Unlock()
+	ctx := context.Background()
+	if t := req.Timeout(); t > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, t)
+		defer cancel()
+	}
+	stream := newProgressStream(w)
+	go stream.run()
+	unsubscribe := func() {}
+	if s.opts.Lifecycle != nil {
+		unsubscribe = s.opts.Lifecycle.Subscribe(stream)
+	}
+	res, err := s.handler.Detach(ctx, req)
+	unsubscribe()
+	stream.stop()
+	if err != nil {
+		s.opts.Log.Warn("control: detach did not complete", zap.Error(err))
+		if errors.Is(err, context.DeadlineExceeded) {
+			return w.error(&Error{Code: CodeTimeout, Message: err.Error()})
+		}
+		return w.error(err)
+	}
+	ok := w.write(Reply{Type: ReplyDone, Result: &res})
+	s.detachOK.Do(func() { close(s.detached) })
+	return ok
+}
+
+// progressStream is a lifecycle.Observer that hands lines to a writer goroutine through a
+// bounded queue; when the queue is full a flush-progress line is dropped (the next one
+// supersedes it) while state changes wait for room (the writer's deadline bounds the wait).
+type progressStream struct {
+	w     *replyWriter
+	queue chan Progress
+	done  chan struct{}
+
+	mu     sync.Mutex // guards state, closed and sending on queue
+	state  string
+	closed bool
+}
+
+func newProgressStream(w *replyWriter) *progressStream {
+	return &progressStream{w: w, queue: make(chan Progress, progressQueue), done: make(chan struct{})}
+}
+
+func (p *progressStream) StateChanged(t lifecycle.Transition) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	p.state = string(t.To)
+	p.queue <- Progress{State: string(t.To), Reason: t.Reason}
+}
+
+func (p *progressStream) FlushProgressed(fp lifecycle.FlushProgress) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	state := p.state
+	if state == "" {
+		state = string(lifecycle.Flushing)
+	}
+	select {
+	case p.queue <- Progress{State: state, DirtyBytes: fp.DirtyBytes, WrittenBackBytes: fp.WrittenBackBytes}:
+	default:
+	}
+}
+
+func (p *progressStream) run() {
+	defer close(p.done)
+	for pr := range p.queue {
+		p.w.write(Reply{Type: ReplyProgress, Progress: &pr})
+	}
+}
+
+// stop ends the stream once every queued line is written. An observer call racing with it
+// either queued its line before (and it is written) or sees closed and drops it.
+func (p *progressStream) stop() {
+	p.mu.Lock()
+	p.closed = true
+	close(p.queue)
+	p.mu.Unlock()
+	<-p.done
+}
