@@ -13,12 +13,12 @@ import (
 
 type fakeLayers struct{ IOCounters }
 
-func (fakeLayers) PathsStatus() []Path {
+func (*fakeLayers) PathsStatus() []Path {
 	return []Path{{Portal: "127.0.0.1:3260", Transport: "tcp", State: "up", Reconnects: 2}}
 }
-func (fakeLayers) LUNStatus() LUN           { return LUN{SizeBytes: 1 << 30, BlockSize: 512} }
-func (fakeLayers) FrontendStatus() Frontend { return Frontend{Kind: "nbd-socket", Connections: 1} }
-func (fakeLayers) CacheStatus() Cache {
+func (*fakeLayers) LUNStatus() LUN           { return LUN{SizeBytes: 1 << 30, BlockSize: 512} }
+func (*fakeLayers) FrontendStatus() Frontend { return Frontend{Kind: "nbd-socket", Connections: 1} }
+func (*fakeLayers) CacheStatus() Cache {
 	c := Cache{Mode: "write-back", Hits: 3, Misses: 1}
 	c.SetHitRatio()
 	return c
