@@ -1,0 +1,115 @@
+// Package sdnotify tells systemd about a gateway's lifecycle (sd_notify(3), Type=notify units):
+// READY=1 when the lifecycle reaches ready, STATUS= on every state change, STOPPING=1 when it
+// starts draining, EXTEND_TIMEOUT_USEC while a shutdown write-back makes progress, and
+// WATCHDOG=1 pings when the unit sets WatchdogSec. It uses github.com/coreos/go-systemd/v22's
+// daemon package for the socket protocol.
+//
+// A Notifier is a lifecycle.Observer: subscribe it and the gateway never calls sd_notify
+// itself. Without NOTIFY_SOCKET (not started by systemd) every call is a no-op. Errors are
+// logged, never returned to the lifecycle: systemd's view must not decide whether I/O goes on.
+package sdnotify
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/dustin/go-humanize"
+	"go.uber.org/zap"
+
+	"github.com/iser-blk/iser-blk/internal/lifecycle"
+)
+
+// DefaultExtendBy is how much more stop time each flush progress report asks systemd for.
+const DefaultExtendBy = 30 * time.Second
+
+// Notifier sends lifecycle changes to systemd.
+type Notifier struct {
+	log      *zap.Logger
+	extendBy time.Duration
+
+	mu          sync.Mutex
+	lastWritten uint64 // WrittenBackBytes of the last progress that extended the timeout
+}
+
+// New returns a Notifier. extendBy ≤ 0 means DefaultExtendBy.
+func New(log *zap.Logger, extendBy time.Duration) *Notifier {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if extendBy <= 0 {
+		extendBy = DefaultExtendBy
+	}
+	return &Notifier{log: log, extendBy: extendBy}
+}
+
+// Send sends the given assignments ("READY=1", "STATUS=…") in one datagram. It reports whether
+// a NOTIFY_SOCKET was there to send to.
+func (n *Notifier) Send(assignments ...string) (bool, error) {
+	return daemon.SdNotify(false, strings.Join(assignments, "\n"))
+}
+
+// StateChanged implements lifecycle.Observer.
+func (n *Notifier) StateChanged(t lifecycle.Transition) {
+	status := "STATUS=" + string(t.To)
+	if t.Reason != "" {
+		status += ": " + t.Reason
+	}
+	msg := []string{status}
+	switch t.To {
+	case lifecycle.Ready:
+		msg = append([]string{daemon.SdNotifyReady}, msg...)
+	case lifecycle.Draining:
+		msg = append([]string{daemon.SdNotifyStopping}, msg...)
+	case lifecycle.Flushing:
+		n.mu.Lock()
+		n.lastWritten = 0
+		n.mu.Unlock()
+	}
+	n.send(msg...)
+}
+
+// FlushProgressed implements lifecycle.Observer: the stop timeout is extended only when bytes
+// were written back since the last report, so a stuck write-back still times out.
+func (n *Notifier) FlushProgressed(p lifecycle.FlushProgress) {
+	msg := []string{fmt.Sprintf("STATUS=flushing: %s dirty, %s written back",
+		humanize.IBytes(p.DirtyBytes), humanize.IBytes(p.WrittenBackBytes))}
+	n.mu.Lock()
+	if p.WrittenBackBytes > n.lastWritten {
+		n.lastWritten = p.WrittenBackBytes
+		msg = append(msg, fmt.Sprintf("EXTEND_TIMEOUT_USEC=%d", n.extendBy.Microseconds()))
+	}
+	n.mu.Unlock()
+	n.send(msg...)
+}
+
+func (n *Notifier) send(msg ...string) {
+	if _, err := n.Send(msg...); err != nil {
+		n.log.Warn("sd_notify failed", zap.Strings("message", msg), zap.Error(err))
+	}
+}
+
+// RunWatchdog sends WATCHDOG=1 at half the unit's WatchdogSec until ctx ends, skipping a ping
+// when healthy (if non-nil) says no, so that systemd restarts a gateway that stopped making
+// progress. It returns at once when the watchdog is not enabled for this process.
+func (n *Notifier) RunWatchdog(ctx context.Context, healthy func() bool) error {
+	interval, err := daemon.SdWatchdogEnabled(false)
+	if err != nil || interval <= 0 {
+		return err
+	}
+	tick := time.NewTicker(interval / 2)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			if healthy == nil || healthy() {
+				n.send(daemon.SdNotifyWatchdog)
+			}
+		}
+	}
+}

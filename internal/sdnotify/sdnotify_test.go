@@ -1,0 +1,129 @@
+package sdnotify
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/iser-blk/iser-blk/internal/lifecycle"
+)
+
+// listenNotify points NOTIFY_SOCKET at a datagram socket the test reads, as systemd's would be.
+func listenNotify(t *testing.T) *net.UnixConn {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	t.Setenv("NOTIFY_SOCKET", path)
+	return conn
+}
+
+func receive(t *testing.T, conn *net.UnixConn) string {
+	t.Helper()
+	buf := make([]byte, 4096)
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, err := conn.Read(buf)
+	if err != nil {
+		t.Fatalf("no notification: %v", err)
+	}
+	return string(buf[:n])
+}
+
+func TestLifecycleNotifications(t *testing.T) {
+	conn := listenNotify(t)
+	lm := lifecycle.New()
+	lm.Subscribe(New(nil, 45*time.Second))
+	steps := []struct {
+		do   func()
+		want []string
+		not  []string
+	}{
+		{func() { _ = lm.To(lifecycle.Ready, "") }, []string{"READY=1", "STATUS=ready"}, nil},
+		{func() { _ = lm.To(lifecycle.Draining, "SIGTERM") }, []string{"STOPPING=1", "STATUS=draining: SIGTERM"}, []string{"READY=1"}},
+		{func() { _ = lm.To(lifecycle.Flushing, "") }, []string{"STATUS=flushing"}, nil},
+		{func() { lm.ReportFlush(lifecycle.FlushProgress{DirtyBytes: 3 << 20, WrittenBackBytes: 1 << 20}) },
+			[]string{"EXTEND_TIMEOUT_USEC=45000000", "STATUS=flushing: 3.0 MiB dirty, 1.0 MiB written back"}, nil},
+		// No bytes written back since: the status is updated, the timeout is not extended.
+		{func() { lm.ReportFlush(lifecycle.FlushProgress{DirtyBytes: 3 << 20, WrittenBackBytes: 1 << 20}) },
+			[]string{"STATUS=flushing"}, []string{"EXTEND_TIMEOUT_USEC"}},
+		{func() { lm.ReportFlush(lifecycle.FlushProgress{WrittenBackBytes: 4 << 20}) },
+			[]string{"EXTEND_TIMEOUT_USEC=45000000"}, nil},
+		{func() { _ = lm.To(lifecycle.Stopped, "") }, []string{"STATUS=stopped"}, nil},
+	}
+	for i, s := range steps {
+		s.do()
+		got := receive(t, conn)
+		lines := strings.Split(got, "\n")
+		for _, w := range s.want {
+			if !hasPrefixLine(lines, w) {
+				t.Errorf("step %d: %q lacks %q", i, got, w)
+			}
+		}
+		for _, n := range s.not {
+			if hasPrefixLine(lines, n) {
+				t.Errorf("step %d: %q has %q", i, got, n)
+			}
+		}
+	}
+}
+
+func hasPrefixLine(lines []string, prefix string) bool {
+	for _, l := range lines {
+		if strings.HasPrefix(l, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestFailedStateCarriesReason(t *testing.T) {
+	conn := listenNotify(t)
+	lm := lifecycle.New()
+	lm.Subscribe(New(nil, 0))
+	_ = lm.To(lifecycle.Failed, "login: authentication failure")
+	if got := receive(t, conn); got != "STATUS=failed: login: authentication failure" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+func TestWatchdogPings(t *testing.T) {
+	conn := listenNotify(t)
+	t.Setenv("WATCHDOG_USEC", "20000")
+	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- New(nil, 0).RunWatchdog(ctx, nil) }()
+	for i := 0; i < 2; i++ {
+		if got := receive(t, conn); got != "WATCHDOG=1" {
+			t.Fatalf("ping %d: %q", i, got)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWatchdogOffReturnsAtOnce(t *testing.T) {
+	listenNotify(t)
+	t.Setenv("WATCHDOG_USEC", "")
+	if err := New(nil, 0).RunWatchdog(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWithoutNotifySocketNothingIsSent(t *testing.T) {
+	t.Setenv("NOTIFY_SOCKET", "")
+	sent, err := New(nil, 0).Send("READY=1")
+	if sent || err != nil {
+		t.Fatalf("sent %v err %v without NOTIFY_SOCKET", sent, err)
+	}
+}
