@@ -44,7 +44,7 @@ func newFakeGateway(name string) *fakeGateway {
 	_ = lm.To(lifecycle.Ready, "")
 	return &fakeGateway{lm: lm, reg: status.NewRegistry(status.Identity{
 		Name: name, Device: name, FrontendKind: "nbd", FrontendPath: "/dev/fake-" + name,
-		Targets: []string{"iscsi://127.0.0.1/iqn.test/0"}, CacheMode: "write-back",
+		Targets: []string{"iscsi://127.0.0.1/iqn.test/0"}, CacheMode: "writeback",
 	}, lm)}
 }
 

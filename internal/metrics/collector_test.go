@@ -27,7 +27,7 @@ func (*layers) PathsStatus() []status.Path {
 }
 func (*layers) LUNStatus() status.LUN { return status.LUN{SizeBytes: 8 << 30, BlockSize: 4096} }
 func (*layers) CacheStatus() status.Cache {
-	return status.Cache{Mode: "write-back", CapacityBytes: 1 << 30, UsedBytes: 5 << 20, DirtyBytes: 1 << 20,
+	return status.Cache{Mode: "writeback", CapacityBytes: 1 << 30, UsedBytes: 5 << 20, DirtyBytes: 1 << 20,
 		Hits: 90, Misses: 10, WrittenBackBytes: 123456, ThrottledSeconds: 1.5}
 }
 

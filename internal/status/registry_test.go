@@ -19,7 +19,7 @@ func (*fakeLayers) PathsStatus() []Path {
 func (*fakeLayers) LUNStatus() LUN           { return LUN{SizeBytes: 1 << 30, BlockSize: 512} }
 func (*fakeLayers) FrontendStatus() Frontend { return Frontend{Kind: "nbd-socket", Connections: 1} }
 func (*fakeLayers) CacheStatus() Cache {
-	c := Cache{Mode: "write-back", Hits: 3, Misses: 1}
+	c := Cache{Mode: "writeback", Hits: 3, Misses: 1}
 	c.SetHitRatio()
 	return c
 }

@@ -33,7 +33,7 @@ type Gateway struct {
 	FrontendKind  string    `json:"frontend_kind"` // "nbd-socket", "nbd" (kernel) or "ublk"
 	FrontendPath  string    `json:"frontend_path"` // the NBD socket, /dev/nbdX or /dev/ublkbN
 	Targets       []string  `json:"targets"`       // target URLs, never with credentials
-	CacheMode     string    `json:"cache_mode"`    // "write-back", "write-through" or "off"
+	CacheMode     string    `json:"cache_mode"`    // as --cache: "writeback", "writethrough" or "off"
 	State         string    `json:"state"`         // a lifecycle state
 	StateReason   string    `json:"state_reason,omitempty"`
 	StartedAt     time.Time `json:"started_at"`
