@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -44,7 +45,7 @@ func ClaimName(dir, name string) (*Claim, error) {
 	}
 	// A releasing holder unlinks the lock file before unlocking it; if we opened that inode we
 	// hold a lock nobody else will look at, so we retry on the file now at the path.
-	for attempt := 0; attempt < 5; attempt++ {
+	for attempt := 0; attempt <= lockProbeRetries; attempt++ {
 		f, err := lockFile(dir, name, true)
 		if err != nil {
 			return nil, err
@@ -52,10 +53,16 @@ func ClaimName(dir, name string) (*Claim, error) {
 		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 			pid := readPID(f)
 			f.Close()
-			if errors.Is(err, unix.EWOULDBLOCK) {
+			if !errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, fmt.Errorf("claim %q: flock: %w", name, err)
+			}
+			if processAlive(pid) || attempt >= lockProbeRetries {
 				return nil, &NameInUseError{Name: name, PID: pid}
 			}
-			return nil, fmt.Errorf("claim %q: flock: %w", name, err)
+			// The recorded holder is dead: the lock is held for a moment by `list` probing
+			// for stale files, or by a gateway that has not written its PID yet. Try again.
+			time.Sleep(lockProbeWait)
+			continue
 		}
 		if !stillAtPath(f, LockPath(dir, name)) {
 			f.Close()
@@ -72,6 +79,22 @@ func ClaimName(dir, name string) (*Claim, error) {
 		return &Claim{Dir: dir, Name: name, lock: f}, nil
 	}
 	return nil, fmt.Errorf("claim %q: the lock file keeps being replaced", name)
+}
+
+// A claim that finds the lock held while the PID in it is dead retries this often, this far
+// apart: long enough for a stale-file probe or a starting gateway to write its PID.
+const (
+	lockProbeRetries = 20
+	lockProbeWait    = 10 * time.Millisecond
+)
+
+// processAlive reports whether pid is a running process (kill(pid, 0); EPERM means it exists).
+func processAlive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	err := unix.Kill(pid, 0)
+	return err == nil || errors.Is(err, unix.EPERM)
 }
 
 // SocketPath is the claimed name's control socket.

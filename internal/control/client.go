@@ -38,7 +38,9 @@ func Dial(ctx context.Context, runDir, nameOrDevice string) (*Client, error) {
 	if err := ValidateName(nameOrDevice); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnknownGateway, err)
 	}
-	if _, err := os.Stat(SocketPath(runDir, nameOrDevice)); err != nil || probeStale(runDir, nameOrDevice) {
+	// A stale socket is found out by the first request (connection refused: ErrUnknownGateway);
+	// List removes it. Dial does not probe the lock, which would race a starting gateway.
+	if _, err := os.Stat(SocketPath(runDir, nameOrDevice)); err != nil {
 		return nil, fmt.Errorf("%w: %q in %s", ErrUnknownGateway, nameOrDevice, runDir)
 	}
 	return &Client{Name: nameOrDevice, socket: SocketPath(runDir, nameOrDevice)}, nil

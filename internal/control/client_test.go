@@ -158,3 +158,19 @@ func TestExitCode(t *testing.T) {
 		t.Fatal("exit codes")
 	}
 }
+
+// TestStaleSocketIsUnknown: a socket file without a gateway (killed, lock free) answers like
+// no gateway at all, exit 4.
+func TestStaleSocketIsUnknown(t *testing.T) {
+	dir := testRunDir(t)
+	cmd := startHelperGateway(t, dir, "gw")
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	c, err := Dial(t.Context(), dir, "gw")
+	if err == nil {
+		_, err = c.Status(t.Context())
+	}
+	if !errors.Is(err, ErrUnknownGateway) || ExitCode(err) != 4 {
+		t.Fatalf("status of a killed gateway: %v", err)
+	}
+}

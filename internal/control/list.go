@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -34,12 +35,14 @@ func List(ctx context.Context, runDir string, perGateway time.Duration) ([]Entry
 	}
 	var out []Entry
 	for _, name := range names {
-		if probeStale(runDir, name) {
-			continue
-		}
 		qctx, cancel := context.WithTimeout(ctx, perGateway)
 		st, err := (&Client{Name: name, socket: SocketPath(runDir, name)}).Status(qctx)
 		cancel()
+		// Only a gateway that does not answer is probed: taking a live gateway's lock, even
+		// for a moment, could make a starting gateway's claim fail.
+		if errors.Is(err, ErrUnknownGateway) && probeStale(runDir, name) {
+			continue
+		}
 		out = append(out, Entry{Name: name, Status: st, Err: err})
 	}
 	return out, ctx.Err()
