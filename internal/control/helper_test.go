@@ -3,14 +3,13 @@ package control
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/iser-blk/iser-blk/internal/lifecycle"
@@ -89,25 +88,6 @@ func runHelperGateway(dir, name string) int {
 	return 0
 }
 
-func runHelperDial(socket string) int {
-	conn, err := net.Dial("unix", socket)
-	if err != nil {
-		if errorsIsPerm(err) {
-			fmt.Println("denied")
-			return 0
-		}
-		fmt.Println("dial:", err)
-		return 1
-	}
-	conn.Close()
-	fmt.Println("connected")
-	return 3
-}
-
-func errorsIsPerm(err error) bool {
-	return strings.Contains(err.Error(), syscall.EACCES.Error())
-}
-
 // startHelperGateway starts a fake gateway child and returns once it serves.
 func startHelperGateway(t *testing.T, dir, name string) *exec.Cmd {
 	t.Helper()
@@ -133,4 +113,70 @@ func startHelperGateway(t *testing.T, dir, name string) *exec.Cmd {
 // testRunDir returns a fresh run directory that does not exist yet (ClaimName creates it).
 func testRunDir(t *testing.T) string {
 	return filepath.Join(t.TempDir(), "run")
+}
+
+// serveInProcess claims name and serves g in this process until the test ends.
+func serveInProcess(t *testing.T, dir, name string, g *fakeGateway, opts Options) *Server {
+	t.Helper()
+	c, err := ClaimName(dir, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.Lifecycle == nil {
+		opts.Lifecycle = g.lm
+	}
+	s, err := Listen(c, g, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve() }()
+	t.Cleanup(func() {
+		s.Close()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		c.Release()
+	})
+	return s
+}
+
+// rawConn sends lines and reads reply lines on one connection.
+type rawConn struct {
+	t    *testing.T
+	conn net.Conn
+	r    *bufio.Reader
+}
+
+func dialRaw(t *testing.T, dir, name string) *rawConn {
+	conn, err := net.Dial("unix", SocketPath(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &rawConn{t: t, conn: conn, r: bufio.NewReader(conn)}
+}
+
+func (c *rawConn) send(line string) Reply {
+	c.t.Helper()
+	if _, err := c.conn.Write([]byte(line + "\n")); err != nil {
+		c.t.Fatal(err)
+	}
+	return c.read()
+}
+
+func (c *rawConn) read() Reply {
+	c.t.Helper()
+	line, err := c.r.ReadBytes('\n')
+	if err != nil {
+		c.t.Fatalf("read reply: %v", err)
+	}
+	var r Reply
+	if err := json.Unmarshal(line, &r); err != nil {
+		c.t.Fatalf("reply %q: %v", line, err)
+	}
+	if r.Version != ProtocolVersion {
+		c.t.Fatalf("reply without version: %s", line)
+	}
+	return r
 }
