@@ -2,43 +2,18 @@ package sdnotify
 
 import (
 	"context"
-	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/iser-blk/iser-blk/internal/lifecycle"
+	"github.com/iser-blk/iser-blk/internal/sdnotify/sdnotifytest"
 )
 
-// listenNotify points NOTIFY_SOCKET at a datagram socket the test reads, as systemd's would be.
-func listenNotify(t *testing.T) *net.UnixConn {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "notify.sock")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	t.Setenv("NOTIFY_SOCKET", path)
-	return conn
-}
-
-func receive(t *testing.T, conn *net.UnixConn) string {
-	t.Helper()
-	buf := make([]byte, 4096)
-	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	n, err := conn.Read(buf)
-	if err != nil {
-		t.Fatalf("no notification: %v", err)
-	}
-	return string(buf[:n])
-}
-
 func TestLifecycleNotifications(t *testing.T) {
-	conn := listenNotify(t)
+	sock := sdnotifytest.Listen(t)
 	lm := lifecycle.New()
 	lm.Subscribe(New(nil, 45*time.Second))
 	steps := []struct {
@@ -60,7 +35,7 @@ func TestLifecycleNotifications(t *testing.T) {
 	}
 	for i, s := range steps {
 		s.do()
-		got := receive(t, conn)
+		got := sock.Receive()
 		lines := strings.Split(got, "\n")
 		for _, w := range s.want {
 			if !hasPrefixLine(lines, w) {
@@ -85,24 +60,24 @@ func hasPrefixLine(lines []string, prefix string) bool {
 }
 
 func TestFailedStateCarriesReason(t *testing.T) {
-	conn := listenNotify(t)
+	sock := sdnotifytest.Listen(t)
 	lm := lifecycle.New()
 	lm.Subscribe(New(nil, 0))
 	_ = lm.To(lifecycle.Failed, "login: authentication failure")
-	if got := receive(t, conn); got != "STATUS=failed: login: authentication failure" {
+	if got := sock.Receive(); got != "STATUS=failed: login: authentication failure" {
 		t.Fatalf("got %q", got)
 	}
 }
 
 func TestWatchdogPings(t *testing.T) {
-	conn := listenNotify(t)
+	sock := sdnotifytest.Listen(t)
 	t.Setenv("WATCHDOG_USEC", "20000")
 	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- New(nil, 0).RunWatchdog(ctx, nil) }()
 	for i := 0; i < 2; i++ {
-		if got := receive(t, conn); got != "WATCHDOG=1" {
+		if got := sock.Receive(); got != "WATCHDOG=1" {
 			t.Fatalf("ping %d: %q", i, got)
 		}
 	}
@@ -113,7 +88,7 @@ func TestWatchdogPings(t *testing.T) {
 }
 
 func TestWatchdogOffReturnsAtOnce(t *testing.T) {
-	listenNotify(t)
+	sdnotifytest.Listen(t)
 	t.Setenv("WATCHDOG_USEC", "")
 	if err := New(nil, 0).RunWatchdog(context.Background(), nil); err != nil {
 		t.Fatal(err)

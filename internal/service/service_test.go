@@ -3,7 +3,6 @@ package service
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,35 +15,15 @@ import (
 
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/lifecycle"
+	"github.com/iser-blk/iser-blk/internal/sdnotify/sdnotifytest"
 	"github.com/iser-blk/iser-blk/internal/status"
 )
-
-// notifySocket points NOTIFY_SOCKET at a datagram socket the test reads.
-func notifySocket(t *testing.T) func() string {
-	path := filepath.Join(t.TempDir(), "notify")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	t.Setenv("NOTIFY_SOCKET", path)
-	return func() string {
-		t.Helper()
-		buf := make([]byte, 4096)
-		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-		n, err := conn.Read(buf)
-		if err != nil {
-			t.Fatalf("no sd_notify message: %v", err)
-		}
-		return string(buf[:n])
-	}
-}
 
 // TestOneSourceOfTruth wires every part as serve/attach will: the numbers status reports over
 // the control socket equal the ones /metrics reports, READY=1 follows the lifecycle, and a
 // detach streams progress, tells systemd it is stopping, and ends the service.
 func TestOneSourceOfTruth(t *testing.T) {
-	receive := notifySocket(t)
+	receive := sdnotifytest.Listen(t).Receive
 	runDir := filepath.Join(t.TempDir(), "run")
 	var io status.IOCounters
 	var svc *Service
