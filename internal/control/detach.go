@@ -12,10 +12,26 @@ import (
 
 // detach runs the handler's Detach and streams the lifecycle to the client meanwhile: every
 // state change, and write-back progress (coalesced: a slow client sees the latest, never
-// blocks the flush).
+// blocks the flush). The final reply is written after the detach lock is released, so a
+// client that reads a refusal can retry at once.
 func (s *Server) detach(w *replyWriter, req Request) bool {
+	res, err := s.runDetach(w, req)
+	if err != nil {
+		s.opts.Log.Warn("control: detach did not complete", zap.Error(err))
+		if errors.Is(err, context.DeadlineExceeded) {
+			return w.error(&Error{Code: CodeTimeout, Message: err.Error()})
+		}
+		return w.error(err)
+	}
+	ok := w.write(Reply{Type: ReplyDone, Result: &res})
+	s.detachOK.Do(func() { close(s.detached) })
+	return ok
+}
+
+// runDetach calls the handler, one detach at a time, with progress streamed to w.
+func (s *Server) runDetach(w *replyWriter, req Request) (DetachResult, error) {
 	if !s.detachMu.TryLock() {
-		return w.error(&Error{Code: CodeBusy, Message: "a detach is already running"})
+		return DetachResult{}, &Error{Code: CodeBusy, Message: "a detach is already running"}
 	}
 	defer s.detachMu.Unlock()
 	ctx := context.Background()
@@ -33,16 +49,7 @@ func (s *Server) detach(w *replyWriter, req Request) bool {
 	res, err := s.handler.Detach(ctx, req)
 	unsubscribe()
 	stream.stop()
-	if err != nil {
-		s.opts.Log.Warn("control: detach did not complete", zap.Error(err))
-		if errors.Is(err, context.DeadlineExceeded) {
-			return w.error(&Error{Code: CodeTimeout, Message: err.Error()})
-		}
-		return w.error(err)
-	}
-	ok := w.write(Reply{Type: ReplyDone, Result: &res})
-	s.detachOK.Do(func() { close(s.detached) })
-	return ok
+	return res, err
 }
 
 // progressStream is a lifecycle.Observer that hands lines to a writer goroutine through a
