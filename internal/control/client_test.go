@@ -174,3 +174,19 @@ func TestStaleSocketIsUnknown(t *testing.T) {
 		t.Fatalf("status of a killed gateway: %v", err)
 	}
 }
+
+func TestDetachTimeout(t *testing.T) {
+	dir := testRunDir(t)
+	g := newFakeGateway("gw")
+	g.stall = true
+	serveInProcess(t, dir, "gw", g, Options{})
+	c, err := Dial(t.Context(), dir, "gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Detach(t.Context(), DetachOptions{Timeout: 50 * time.Millisecond}, nil)
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Code != CodeTimeout || ExitCode(err) != 1 {
+		t.Fatalf("stalled detach with a timeout: %v", err)
+	}
+}

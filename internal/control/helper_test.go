@@ -36,6 +36,7 @@ type fakeGateway struct {
 	lm        *lifecycle.Machine
 	refuse    string // non-empty: Detach without force is refused with this
 	failFlush error
+	stall     bool // Detach waits for its context to end (a write-back that makes no progress)
 }
 
 func newFakeGateway(name string) *fakeGateway {
@@ -52,6 +53,10 @@ func (g *fakeGateway) Status() status.Status { return g.reg.Snapshot() }
 func (g *fakeGateway) Detach(ctx context.Context, req Request) (DetachResult, error) {
 	if g.refuse != "" && !req.Force {
 		return DetachResult{}, Refused("%s", g.refuse)
+	}
+	if g.stall {
+		<-ctx.Done()
+		return DetachResult{}, ctx.Err()
 	}
 	if err := g.lm.To(lifecycle.Draining, "detach"); err != nil {
 		return DetachResult{}, err
