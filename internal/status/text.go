@@ -11,17 +11,15 @@ import (
 	"github.com/dustin/go-humanize"
 )
 
-// RedactTarget returns a target URL fit for status, list and logs: any password in the user
-// part is dropped (CHAP secrets never belong in a URL, but an operator may have put one there).
-// A string that does not parse as a URL is replaced entirely: it may be anything.
+// RedactTarget returns a target URL fit for status, list and logs: the user part is dropped
+// whole, as cmd/iser-blk's log lines do (CHAP secrets never belong in a URL, but an operator
+// may have put one there). A string that does not parse as a URL is replaced entirely.
 func RedactTarget(target string) string {
 	u, err := url.Parse(target)
 	if err != nil || u.Scheme == "" {
-		return "(unparsable target URL)"
+		return "(target)"
 	}
-	if u.User != nil {
-		u.User = url.User(u.User.Username())
-	}
+	u.User = nil
 	return u.String()
 }
 
