@@ -89,6 +89,12 @@ func (c *testClient) connect(structured bool) *testClient {
 	if err := c.greet(cflagFixedNewstyle | cflagNoZeroes); err != nil {
 		c.t.Fatalf("greet: %v", err)
 	}
+	return c.goExport(structured)
+}
+
+// goExport is connect after the greeting (and, with TLS, after STARTTLS).
+func (c *testClient) goExport(structured bool) *testClient {
+	c.t.Helper()
 	if structured {
 		if err := c.sendOpt(optStructuredReply, nil); err != nil {
 			c.t.Fatal(err)

@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"bytes"
+	"crypto/tls"
 	"encoding/binary"
 	"io"
 	"net"
@@ -178,4 +179,65 @@ func FuzzTransmission(f *testing.F) {
 			t.Fatalf("%d of %d request slots returned", len(c.free), srv.opts.MaxInflight)
 		}
 	})
+}
+
+// FuzzStartTLS feeds arbitrary client bytes to a negotiation that requires TLS, with the TLS
+// handshake replaced by a pass-through so that the options after NBD_OPT_STARTTLS come from the
+// same bytes. Whatever the input: before STARTTLS is acknowledged, every reply is
+// NBD_REP_ERR_TLS_REQD (or a refusal of a malformed STARTTLS, or the ACK of ABORT), and the client
+// enters transmission only after the ACK.
+func FuzzStartTLS(f *testing.F) {
+	cf := []byte{0, 0, 0, 3}
+	f.Add(cat(cf, optBytes(optStartTLS, nil), optBytes(optStructuredReply, nil), optBytes(optGo, goData(""))))
+	f.Add(cat(cf, optBytes(optList, nil), optBytes(optGo, goData("")), optBytes(optStartTLS, nil),
+		optBytes(optStartTLS, nil), optBytes(optExportName, nil)))
+	f.Add(cat(cf, optBytes(optStartTLS, []byte("x")), optBytes(optAbort, nil)))
+	f.Add(cat(cf, optBytes(optExportName, nil)))
+	f.Add(cat([]byte{0, 0, 0, 2}, optBytes(optStartTLS, nil)))
+	dev, err := memdev.New(1<<20, memdev.Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	srv, err := NewServer(dev, Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	srv.tlsHandshake = func(nc net.Conn, _ *tls.Config) (net.Conn, error) { return nc, nil }
+	policy := &TLS{Config: &tls.Config{}, Require: true}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		nc := &captureConn{streamConn: streamConn{r: bytes.NewReader(data)}}
+		c := newConn(srv, nc)
+		c.tls = policy
+		e, err := c.negotiate()
+		acked := checkRepliesBeforeTLS(t, nc.out.Bytes())
+		if err == nil && (!acked || e.size != 1<<20) {
+			t.Fatalf("entered transmission (size %d) with STARTTLS acknowledged: %v", e.size, acked)
+		}
+	})
+}
+
+// checkRepliesBeforeTLS walks the server's option replies up to the STARTTLS ACK, failing on any
+// reply a FORCEDTLS server must not send in the clear; it reports whether the ACK came.
+func checkRepliesBeforeTLS(t *testing.T, out []byte) (acked bool) {
+	if len(out) < 18 {
+		return false
+	}
+	for out = out[18:]; len(out) >= optReplyHeaderLen; {
+		if binary.BigEndian.Uint64(out) != magicOptReply {
+			t.Fatalf("non-reply bytes %x before STARTTLS", out[:8])
+		}
+		opt, typ := binary.BigEndian.Uint32(out[8:]), binary.BigEndian.Uint32(out[12:])
+		n := binary.BigEndian.Uint32(out[16:])
+		switch {
+		case opt == optStartTLS && typ == repAck:
+			return true
+		case typ == repErrTLSReqd && opt != optStartTLS && opt != optAbort:
+		case opt == optStartTLS && typ == repErrInvalid:
+		case opt == optAbort && typ == repAck:
+		default:
+			t.Fatalf("reply %#x to option %d before TLS", typ, opt)
+		}
+		out = out[min(len(out), optReplyHeaderLen+int(n)):]
+	}
+	return false
 }
