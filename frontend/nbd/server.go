@@ -3,9 +3,15 @@
 // that binds such a server to the kernel's /dev/nbdX through generic netlink (or the ioctl path).
 //
 // Role: the server speaks fixed newstyle negotiation (NBD_OPT_GO/INFO/LIST/ABORT/EXPORT_NAME/
-// STRUCTURED_REPLY) and the transmission phase (READ, WRITE+FUA, FLUSH, TRIM, WRITE_ZEROES with
-// NO_HOLE/FAST_ZERO, CACHE, DISC). It advertises exactly what the device's Limits say it can do:
-// capabilities are negotiated, never assumed.
+// STRUCTURED_REPLY, and STARTTLS on listeners served with ServeTLS) and the transmission phase
+// (READ, WRITE+FUA, FLUSH, TRIM, WRITE_ZEROES with NO_HOLE/FAST_ZERO, CACHE, DISC). It advertises
+// exactly what the device's Limits say it can do: capabilities are negotiated, never assumed.
+//
+// Files: server.go (the Server, listeners, shutdown), negotiate.go (the handshake), tls.go
+// (STARTTLS), conn.go (one connection's life), reader.go (requests off the socket and the paths
+// that answer them without a worker), execute.go (device calls), reply.go (replies onto the
+// socket), splice.go (spliced READ payloads), proto.go (wire format and validation),
+// attach_linux.go and genl.go (the kernel's /dev/nbdX).
 //
 // Invariants:
 //   - Requests on one connection execute concurrently (at most Options.MaxInflight at a time) and
@@ -26,6 +32,9 @@
 //     payload) ends that connection only. No input panics the server.
 //   - Shutdown stops accepting, lets in-flight requests finish and their replies go out, and only
 //     then closes connections; requests that arrive meanwhile get ESHUTDOWN.
+//   - Under TLS every byte after the STARTTLS ACK goes through the tls.Conn: the raw-socket fast
+//     paths (rawio's direct reads and writevs, spliced READ replies) see no file descriptor and
+//     stay off, and bytes the client sent in the clear before the ACK end the session.
 package nbd
 
 import (
