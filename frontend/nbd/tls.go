@@ -41,11 +41,25 @@ func (s *Server) ServeTLS(l net.Listener, t *TLS) error {
 	if t == nil || t.Config == nil {
 		return errors.New("nbd: ServeTLS needs a TLS configuration")
 	}
-	cfg := t.Config.Clone()
-	if cfg.MinVersion < tls.VersionTLS12 {
-		cfg.MinVersion = tls.VersionTLS12
+	return s.serve(l, &TLS{Config: atLeastTLS12(t.Config), Require: t.Require})
+}
+
+// atLeastTLS12 returns a copy of cfg that negotiates TLS 1.2 or later, also through the
+// configurations its GetConfigForClient returns.
+func atLeastTLS12(cfg *tls.Config) *tls.Config {
+	cfg = cfg.Clone()
+	cfg.MinVersion = max(cfg.MinVersion, tls.VersionTLS12)
+	if get := cfg.GetConfigForClient; get != nil {
+		cfg.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			c, err := get(hello)
+			if c != nil && c.MinVersion < tls.VersionTLS12 {
+				c = c.Clone()
+				c.MinVersion = tls.VersionTLS12
+			}
+			return c, err
+		}
 	}
-	return s.serve(l, &TLS{Config: cfg, Require: t.Require})
+	return cfg
 }
 
 // tlsHandshakeError is a TLS handshake that failed after our NBD_REP_ACK: the session ends

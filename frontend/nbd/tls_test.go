@@ -340,17 +340,27 @@ func TestSpliceOffUnderTLS(t *testing.T) {
 	}
 }
 
-// TestServeTLSRaisesMinVersion: a client limited to TLS 1.1 is refused (proto.md "TLS versions").
+// TestServeTLSRaisesMinVersion: a client limited to TLS 1.1 is refused (proto.md "TLS versions"),
+// also when the certificates come from GetConfigForClient (as serve's reloadable ones do).
 func TestServeTLSRaisesMinVersion(t *testing.T) {
 	k := newTLSKit(t, "ca")
-	f := startTLSServer(t, newMem(t, 1<<20, ""), Options{}, &TLS{Config: k.serverConfig(false), Require: true})
-	c := f.dial()
-	if err := c.greet(cflagFixedNewstyle); err != nil {
-		t.Fatal(err)
+	lax := func() *tls.Config { // what a careless caller might pass
+		cfg := k.serverConfig(false)
+		cfg.MinVersion = tls.VersionTLS10
+		return cfg
 	}
-	cfg := k.clientConfig(nil)
-	cfg.MinVersion, cfg.MaxVersion = tls.VersionTLS10, tls.VersionTLS11
-	if err := c.startTLS(cfg); err == nil {
-		t.Fatal("a TLS 1.1 handshake succeeded")
+	dynamic := &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return lax(), nil }}
+	for name, cfg := range map[string]*tls.Config{"static": lax(), "GetConfigForClient": dynamic} {
+		f := startTLSServer(t, newMem(t, 1<<20, ""), Options{}, &TLS{Config: cfg, Require: true})
+		old := k.clientConfig(nil)
+		old.MinVersion, old.MaxVersion = tls.VersionTLS10, tls.VersionTLS11
+		c := f.dial()
+		if err := c.greet(cflagFixedNewstyle); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.startTLS(old); err == nil {
+			t.Errorf("%s: a TLS 1.1 handshake succeeded", name)
+		}
+		roundTrip(t, f.dial().tlsConnect(k.clientConfig(nil), false), 0, 4096)
 	}
 }
