@@ -180,7 +180,7 @@ func redactURL(raw string) string {
 }
 
 // listenSpec opens the --listen address: unix:///path (default) or tcp://host:port.
-func listen(spec string, log *zap.Logger) (net.Listener, string, error) {
+func listen(spec string, _ *zap.Logger) (net.Listener, string, error) {
 	u, err := url.Parse(spec)
 	if err != nil {
 		return nil, "", usagef("--listen %q: %v", spec, err)
@@ -214,8 +214,6 @@ func listen(spec string, log *zap.Logger) (net.Listener, string, error) {
 		if err != nil {
 			return nil, "", fmt.Errorf("listen on %s: %w", u.Host, err)
 		}
-		log.Warn("NBD over TCP has no authentication or encryption; anyone who can reach the port can read and write the disk",
-			zap.String("address", l.Addr().String()))
 		return l, "nbd://" + l.Addr().String() + "/", nil
 	default:
 		return nil, "", usagef("--listen %q: scheme must be unix:// or tcp://", spec)
@@ -254,12 +252,14 @@ func runServe(ctx context.Context, args []string) int {
 	var ef exportFlags
 	var listenSpec string
 	var drain time.Duration
+	var tlsf tlsFlags
 	fs := newFlagSet("serve", "--target URL [--listen unix:///PATH|tcp://HOST:PORT] [flags]",
 		"Serve the LUN as an NBD export (fixed newstyle, structured replies, FLUSH/FUA/TRIM/\n"+
 			"WRITE_ZEROES, multi-conn) until SIGINT/SIGTERM. Prints the NBD URI on stdout once listening.\n"+
 			"Connect with e.g. nbdinfo, nbdcopy, qemu-img or fio --ioengine=nbd.")
 	tf.register(fs, true)
 	ef.register(fs)
+	tlsf.register(fs)
 	fs.StringVar(&listenSpec, "listen", "unix:///run/iser-blk.sock", "where to listen: unix:///PATH (mode 0600) or tcp://HOST:PORT")
 	fs.DurationVar(&drain, "drain-timeout", time.Minute, "at shutdown, how long in-flight requests may take before connections are cut")
 	if _, code, done := parseOrExit(fs, args, 0); done {
@@ -267,6 +267,10 @@ func runServe(ctx context.Context, args []string) int {
 	}
 	log := newLogger(tf.debug)
 	defer log.Sync() //nolint:errcheck
+	tlsPolicy, err := tlsf.serverTLS(ctx, listenSpec, log)
+	if err != nil {
+		return fail("serve", err)
+	}
 
 	dev, p, mem, err := openStack(ctx, &tf, &ef, log)
 	if err != nil {
@@ -283,13 +287,14 @@ func runServe(ctx context.Context, args []string) int {
 		dev.Close()
 		return fail("serve", err)
 	}
+	uri = tlsf.uri(uri)
 	log.Info("serving NBD", zap.String("uri", uri), zap.String("export", ef.exportName),
 		zap.String("size", humanize.IBytes(uint64(dev.Size()))), zap.Int("block_size", dev.BlockSize()),
 		zap.Uint16("flags", srv.Flags()))
 	fmt.Println(uri)
 
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
+	go func() { served <- serveNBD(srv, l, tlsPolicy) }()
 	code := exitOK
 	select {
 	case <-ctx.Done():

@@ -95,9 +95,9 @@ func TestSubmittedRequests(t *testing.T) {
 				for i := range n {
 					var fl uint16
 					if i%8 == 1 {
-						fl = CmdFlagFUA
+						fl = cmdFlagFUA
 					}
-					if err := c.send(CmdWrite, fl, uint64(i), offs[i], 4096, blocks[i]); err != nil {
+					if err := c.send(cmdWrite, fl, uint64(i), offs[i], 4096, blocks[i]); err != nil {
 						errc <- err
 						return
 					}
@@ -115,7 +115,7 @@ func TestSubmittedRequests(t *testing.T) {
 			}
 			go func() {
 				for i := range n {
-					if err := c.send(CmdRead, 0, uint64(i), offs[i], 4096, nil); err != nil {
+					if err := c.send(cmdRead, 0, uint64(i), offs[i], 4096, nil); err != nil {
 						errc <- err
 						return
 					}
@@ -138,10 +138,10 @@ func TestSubmittedRequests(t *testing.T) {
 				t.Fatalf("submitted %d (FUA %d), through ReadAt/WriteAt %d", dev.submitted.Load(),
 					dev.fuaSubmitted.Load(), dev.sync.Load())
 			}
-			if r := c.do(CmdRead, 0, 6<<20, 4096, nil); r.errno != EIO {
+			if r := c.do(cmdRead, 0, 6<<20, 4096, nil); r.errno != eio {
 				t.Fatalf("failed submitted read: errno %d, want EIO", r.errno)
 			}
-			if r := c.do(CmdWrite, 0, 6<<20, 4096, blocks[0]); r.errno != EIO {
+			if r := c.do(cmdWrite, 0, 6<<20, 4096, blocks[0]); r.errno != eio {
 				t.Fatalf("failed submitted write: errno %d, want EIO", r.errno)
 			}
 		})
@@ -190,21 +190,21 @@ func TestCachedWritesAnsweredInline(t *testing.T) {
 	}{
 		{0, 0, true},
 		{1<<20 - 4096, 0, false}, // crosses the limit
-		{4096, CmdFlagFUA, false},
+		{4096, cmdFlagFUA, false},
 		{2 << 20, 0, false},
 	} {
 		c0, s0 := dev.cachedWrites.Load(), dev.syncW.Load()
-		if r := c.do(CmdWrite, tc.flags, tc.off, 8192, buf); r.errno != 0 {
+		if r := c.do(cmdWrite, tc.flags, tc.off, 8192, buf); r.errno != 0 {
 			t.Fatalf("write at %d: errno %d", tc.off, r.errno)
 		}
 		if got := dev.cachedWrites.Load() > c0; got != tc.cached || (dev.syncW.Load() > s0) == tc.cached {
 			t.Fatalf("write at %d flags %d: cached %v, want %v", tc.off, tc.flags, got, tc.cached)
 		}
-		if r := c.do(CmdRead, 0, tc.off, 8192, nil); r.errno != 0 || !bytes.Equal(r.data, buf) {
+		if r := c.do(cmdRead, 0, tc.off, 8192, nil); r.errno != 0 || !bytes.Equal(r.data, buf) {
 			t.Fatalf("read back at %d: errno %d", tc.off, r.errno)
 		}
 	}
-	if r := c.do(CmdFlush, 0, 0, 0, nil); r.errno != 0 || dev.flushes.Load() != 1 {
+	if r := c.do(cmdFlush, 0, 0, 0, nil); r.errno != 0 || dev.flushes.Load() != 1 {
 		t.Fatalf("flush: errno %d, device flushes %d", r.errno, dev.flushes.Load())
 	}
 }

@@ -81,14 +81,8 @@ type Attachment struct {
 	doItErr chan error
 }
 
-// Index returns the nbd device index (N in /dev/nbdN).
-func (a *Attachment) Index() int { return a.index }
-
 // Path returns the device node.
 func (a *Attachment) Path() string { return fmt.Sprintf("/dev/nbd%d", a.index) }
-
-// ViaNetlink reports whether the device was configured through generic netlink.
-func (a *Attachment) ViaNetlink() bool { return a.viaNetlink }
 
 // Done is closed when every connection to the kernel has ended (after Detach, or when the kernel
 // dropped the device).
@@ -106,7 +100,9 @@ func parseDeviceIndex(dev string) (int, error) {
 	return i, nil
 }
 
-// Attach binds srv's export to a kernel nbd device and serves it until Detach.
+// Attach binds srv's export to a kernel nbd device and serves it until Detach: one socket pair
+// per connection, the server serving its ends before the kernel gets the others (through netlink,
+// or the ioctl path when the kernel has no nbd netlink family or opts.ForceIoctl says so).
 func Attach(srv *Server, opts AttachOptions) (*Attachment, error) {
 	if opts.Connections <= 0 {
 		opts.Connections = 1
@@ -114,85 +110,88 @@ func Attach(srv *Server, opts AttachOptions) (*Attachment, error) {
 	if opts.Connections > 1 && srv.Flags()&FlagCanMultiConn == 0 {
 		return nil, fmt.Errorf("nbd: %d connections need a device that supports multi-conn", opts.Connections)
 	}
-	log := opts.Logger
-	if log == nil {
-		log = zap.NewNop()
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
 	}
 	index, err := parseDeviceIndex(opts.Device)
 	if err != nil {
 		return nil, err
 	}
-	a := &Attachment{srv: srv, index: index, log: log, done: make(chan struct{})}
-	locals := make([]net.Conn, 0, opts.Connections)
-	remotes := make([]*os.File, 0, opts.Connections)
-	closeAll := func() {
-		for _, c := range locals {
-			c.Close()
-		}
-		for _, f := range remotes {
-			f.Close()
-		}
+	locals, remotes, err := socketPairs(opts.Connections)
+	if err != nil {
+		return nil, err
 	}
-	for range opts.Connections {
-		l, r, err := SocketPair()
-		if err != nil {
-			closeAll()
-			return nil, err
-		}
-		locals = append(locals, l)
-		remotes = append(remotes, r)
+	a := &Attachment{srv: srv, index: index, log: opts.Logger, done: make(chan struct{})}
+	a.serve(locals)
+	err = a.connect(remotes, opts)
+	for _, f := range remotes {
+		f.Close() // the kernel holds its own reference once connected
 	}
-	// The server side must be serving before the kernel starts sending (it may probe the
-	// partition table as soon as the device is started).
-	for _, l := range locals {
-		a.conns.Add(1)
-		go func() {
-			defer a.conns.Done()
-			srv.ServeTransmission(l)
-		}()
-	}
-	go func() { a.conns.Wait(); close(a.done) }()
-	fail := func(err error) (*Attachment, error) {
-		for _, f := range remotes {
-			f.Close()
-		}
+	if err != nil {
 		for _, c := range locals {
 			c.Close()
 		}
 		<-a.done
 		return nil, err
 	}
+	a.log.Info("nbd device attached", zap.String("device", a.Path()), zap.Bool("netlink", a.viaNetlink),
+		zap.Int("connections", len(locals)), zap.Uint16("flags", srv.Flags()))
+	return a, nil
+}
 
+// socketPairs makes n socket pairs: the server's ends and the kernel's.
+func socketPairs(n int) (locals []net.Conn, remotes []*os.File, err error) {
+	for range n {
+		l, r, err := socketPair()
+		if err != nil {
+			for _, c := range locals {
+				c.Close()
+			}
+			for _, f := range remotes {
+				f.Close()
+			}
+			return nil, nil, err
+		}
+		locals = append(locals, l)
+		remotes = append(remotes, r)
+	}
+	return locals, remotes, nil
+}
+
+// serve serves the server's ends of the socket pairs; a.done closes when all have ended. The
+// server side must be serving before the kernel starts sending (it may probe the partition
+// table as soon as the device is started).
+func (a *Attachment) serve(locals []net.Conn) {
+	for _, l := range locals {
+		a.conns.Add(1)
+		go func() {
+			defer a.conns.Done()
+			a.srv.serveTransmission(l)
+		}()
+	}
+	go func() { a.conns.Wait(); close(a.done) }()
+}
+
+// connect hands the kernel its ends of the socket pairs: through netlink unless forced to the
+// ioctl path or the kernel lacks the nbd netlink family.
+func (a *Attachment) connect(remotes []*os.File, opts AttachOptions) error {
 	if !opts.ForceIoctl {
-		idx, err := netlinkConnect(srv, index, remotes, opts)
+		idx, err := netlinkConnect(a.srv, a.index, remotes, opts)
 		switch {
 		case err == nil:
 			a.index = idx
 			a.viaNetlink = true
-			for _, f := range remotes {
-				f.Close() // the kernel holds its own reference
-			}
-			log.Info("nbd device attached", zap.String("device", a.Path()), zap.Bool("netlink", true),
-				zap.Int("connections", len(locals)), zap.Uint16("flags", srv.Flags()))
-			return a, nil
+			return nil
 		case errors.Is(err, errNoNetlinkFamily):
-			log.Info("nbd netlink family missing, using the ioctl path", zap.Error(err))
+			a.log.Info("nbd netlink family missing, using the ioctl path", zap.Error(err))
 		default:
-			return fail(err)
+			return err
 		}
 	}
-	if index < 0 {
-		return fail(errors.New("nbd: the ioctl path needs an explicit device (--nbd /dev/nbdN)"))
+	if a.index < 0 {
+		return errors.New("nbd: the ioctl path needs an explicit device (--nbd /dev/nbdN)")
 	}
-	if err := a.ioctlConnect(remotes, opts); err != nil {
-		return fail(err)
-	}
-	for _, f := range remotes {
-		f.Close()
-	}
-	log.Info("nbd device attached", zap.String("device", a.Path()), zap.Bool("netlink", false),
-		zap.Int("connections", len(locals)), zap.Uint16("flags", srv.Flags()))
-	return a, nil
+	return a.ioctlConnect(remotes, opts)
 }
 
 // Detach disconnects the kernel device: the kernel sends NBD_CMD_DISC on every socket and shuts

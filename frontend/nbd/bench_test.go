@@ -35,7 +35,7 @@ func benchConn(b testing.TB, structured bool, devSize int64) (net.Conn, *Server)
 	if err != nil {
 		b.Fatal(err)
 	}
-	local, remote, err := SocketPair()
+	local, remote, err := socketPair()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -47,9 +47,9 @@ func benchConn(b testing.TB, structured bool, devSize int64) (net.Conn, *Server)
 	done := make(chan struct{})
 	go func() {
 		if structured {
-			srv.startConnFunc(local, func(c *conn) { c.exp = srv.export(true); c.transmit(); close(done) })
+			srv.startConn(local, func(c *conn) { c.exp = srv.export(true); c.transmit(); close(done) })
 		} else {
-			srv.ServeTransmission(local)
+			srv.serveTransmission(local)
 			close(done)
 		}
 	}()
@@ -72,11 +72,11 @@ func benchRequests(b *testing.B, cmd uint16, size int, structured bool) {
 		credits <- struct{}{}
 	}
 	reqBuf := make([]byte, requestHeaderLen+size)
-	if cmd != CmdWrite {
+	if cmd != cmdWrite {
 		reqBuf = reqBuf[:requestHeaderLen]
 	}
 	replyLen := simpleReplyLen
-	if cmd == CmdRead {
+	if cmd == cmdRead {
 		replyLen += size
 		if structured {
 			replyLen = structuredHdrLen + 8 + size
@@ -91,7 +91,7 @@ func benchRequests(b *testing.B, cmd uint16, size int, structured bool) {
 		for i := range b.N {
 			<-credits
 			off := uint64(i%4096) * uint64(size) % (255 << 20)
-			putRequest(reqBuf, Request{Type: cmd, Handle: uint64(i), Offset: off - off%4096, Length: uint32(size)})
+			putRequest(reqBuf, header{Type: cmd, Handle: uint64(i), Offset: off - off%4096, Length: uint32(size)})
 			if _, err := client.Write(reqBuf); err != nil {
 				sendErr <- err
 				return
@@ -116,12 +116,12 @@ func benchRequests(b *testing.B, cmd uint16, size int, structured bool) {
 	}
 }
 
-func BenchmarkWrite4K(b *testing.B)            { benchRequests(b, CmdWrite, 4096, false) }
-func BenchmarkRead4K(b *testing.B)             { benchRequests(b, CmdRead, 4096, false) }
-func BenchmarkRead4KStructured(b *testing.B)   { benchRequests(b, CmdRead, 4096, true) }
-func BenchmarkWrite128K(b *testing.B)          { benchRequests(b, CmdWrite, 128<<10, false) }
-func BenchmarkRead128KStructured(b *testing.B) { benchRequests(b, CmdRead, 128<<10, true) }
-func BenchmarkFlush(b *testing.B)              { benchRequests(b, CmdFlush, 0, false) }
+func BenchmarkWrite4K(b *testing.B)            { benchRequests(b, cmdWrite, 4096, false) }
+func BenchmarkRead4K(b *testing.B)             { benchRequests(b, cmdRead, 4096, false) }
+func BenchmarkRead4KStructured(b *testing.B)   { benchRequests(b, cmdRead, 4096, true) }
+func BenchmarkWrite128K(b *testing.B)          { benchRequests(b, cmdWrite, 128<<10, false) }
+func BenchmarkRead128KStructured(b *testing.B) { benchRequests(b, cmdRead, 128<<10, true) }
+func BenchmarkFlush(b *testing.B)              { benchRequests(b, cmdFlush, 0, false) }
 
 // TestRequestPathAllocatesNothing asserts the benchmarks' claim in the unit tier: after warm-up,
 // a 4 KiB write or read round trip over a socket allocates nothing (runtime-wide malloc count, so
@@ -131,27 +131,27 @@ func TestRequestPathAllocatesNothing(t *testing.T) {
 		name string
 		cmd  uint16
 		st   bool
-	}{{"write", CmdWrite, false}, {"read", CmdRead, false}, {"read-structured", CmdRead, true}, {"flush", CmdFlush, false}} {
+	}{{"write", cmdWrite, false}, {"read", cmdRead, false}, {"read-structured", cmdRead, true}, {"flush", cmdFlush, false}} {
 		client, _ := benchConn(t, tc.st, 8<<20)
 		req := make([]byte, requestHeaderLen+4096)
-		if tc.cmd != CmdWrite {
+		if tc.cmd != cmdWrite {
 			req = req[:requestHeaderLen]
 		}
 		reply := make([]byte, simpleReplyLen)
-		if tc.cmd == CmdRead {
+		if tc.cmd == cmdRead {
 			reply = make([]byte, simpleReplyLen+4096)
 			if tc.st {
 				reply = make([]byte, structuredHdrLen+8+4096)
 			}
 		}
 		length := uint32(4096)
-		if tc.cmd == CmdFlush {
+		if tc.cmd == cmdFlush {
 			length = 0
 		}
 		i := uint64(0)
 		roundTrip := func() {
 			i++
-			putRequest(req, Request{Type: tc.cmd, Handle: i, Offset: (i % 1024) * 4096, Length: length})
+			putRequest(req, header{Type: tc.cmd, Handle: i, Offset: (i % 1024) * 4096, Length: length})
 			if _, err := client.Write(req); err != nil {
 				t.Fatal(err)
 			}

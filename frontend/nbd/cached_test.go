@@ -67,7 +67,7 @@ func TestCachedReadsAnsweredInline(t *testing.T) {
 				{0, 4 << 20, false}, // more than one segment: always a worker
 			} {
 				c0, d0 := dev.cachedReads.Load(), dev.deviceReads.Load()
-				r := c.do(CmdRead, 0, tc.off, tc.n, nil)
+				r := c.do(cmdRead, 0, tc.off, tc.n, nil)
 				if r.errno != 0 {
 					t.Fatalf("read %d+%d: errno %d", tc.off, tc.n, r.errno)
 				}
@@ -87,10 +87,10 @@ func TestCachedReadsAnsweredInline(t *testing.T) {
 			// A write followed by a read of the same range sees the write either way.
 			buf := make([]byte, 4096)
 			rand.Read(buf)
-			if r := c.do(CmdWrite, 0, 8192, 4096, buf); r.errno != 0 {
+			if r := c.do(cmdWrite, 0, 8192, 4096, buf); r.errno != 0 {
 				t.Fatalf("write: errno %d", r.errno)
 			}
-			if r := c.do(CmdRead, 0, 8192, 4096, nil); r.errno != 0 || !bytes.Equal(r.data, buf) {
+			if r := c.do(cmdRead, 0, 8192, 4096, nil); r.errno != 0 || !bytes.Equal(r.data, buf) {
 				t.Fatalf("read after write: errno %d, equal %v", r.errno, bytes.Equal(r.data, buf))
 			}
 		})

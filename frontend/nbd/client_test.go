@@ -89,6 +89,12 @@ func (c *testClient) connect(structured bool) *testClient {
 	if err := c.greet(cflagFixedNewstyle | cflagNoZeroes); err != nil {
 		c.t.Fatalf("greet: %v", err)
 	}
+	return c.goExport(structured)
+}
+
+// goExport is connect after the greeting (and, with TLS, after STARTTLS).
+func (c *testClient) goExport(structured bool) *testClient {
+	c.t.Helper()
 	if structured {
 		if err := c.sendOpt(optStructuredReply, nil); err != nil {
 			c.t.Fatal(err)
@@ -129,7 +135,7 @@ func (c *testClient) connect(structured bool) *testClient {
 
 func (c *testClient) send(typ, flags uint16, handle, off uint64, length uint32, payload []byte) error {
 	b := make([]byte, requestHeaderLen+len(payload))
-	putRequest(b, Request{Type: typ, Flags: flags, Handle: handle, Offset: off, Length: length})
+	putRequest(b, header{Type: typ, Flags: flags, Handle: handle, Offset: off, Length: length})
 	copy(b[requestHeaderLen:], payload)
 	_, err := c.nc.Write(b)
 	return err
@@ -216,7 +222,7 @@ func (c *testClient) do(typ, flags uint16, off uint64, length uint32, payload []
 		c.t.Fatalf("send: %v", err)
 	}
 	r, err := c.readReply(func(uint64) int {
-		if typ == CmdRead {
+		if typ == cmdRead {
 			return int(length)
 		}
 		return 0

@@ -32,7 +32,7 @@ func TestConnectAttrsRoundTrip(t *testing.T) {
 		t.Errorf("scalar attributes wrong: %v", got)
 	}
 	flags := u64(nbdAttrServerFlags)
-	for _, f := range []uint64{FlagHasFlags, FlagSendFlush, FlagSendFUA, FlagSendTrim, FlagSendWriteZeroes, FlagCanMultiConn} {
+	for _, f := range []uint64{flagHasFlags, flagSendFlush, flagSendFUA, flagSendTrim, flagSendWriteZeroes, FlagCanMultiConn} {
 		if flags&f == 0 {
 			t.Errorf("server flags %#x lack %#x", flags, f)
 		}

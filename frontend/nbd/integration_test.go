@@ -23,18 +23,18 @@ func TestNBDCommandsBecomeSCSI(t *testing.T) {
 	defer dev.Close()
 	f := startServer(t, dev, Options{})
 	c := f.dial().connect(true)
-	want := uint16(FlagSendFlush | FlagSendFUA | FlagSendTrim | FlagSendWriteZeroes | FlagCanMultiConn)
+	want := uint16(flagSendFlush | flagSendFUA | flagSendTrim | flagSendWriteZeroes | FlagCanMultiConn)
 	if c.flags&want != want {
 		t.Fatalf("flags %#x lack %#x", c.flags, want)
 	}
 	syncs := func() int64 { return lun.Count(scsi.OpSynchronizeCache10) + lun.Count(scsi.OpSynchronizeCache16) }
 
 	data := bytes.Repeat([]byte("iser-blk"), 512)
-	if r := c.do(CmdWrite, 0, 1<<20, 4096, data); r.errno != 0 {
+	if r := c.do(cmdWrite, 0, 1<<20, 4096, data); r.errno != 0 {
 		t.Fatal(r.errno)
 	}
 	before := syncs()
-	if r := c.do(CmdFlush, 0, 0, 0, nil); r.errno != 0 {
+	if r := c.do(cmdFlush, 0, 0, 0, nil); r.errno != 0 {
 		t.Fatalf("flush: errno %d", r.errno)
 	}
 	if got := syncs() - before; got != 1 {
@@ -42,7 +42,7 @@ func TestNBDCommandsBecomeSCSI(t *testing.T) {
 	}
 
 	lun.ResetOps()
-	if r := c.do(CmdWrite, CmdFlagFUA, 2<<20, 4096, data); r.errno != 0 {
+	if r := c.do(cmdWrite, cmdFlagFUA, 2<<20, 4096, data); r.errno != 0 {
 		t.Fatal(r.errno)
 	}
 	var fua bool
@@ -56,13 +56,13 @@ func TestNBDCommandsBecomeSCSI(t *testing.T) {
 	}
 
 	unmaps := lun.Count(scsi.OpUnmap) + lun.Count(scsi.OpWriteSame16)
-	if r := c.do(CmdTrim, 0, 1<<20, 4096, nil); r.errno != 0 {
+	if r := c.do(cmdTrim, 0, 1<<20, 4096, nil); r.errno != 0 {
 		t.Fatalf("trim: errno %d", r.errno)
 	}
 	if lun.Count(scsi.OpUnmap)+lun.Count(scsi.OpWriteSame16) == unmaps {
 		t.Error("NBD TRIM reached the LUN as neither UNMAP nor WRITE SAME with UNMAP")
 	}
-	if r := c.do(CmdRead, 0, 2<<20, 4096, nil); !bytes.Equal(r.data, data) {
+	if r := c.do(cmdRead, 0, 2<<20, 4096, nil); !bytes.Equal(r.data, data) {
 		t.Error("read back through SCSI differs")
 	}
 	if !bytes.Equal(lun.Bytes(2<<20, 4096), data) {

@@ -32,18 +32,18 @@ const (
 
 // Transmission flags ("Transmission flags").
 const (
-	FlagHasFlags        = 1 << 0
-	FlagReadOnly        = 1 << 1
-	FlagSendFlush       = 1 << 2
-	FlagSendFUA         = 1 << 3
-	FlagRotational      = 1 << 4
-	FlagSendTrim        = 1 << 5
-	FlagSendWriteZeroes = 1 << 6
-	FlagSendDF          = 1 << 7
+	flagHasFlags        = 1 << 0
+	flagReadOnly        = 1 << 1
+	flagSendFlush       = 1 << 2
+	flagSendFUA         = 1 << 3
+	flagRotational      = 1 << 4
+	flagSendTrim        = 1 << 5
+	flagSendWriteZeroes = 1 << 6
+	flagSendDF          = 1 << 7
 	FlagCanMultiConn    = 1 << 8
-	FlagSendResize      = 1 << 9
-	FlagSendCache       = 1 << 10
-	FlagSendFastZero    = 1 << 11
+	flagSendResize      = 1 << 9
+	flagSendCache       = 1 << 10
+	flagSendFastZero    = 1 << 11
 )
 
 // Options ("Option types").
@@ -87,24 +87,24 @@ const (
 
 // Commands ("Request types").
 const (
-	CmdRead        = 0
-	CmdWrite       = 1
-	CmdDisc        = 2
-	CmdFlush       = 3
-	CmdTrim        = 4
-	CmdCache       = 5
-	CmdWriteZeroes = 6
-	CmdBlockStatus = 7
-	CmdResize      = 8
+	cmdRead        = 0
+	cmdWrite       = 1
+	cmdDisc        = 2
+	cmdFlush       = 3
+	cmdTrim        = 4
+	cmdCache       = 5
+	cmdWriteZeroes = 6
+	cmdBlockStatus = 7
+	cmdResize      = 8
 )
 
 // Command flags ("Command flags").
 const (
-	CmdFlagFUA      = 1 << 0
-	CmdFlagNoHole   = 1 << 1
-	CmdFlagDF       = 1 << 2
-	CmdFlagReqOne   = 1 << 3
-	CmdFlagFastZero = 1 << 4
+	cmdFlagFUA      = 1 << 0
+	cmdFlagNoHole   = 1 << 1
+	cmdFlagDF       = 1 << 2
+	cmdFlagReqOne   = 1 << 3
+	cmdFlagFastZero = 1 << 4
 )
 
 // Structured reply flags and chunk types ("Structured reply flags", "Structured reply types").
@@ -118,14 +118,14 @@ const (
 
 // Error values ("Error values"). Only these may appear on the wire.
 const (
-	EPERM     = 1
-	EIO       = 5
-	ENOMEM    = 12
-	EINVAL    = 22
-	ENOSPC    = 28
-	EOVERFLOW = 75
-	ENOTSUP   = 95
-	ESHUTDOWN = 108
+	eperm     = 1
+	eio       = 5
+	enomem    = 12
+	einval    = 22
+	enospc    = 28
+	eoverflow = 75
+	enotsup   = 95
+	eshutdown = 108
 )
 
 // Sizes of fixed wire structures.
@@ -152,8 +152,8 @@ const maxOptionLen = 64 << 10
 // 4096 bytes).
 const maxStringLen = 4096
 
-// Request is one decoded transmission-phase request header ("Request message").
-type Request struct {
+// header is one decoded transmission-phase request header ("Request message").
+type header struct {
 	Flags  uint16
 	Type   uint16
 	Handle uint64
@@ -167,11 +167,11 @@ var errBadMagic = errors.New("nbd: bad request magic")
 
 // parseRequest decodes a request header. A wrong magic is the only error: every other field is
 // validated against the export by validate.
-func parseRequest(b *[requestHeaderLen]byte) (Request, error) {
+func parseRequest(b *[requestHeaderLen]byte) (header, error) {
 	if m := binary.BigEndian.Uint32(b[0:4]); m != magicRequest {
-		return Request{}, fmt.Errorf("%w %#08x", errBadMagic, m)
+		return header{}, fmt.Errorf("%w %#08x", errBadMagic, m)
 	}
-	return Request{
+	return header{
 		Flags:  binary.BigEndian.Uint16(b[4:6]),
 		Type:   binary.BigEndian.Uint16(b[6:8]),
 		Handle: binary.BigEndian.Uint64(b[8:16]),
@@ -181,7 +181,7 @@ func parseRequest(b *[requestHeaderLen]byte) (Request, error) {
 }
 
 // putRequest encodes a request header (used by tests and the fuzz corpus).
-func putRequest(b []byte, r Request) {
+func putRequest(b []byte, r header) {
 	binary.BigEndian.PutUint32(b[0:4], magicRequest)
 	binary.BigEndian.PutUint16(b[4:6], r.Flags)
 	binary.BigEndian.PutUint16(b[6:8], r.Type)
@@ -212,25 +212,25 @@ const (
 // FAST_ZERO only on WRITE_ZEROES; DF only on READ with structured replies).
 func (e *export) allowedFlags(cmd uint16) uint16 {
 	var f uint16
-	if e.tflags&FlagSendFUA != 0 {
-		f |= CmdFlagFUA
+	if e.tflags&flagSendFUA != 0 {
+		f |= cmdFlagFUA
 	}
 	switch cmd {
-	case CmdRead:
-		if e.structured && e.tflags&FlagSendDF != 0 {
-			f |= CmdFlagDF
+	case cmdRead:
+		if e.structured && e.tflags&flagSendDF != 0 {
+			f |= cmdFlagDF
 		}
-	case CmdWriteZeroes:
-		f |= CmdFlagNoHole
-		if e.tflags&FlagSendFastZero != 0 {
-			f |= CmdFlagFastZero
+	case cmdWriteZeroes:
+		f |= cmdFlagNoHole
+		if e.tflags&flagSendFastZero != 0 {
+			f |= cmdFlagFastZero
 		}
 	}
 	return f
 }
 
 // hasPayload reports whether a request of this type carries length bytes of data after its header.
-func hasPayload(r *Request) bool { return r.Type == CmdWrite }
+func hasPayload(r *header) bool { return r.Type == cmdWrite }
 
 // validate checks a request against the export. It returns the NBD error to reply with, and
 // whether the connection must end instead. Its rules follow proto.md "Error values" and "Block size
@@ -238,58 +238,58 @@ func hasPayload(r *Request) bool { return r.Type == CmdWrite }
 // write past the end -> ENOSPC, any other request past the end or misaligned -> EINVAL; READ over
 // the maximum -> EINVAL (EOVERFLOW with DF); a WRITE payload over the maximum is a denial of
 // service, so the connection ends rather than buffering it.
-func (e *export) validate(r *Request) (verdict, uint32) {
+func (e *export) validate(r *header) (verdict, uint32) {
 	switch r.Type {
-	case CmdRead, CmdWrite, CmdFlush, CmdTrim, CmdCache, CmdWriteZeroes:
+	case cmdRead, cmdWrite, cmdFlush, cmdTrim, cmdCache, cmdWriteZeroes:
 	default:
-		return verdictReply, EINVAL
+		return verdictReply, einval
 	}
-	if r.Type == CmdWrite && r.Length > MaxPayload {
-		return verdictDisconnect, EINVAL
+	if r.Type == cmdWrite && r.Length > MaxPayload {
+		return verdictDisconnect, einval
 	}
 	if r.Flags&^e.allowedFlags(r.Type) != 0 {
-		return verdictReply, EINVAL
+		return verdictReply, einval
 	}
-	ro := e.tflags&FlagReadOnly != 0
+	ro := e.tflags&flagReadOnly != 0
 	switch r.Type {
-	case CmdFlush:
+	case cmdFlush:
 		return verdictOK, 0 // offset and length are reserved; tolerate garbage in them
-	case CmdWrite, CmdTrim, CmdWriteZeroes:
+	case cmdWrite, cmdTrim, cmdWriteZeroes:
 		if ro {
-			return verdictReply, EPERM
+			return verdictReply, eperm
 		}
 	}
 	switch r.Type {
-	case CmdTrim:
-		if e.tflags&FlagSendTrim == 0 {
-			return verdictReply, EINVAL
+	case cmdTrim:
+		if e.tflags&flagSendTrim == 0 {
+			return verdictReply, einval
 		}
-	case CmdWriteZeroes:
-		if e.tflags&FlagSendWriteZeroes == 0 {
-			return verdictReply, EINVAL
+	case cmdWriteZeroes:
+		if e.tflags&flagSendWriteZeroes == 0 {
+			return verdictReply, einval
 		}
 	}
 	if r.Length == 0 {
-		return verdictReply, EINVAL
+		return verdictReply, einval
 	}
-	if r.Type == CmdRead && r.Length > MaxPayload {
-		if r.Flags&CmdFlagDF != 0 {
-			return verdictReply, EOVERFLOW
+	if r.Type == cmdRead && r.Length > MaxPayload {
+		if r.Flags&cmdFlagDF != 0 {
+			return verdictReply, eoverflow
 		}
-		return verdictReply, EINVAL
+		return verdictReply, einval
 	}
-	if r.Type == CmdCache && r.Length > MaxPayload {
-		return verdictReply, EINVAL
+	if r.Type == cmdCache && r.Length > MaxPayload {
+		return verdictReply, einval
 	}
 	bs := uint64(e.minBlock)
 	if bs > 1 && (r.Offset%bs != 0 || uint64(r.Length)%bs != 0) {
-		return verdictReply, EINVAL
+		return verdictReply, einval
 	}
 	if r.Offset > e.size || uint64(r.Length) > e.size-r.Offset {
-		if r.Type == CmdWrite || r.Type == CmdWriteZeroes {
-			return verdictReply, ENOSPC
+		if r.Type == cmdWrite || r.Type == cmdWriteZeroes {
+			return verdictReply, enospc
 		}
-		return verdictReply, EINVAL
+		return verdictReply, einval
 	}
 	return verdictOK, 0
 }
@@ -301,19 +301,19 @@ func wireErrno(err error) uint32 {
 	case 0:
 		return 0
 	case syscall.EINVAL:
-		return EINVAL
+		return einval
 	case syscall.EROFS, syscall.EPERM:
-		return EPERM
+		return eperm
 	case syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG:
-		return ENOSPC
+		return enospc
 	case syscall.EOPNOTSUPP:
-		return ENOTSUP
+		return enotsup
 	case syscall.ESHUTDOWN:
-		return ESHUTDOWN
+		return eshutdown
 	case syscall.EOVERFLOW:
-		return EOVERFLOW
+		return eoverflow
 	default:
-		return EIO
+		return eio
 	}
 }
 
@@ -321,21 +321,21 @@ func wireErrno(err error) uint32 {
 // the error path free of allocations.
 func errnoText(e uint32) string {
 	switch e {
-	case EPERM:
+	case eperm:
 		return "operation not permitted (read-only export)"
-	case EIO:
+	case eio:
 		return "input/output error"
-	case ENOMEM:
+	case enomem:
 		return "out of memory"
-	case EINVAL:
+	case einval:
 		return "invalid request"
-	case ENOSPC:
+	case enospc:
 		return "no space left on device"
-	case EOVERFLOW:
+	case eoverflow:
 		return "request too large"
-	case ENOTSUP:
+	case enotsup:
 		return "operation not supported"
-	case ESHUTDOWN:
+	case eshutdown:
 		return "server is shutting down"
 	default:
 		return "error"

@@ -3,9 +3,15 @@
 // that binds such a server to the kernel's /dev/nbdX through generic netlink (or the ioctl path).
 //
 // Role: the server speaks fixed newstyle negotiation (NBD_OPT_GO/INFO/LIST/ABORT/EXPORT_NAME/
-// STRUCTURED_REPLY) and the transmission phase (READ, WRITE+FUA, FLUSH, TRIM, WRITE_ZEROES with
-// NO_HOLE/FAST_ZERO, CACHE, DISC). It advertises exactly what the device's Limits say it can do:
-// capabilities are negotiated, never assumed.
+// STRUCTURED_REPLY, and STARTTLS on listeners served with ServeTLS) and the transmission phase
+// (READ, WRITE+FUA, FLUSH, TRIM, WRITE_ZEROES with NO_HOLE/FAST_ZERO, CACHE, DISC). It advertises
+// exactly what the device's Limits say it can do: capabilities are negotiated, never assumed.
+//
+// Files: server.go (the Server, listeners, shutdown), negotiate.go (the handshake), tls.go
+// (STARTTLS), conn.go (one connection's life), reader.go (requests off the socket and the paths
+// that answer them without a worker), execute.go (device calls), reply.go (replies onto the
+// socket), splice.go (spliced READ payloads), proto.go (wire format and validation),
+// attach_linux.go and genl.go (the kernel's /dev/nbdX).
 //
 // Invariants:
 //   - Requests on one connection execute concurrently (at most Options.MaxInflight at a time) and
@@ -26,15 +32,18 @@
 //     payload) ends that connection only. No input panics the server.
 //   - Shutdown stops accepting, lets in-flight requests finish and their replies go out, and only
 //     then closes connections; requests that arrive meanwhile get ESHUTDOWN.
+//   - Under TLS every byte after the STARTTLS ACK goes through the tls.Conn: the raw-socket fast
+//     paths (rawio's direct reads and writevs, spliced READ replies) see no file descriptor and
+//     stay off, and bytes the client sent in the clear before the ACK end the session.
 package nbd
 
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -92,6 +101,10 @@ type Server struct {
 	conns     map[*conn]struct{}
 	shutting  atomic.Bool
 	wg        sync.WaitGroup // connection goroutines
+
+	// tlsHandshake upgrades a connection after NBD_OPT_STARTTLS (tls.go); the fuzzer replaces
+	// it to reach the options haggled inside TLS.
+	tlsHandshake func(nc net.Conn, cfg *tls.Config) (net.Conn, error)
 }
 
 // NewServer returns a server for dev. It does not take ownership of dev: closing the device is the
@@ -136,36 +149,38 @@ func NewServer(dev block.Device, opts Options) (*Server, error) {
 		ioCtx: ctx, ioCancel: cancel, budget: newBudget(opts.PayloadBudget),
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[*conn]struct{}{},
+
+		tlsHandshake: tlsHandshake,
 	}
-	s.tflags = TransmissionFlags(lim, opts.ForceReadOnly)
+	s.tflags = transmissionFlags(lim, opts.ForceReadOnly)
 	return s, nil
 }
 
-// TransmissionFlags derives the NBD transmission flags from a device's Limits. Everything is
+// transmissionFlags derives the NBD transmission flags from a device's Limits. Everything is
 // negotiated from what the device reports; FUA is advertised when the device honours it natively
 // or can emulate it with a flush.
-func TransmissionFlags(lim block.Limits, forceReadOnly bool) uint16 {
-	f := uint16(FlagHasFlags | FlagSendCache)
+func transmissionFlags(lim block.Limits, forceReadOnly bool) uint16 {
+	f := uint16(flagHasFlags | flagSendCache)
 	ro := lim.ReadOnly || forceReadOnly
 	if ro {
-		f |= FlagReadOnly
+		f |= flagReadOnly
 	}
 	if lim.CanFlush {
-		f |= FlagSendFlush
+		f |= flagSendFlush
 	}
 	if !ro && (lim.CanFUA || lim.CanFlush) {
-		f |= FlagSendFUA
+		f |= flagSendFUA
 	}
 	if lim.Rotational {
-		f |= FlagRotational
+		f |= flagRotational
 	}
 	if !ro && lim.CanDiscard {
-		f |= FlagSendTrim
+		f |= flagSendTrim
 	}
 	if !ro && lim.CanWriteZeroes {
-		f |= FlagSendWriteZeroes
+		f |= flagSendWriteZeroes
 		if lim.CanFastZero {
-			f |= FlagSendFastZero
+			f |= flagSendFastZero
 		}
 	}
 	if lim.MultiConn {
@@ -178,19 +193,19 @@ func TransmissionFlags(lim block.Limits, forceReadOnly bool) uint16 {
 // when structured replies are negotiated). The kernel attach passes them as NBD_ATTR_SERVER_FLAGS.
 func (s *Server) Flags() uint16 { return s.tflags }
 
-// Device returns the exported device.
-func (s *Server) Device() block.Device { return s.dev }
-
-// ErrServerClosed is returned by Serve after Shutdown.
-var ErrServerClosed = errors.New("nbd: server closed")
+// errServerClosed is returned by Serve after Shutdown.
+var errServerClosed = errors.New("nbd: server closed")
 
 // Serve accepts connections on l until Shutdown. Each connection negotiates and then serves
-// requests on its own goroutines.
-func (s *Server) Serve(l net.Listener) error {
+// requests on its own goroutines. NBD_OPT_STARTTLS is refused (see ServeTLS).
+func (s *Server) Serve(l net.Listener) error { return s.serve(l, nil) }
+
+// serve is Serve with the listener's TLS policy (nil: none).
+func (s *Server) serve(l net.Listener, t *TLS) error {
 	s.mu.Lock()
 	if s.shutting.Load() {
 		s.mu.Unlock()
-		return ErrServerClosed
+		return errServerClosed
 	}
 	s.listeners[l] = struct{}{}
 	s.mu.Unlock()
@@ -204,7 +219,7 @@ func (s *Server) Serve(l net.Listener) error {
 		nc, err := l.Accept()
 		if err != nil {
 			if s.shutting.Load() {
-				return ErrServerClosed
+				return errServerClosed
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
@@ -215,30 +230,19 @@ func (s *Server) Serve(l net.Listener) error {
 			return fmt.Errorf("nbd: accept: %w", err)
 		}
 		backoff = 0
-		if !s.startConn(nc) {
+		if !s.startConn(nc, func(c *conn) { c.tls = t; c.runNegotiated() }) {
 			nc.Close()
 		}
 	}
 }
 
-// ServeConn serves one already-connected client (negotiation, then transmission) and returns when
-// the connection ends.
-func (s *Server) ServeConn(nc net.Conn) {
-	done := make(chan struct{})
-	if !s.startConnFunc(nc, func(c *conn) { c.runNegotiated(); close(done) }) {
-		nc.Close()
-		return
-	}
-	<-done
-}
-
-// ServeTransmission serves a connection that is already in the transmission phase with the
+// serveTransmission serves a connection that is already in the transmission phase with the
 // server's flags and simple replies: the kernel's end of an NBD socket, which never negotiates
 // (the flags travel in NBD_ATTR_SERVER_FLAGS or NBD_SET_FLAGS instead). It returns when the
 // connection ends.
-func (s *Server) ServeTransmission(nc net.Conn) {
+func (s *Server) serveTransmission(nc net.Conn) {
 	done := make(chan struct{})
-	if !s.startConnFunc(nc, func(c *conn) {
+	if !s.startConn(nc, func(c *conn) {
 		c.exp = s.export(false)
 		c.transmit()
 		close(done)
@@ -249,11 +253,9 @@ func (s *Server) ServeTransmission(nc net.Conn) {
 	<-done
 }
 
-func (s *Server) startConn(nc net.Conn) bool {
-	return s.startConnFunc(nc, func(c *conn) { c.runNegotiated() })
-}
-
-func (s *Server) startConnFunc(nc net.Conn, run func(*conn)) bool {
+// startConn runs run on a new connection for nc on its own goroutine, unless the server is
+// shutting down.
+func (s *Server) startConn(nc net.Conn, run func(*conn)) bool {
 	s.mu.Lock()
 	if s.shutting.Load() {
 		s.mu.Unlock()
@@ -278,7 +280,7 @@ func (s *Server) startConnFunc(nc net.Conn, run func(*conn)) bool {
 func (s *Server) export(structured bool) export {
 	f := s.tflags
 	if structured {
-		f |= FlagSendDF // we never fragment a read reply: one OFFSET_DATA chunk per request
+		f |= flagSendDF // we never fragment a read reply: one OFFSET_DATA chunk per request
 	}
 	return export{size: uint64(s.dev.Size()), minBlock: uint32(s.dev.BlockSize()), tflags: f, structured: structured}
 }
@@ -322,141 +324,6 @@ func (s *Server) Close() error {
 	s.ioCancel()
 	s.budget.close()
 	return nil
-}
-
-// ---- negotiation (proto.md "Handshake", "Fixed newstyle negotiation", "Option types") ----
-
-var errAbort = errors.New("nbd: client aborted negotiation")
-
-// handshake runs the fixed newstyle negotiation on br/bw. It returns the negotiated export when
-// the client enters transmission, or an error when the connection must end.
-func (s *Server) handshake(br *bufio.Reader, bw *bufio.Writer) (export, error) {
-	var b [18]byte
-	binary.BigEndian.PutUint64(b[0:8], magicNBD)
-	binary.BigEndian.PutUint64(b[8:16], magicOption)
-	binary.BigEndian.PutUint16(b[16:18], flagFixedNewstyle|flagNoZeroes)
-	if _, err := bw.Write(b[:18]); err != nil {
-		return export{}, err
-	}
-	if err := bw.Flush(); err != nil {
-		return export{}, err
-	}
-	if _, err := io.ReadFull(br, b[:4]); err != nil {
-		return export{}, fmt.Errorf("nbd: reading client flags: %w", err)
-	}
-	cflags := binary.BigEndian.Uint32(b[:4])
-	if cflags&^(cflagFixedNewstyle|cflagNoZeroes) != 0 {
-		// "the server MUST drop the TCP connection if the client sets an unknown flag"
-		return export{}, fmt.Errorf("nbd: unknown client flags %#x", cflags)
-	}
-	noZeroes := cflags&cflagNoZeroes != 0
-	structured := false
-	var hdr [optionHeaderLen]byte
-	for {
-		if _, err := io.ReadFull(br, hdr[:]); err != nil {
-			return export{}, fmt.Errorf("nbd: reading option: %w", err)
-		}
-		if binary.BigEndian.Uint64(hdr[0:8]) != magicOption {
-			return export{}, errors.New("nbd: bad option magic")
-		}
-		opt := binary.BigEndian.Uint32(hdr[8:12])
-		n := binary.BigEndian.Uint32(hdr[12:16])
-		if n > maxOptionLen {
-			return export{}, fmt.Errorf("nbd: option %d carries %d bytes (limit %d)", opt, n, maxOptionLen)
-		}
-		data := make([]byte, n)
-		if _, err := io.ReadFull(br, data); err != nil {
-			return export{}, fmt.Errorf("nbd: reading option %d data: %w", opt, err)
-		}
-		if s.shutting.Load() && opt != optAbort {
-			if opt == optExportName {
-				return export{}, errors.New("nbd: shutting down")
-			}
-			if err := optReply(bw, opt, repErrShutdown, []byte("server is shutting down")); err != nil {
-				return export{}, err
-			}
-			continue
-		}
-		switch opt {
-		case optExportName:
-			if !s.nameMatches(string(data)) {
-				// "If the chosen export does not exist ... the server MUST terminate the session"
-				return export{}, fmt.Errorf("nbd: unknown export %q", data)
-			}
-			e := s.export(structured)
-			var r [10 + 124]byte
-			binary.BigEndian.PutUint64(r[0:8], e.size)
-			binary.BigEndian.PutUint16(r[8:10], e.tflags)
-			w := r[:]
-			if noZeroes {
-				w = r[:10]
-			}
-			if _, err := bw.Write(w); err != nil {
-				return export{}, err
-			}
-			return e, bw.Flush()
-		case optAbort:
-			_ = optReply(bw, opt, repAck, nil)
-			return export{}, errAbort
-		case optList:
-			if n != 0 {
-				if err := optReply(bw, opt, repErrInvalid, []byte("NBD_OPT_LIST takes no data")); err != nil {
-					return export{}, err
-				}
-				continue
-			}
-			name := []byte(s.opts.ExportName)
-			p := make([]byte, 4+len(name))
-			binary.BigEndian.PutUint32(p, uint32(len(name)))
-			copy(p[4:], name)
-			if err := optReply(bw, opt, repServer, p); err != nil {
-				return export{}, err
-			}
-			if err := optReply(bw, opt, repAck, nil); err != nil {
-				return export{}, err
-			}
-		case optInfo, optGo:
-			req, err := parseGoRequest(data)
-			if err != nil {
-				if err := optReply(bw, opt, repErrInvalid, []byte("malformed NBD_OPT_INFO/GO data")); err != nil {
-					return export{}, err
-				}
-				continue
-			}
-			if !s.nameMatches(req.name) {
-				if err := optReply(bw, opt, repErrUnknown, []byte("no such export")); err != nil {
-					return export{}, err
-				}
-				continue
-			}
-			e := s.export(structured)
-			if err := s.sendInfo(bw, opt, e, req); err != nil {
-				return export{}, err
-			}
-			if err := optReply(bw, opt, repAck, nil); err != nil {
-				return export{}, err
-			}
-			if opt == optGo {
-				return e, nil
-			}
-		case optStructuredReply:
-			if n != 0 {
-				if err := optReply(bw, opt, repErrInvalid, []byte("NBD_OPT_STRUCTURED_REPLY takes no data")); err != nil {
-					return export{}, err
-				}
-				continue
-			}
-			structured = true
-			if err := optReply(bw, opt, repAck, nil); err != nil {
-				return export{}, err
-			}
-		default:
-			// STARTTLS (we run NOTLS), meta contexts, extended headers and anything unknown.
-			if err := optReply(bw, opt, repErrUnsup, nil); err != nil {
-				return export{}, err
-			}
-		}
-	}
 }
 
 func (s *Server) nameMatches(name string) bool { return name == "" || name == s.opts.ExportName }
@@ -528,20 +395,4 @@ func max32(a, b uint32) uint32 {
 		return a
 	}
 	return b
-}
-
-// optReply writes one option reply ("Fixed newstyle negotiation") and flushes it.
-func optReply(bw *bufio.Writer, opt, typ uint32, data []byte) error {
-	var h [optReplyHeaderLen]byte
-	binary.BigEndian.PutUint64(h[0:8], magicOptReply)
-	binary.BigEndian.PutUint32(h[8:12], opt)
-	binary.BigEndian.PutUint32(h[12:16], typ)
-	binary.BigEndian.PutUint32(h[16:20], uint32(len(data)))
-	if _, err := bw.Write(h[:]); err != nil {
-		return err
-	}
-	if _, err := bw.Write(data); err != nil {
-		return err
-	}
-	return bw.Flush()
 }

@@ -102,7 +102,7 @@ func startServer(t testing.TB, dev block.Device, opts Options) *fixture {
 		if err := srv.Shutdown(ctx); err != nil {
 			t.Errorf("shutdown: %v", err)
 		}
-		if err := <-f.errc; !errors.Is(err, ErrServerClosed) {
+		if err := <-f.errc; !errors.Is(err, errServerClosed) {
 			t.Errorf("Serve returned %v", err)
 		}
 	})
@@ -123,8 +123,8 @@ func TestNegotiationAdvertisesDeviceCapabilities(t *testing.T) {
 	dev := newMem(t, 64<<20, "")
 	f := startServer(t, dev, Options{ExportName: "disk0"})
 	c := f.dial().connect(true)
-	want := uint16(FlagHasFlags | FlagSendFlush | FlagSendFUA | FlagSendTrim | FlagSendWriteZeroes |
-		FlagSendFastZero | FlagCanMultiConn | FlagSendCache | FlagSendDF)
+	want := uint16(flagHasFlags | flagSendFlush | flagSendFUA | flagSendTrim | flagSendWriteZeroes |
+		flagSendFastZero | FlagCanMultiConn | flagSendCache | flagSendDF)
 	if c.flags != want {
 		t.Errorf("flags %#x, want %#x", c.flags, want)
 	}
@@ -146,19 +146,19 @@ func TestTransmissionFlagsFollowLimits(t *testing.T) {
 		ro   bool
 		want uint16
 	}{
-		{"nothing", block.Limits{}, false, FlagHasFlags | FlagSendCache},
-		{"flush only", block.Limits{CanFlush: true}, false, FlagHasFlags | FlagSendCache | FlagSendFlush | FlagSendFUA},
+		{"nothing", block.Limits{}, false, flagHasFlags | flagSendCache},
+		{"flush only", block.Limits{CanFlush: true}, false, flagHasFlags | flagSendCache | flagSendFlush | flagSendFUA},
 		{"read-only drops writes", block.Limits{ReadOnly: true, CanFlush: true, CanDiscard: true, CanWriteZeroes: true},
-			false, FlagHasFlags | FlagSendCache | FlagReadOnly | FlagSendFlush},
-		{"forced read-only", block.Limits{CanDiscard: true}, true, FlagHasFlags | FlagSendCache | FlagReadOnly},
-		{"zeroes without fast", block.Limits{CanWriteZeroes: true}, false, FlagHasFlags | FlagSendCache | FlagSendWriteZeroes},
+			false, flagHasFlags | flagSendCache | flagReadOnly | flagSendFlush},
+		{"forced read-only", block.Limits{CanDiscard: true}, true, flagHasFlags | flagSendCache | flagReadOnly},
+		{"zeroes without fast", block.Limits{CanWriteZeroes: true}, false, flagHasFlags | flagSendCache | flagSendWriteZeroes},
 		{"everything", block.Limits{CanFlush: true, CanFUA: true, CanDiscard: true, CanWriteZeroes: true, CanFastZero: true,
 			MultiConn: true, Rotational: true}, false,
-			FlagHasFlags | FlagSendCache | FlagSendFlush | FlagSendFUA | FlagSendTrim | FlagSendWriteZeroes |
-				FlagSendFastZero | FlagCanMultiConn | FlagRotational},
+			flagHasFlags | flagSendCache | flagSendFlush | flagSendFUA | flagSendTrim | flagSendWriteZeroes |
+				flagSendFastZero | FlagCanMultiConn | flagRotational},
 	}
 	for _, tc := range cases {
-		if got := TransmissionFlags(tc.lim, tc.ro); got != tc.want {
+		if got := transmissionFlags(tc.lim, tc.ro); got != tc.want {
 			t.Errorf("%s: %#x, want %#x", tc.name, got, tc.want)
 		}
 	}
@@ -193,7 +193,7 @@ func TestOptionHaggling(t *testing.T) {
 	}
 	expect(optList, []byte("x"), repErrInvalid)
 	expect(99, []byte("whatever"), repErrUnsup)
-	expect(optStartTLS, nil, repErrUnsup)
+	expect(optStartTLS, nil, repErrPolicy)
 	expect(optSetMetaContext, []byte{0, 0, 0, 0}, repErrUnsup)
 	expect(optInfo, goData("nope"), repErrUnknown)
 	expect(optInfo, []byte{0, 0, 0, 9, 'a'}, repErrInvalid)
@@ -250,7 +250,7 @@ func TestExportNameEndsNegotiation(t *testing.T) {
 			t.Errorf("size bytes %x", b[:8])
 		}
 		c.structured = false
-		if r := c.do(CmdFlush, 0, 0, 0, nil); r.errno != 0 {
+		if r := c.do(cmdFlush, 0, 0, 0, nil); r.errno != 0 {
 			t.Errorf("flush errno %d", r.errno)
 		}
 	}
@@ -288,10 +288,10 @@ func TestReadWriteRoundTrip(t *testing.T) {
 				data := make([]byte, n)
 				rand.Read(data)
 				off := uint64(8 << 20)
-				if r := c.do(CmdWrite, CmdFlagFUA, off, uint32(n), data); r.errno != 0 {
+				if r := c.do(cmdWrite, cmdFlagFUA, off, uint32(n), data); r.errno != 0 {
 					t.Fatalf("write %d: errno %d", n, r.errno)
 				}
-				r := c.do(CmdRead, 0, off, uint32(n), nil)
+				r := c.do(cmdRead, 0, off, uint32(n), nil)
 				if r.errno != 0 || !bytes.Equal(r.data, data) {
 					t.Fatalf("read %d: errno %d, equal %v", n, r.errno, bytes.Equal(r.data, data))
 				}
@@ -324,13 +324,13 @@ func TestConcurrentOutOfOrder(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() {
 		for i := range n {
-			if err := c.send(CmdWrite, 0, uint64(i), uint64(i)*4096, 4096, blocks[i]); err != nil {
+			if err := c.send(cmdWrite, 0, uint64(i), uint64(i)*4096, 4096, blocks[i]); err != nil {
 				errc <- err
 				return
 			}
 		}
 		for i := range n {
-			if err := c.send(CmdRead, 0, uint64(n+i), uint64(i)*4096, 4096, nil); err != nil {
+			if err := c.send(cmdRead, 0, uint64(n+i), uint64(i)*4096, 4096, nil); err != nil {
 				errc <- err
 				return
 			}
@@ -375,14 +375,14 @@ func TestFlushReachesDevice(t *testing.T) {
 	dev := &countingDevice{Device: newMem(t, 8<<20, "")}
 	f := startServer(t, dev, Options{})
 	c := f.dial().connect(false)
-	if r := c.do(CmdWrite, 0, 0, 4096, make([]byte, 4096)); r.errno != 0 {
+	if r := c.do(cmdWrite, 0, 0, 4096, make([]byte, 4096)); r.errno != 0 {
 		t.Fatal(r.errno)
 	}
 	if dev.flushes.Load() != 0 {
 		t.Fatal("flush before FLUSH")
 	}
 	for i := 1; i <= 3; i++ {
-		if r := c.do(CmdFlush, 0, 0, 0, nil); r.errno != 0 {
+		if r := c.do(cmdFlush, 0, 0, 0, nil); r.errno != 0 {
 			t.Fatalf("flush errno %d", r.errno)
 		}
 		if got := dev.flushes.Load(); got != int64(i) {
@@ -390,7 +390,7 @@ func TestFlushReachesDevice(t *testing.T) {
 		}
 	}
 	// TRIM with FUA must be durable too.
-	if r := c.do(CmdTrim, CmdFlagFUA, 0, 4096, nil); r.errno != 0 {
+	if r := c.do(cmdTrim, cmdFlagFUA, 0, 4096, nil); r.errno != 0 {
 		t.Fatal(r.errno)
 	}
 	if dev.flushes.Load() != 4 {
@@ -405,20 +405,20 @@ func TestTrimAndWriteZeroes(t *testing.T) {
 	ones := bytes.Repeat([]byte{1}, 1<<20)
 	for _, tc := range []struct {
 		cmd, flags uint16
-	}{{CmdTrim, 0}, {CmdWriteZeroes, 0}, {CmdWriteZeroes, CmdFlagNoHole}, {CmdWriteZeroes, CmdFlagFastZero}} {
-		if r := c.do(CmdWrite, 0, 1<<20, 1<<20, ones); r.errno != 0 {
+	}{{cmdTrim, 0}, {cmdWriteZeroes, 0}, {cmdWriteZeroes, cmdFlagNoHole}, {cmdWriteZeroes, cmdFlagFastZero}} {
+		if r := c.do(cmdWrite, 0, 1<<20, 1<<20, ones); r.errno != 0 {
 			t.Fatal(r.errno)
 		}
 		if r := c.do(tc.cmd, tc.flags, 1<<20+4096, 8192, nil); r.errno != 0 {
 			t.Fatalf("cmd %d flags %d: errno %d", tc.cmd, tc.flags, r.errno)
 		}
-		r := c.do(CmdRead, 0, 1<<20, 16384, nil)
+		r := c.do(cmdRead, 0, 1<<20, 16384, nil)
 		want := append(append(bytes.Repeat([]byte{1}, 4096), make([]byte, 8192)...), bytes.Repeat([]byte{1}, 4096)...)
 		if !bytes.Equal(r.data, want) {
 			t.Fatalf("cmd %d: range not zeroed", tc.cmd)
 		}
 	}
-	if r := c.do(CmdCache, 0, 0, 1<<20, nil); r.errno != 0 {
+	if r := c.do(cmdCache, 0, 0, 1<<20, nil); r.errno != 0 {
 		t.Fatalf("CACHE errno %d", r.errno)
 	}
 }
@@ -433,10 +433,10 @@ func TestLargeTrimIsSplit(t *testing.T) {
 	}
 	f := startServer(t, dev, Options{})
 	c := f.dial().connect(false)
-	if r := c.do(CmdTrim, 0, 0, 200<<20, nil); r.errno != 0 {
+	if r := c.do(cmdTrim, 0, 0, 200<<20, nil); r.errno != 0 {
 		t.Fatal(r.errno)
 	}
-	if r := c.do(CmdWriteZeroes, 0, 0, 1<<20, nil); r.errno != 0 {
+	if r := c.do(cmdWriteZeroes, 0, 0, 1<<20, nil); r.errno != 0 {
 		t.Fatal(r.errno)
 	}
 	if st := dev.Stats(); st.Discards != 200 || st.WriteZeroes != 16 {
@@ -452,10 +452,10 @@ func TestSmallMaxTransferIsSplit(t *testing.T) {
 	c := f.dial().connect(true)
 	data := make([]byte, 1<<20)
 	rand.Read(data)
-	if r := c.do(CmdWrite, 0, 0, 1<<20, data); r.errno != 0 {
+	if r := c.do(cmdWrite, 0, 0, 1<<20, data); r.errno != 0 {
 		t.Fatal(r.errno)
 	}
-	if r := c.do(CmdRead, 0, 0, 1<<20, nil); !bytes.Equal(r.data, data) {
+	if r := c.do(cmdRead, 0, 0, 1<<20, nil); !bytes.Equal(r.data, data) {
 		t.Fatal("data differs")
 	}
 	if st := dev.Stats(); st.Writes != 16 || st.Reads != 16 {
@@ -468,10 +468,10 @@ func TestDeviceErrorsMapToNBD(t *testing.T) {
 		err  error
 		want uint32
 	}{
-		{block.ErrIO, EIO}, {block.ErrNoSpace, ENOSPC}, {block.ErrReadOnly, EPERM},
-		{block.ErrInvalid, EINVAL}, {block.ErrClosed, ESHUTDOWN}, {block.ErrMedium, EIO},
-		{block.ErrTimeout, EIO}, {block.ErrNotSupported, ENOTSUP}, {fmt.Errorf("wrapped: %w", block.ErrNoSpace), ENOSPC},
-		{context.Canceled, EIO}, {errors.New("other"), EIO},
+		{block.ErrIO, eio}, {block.ErrNoSpace, enospc}, {block.ErrReadOnly, eperm},
+		{block.ErrInvalid, einval}, {block.ErrClosed, eshutdown}, {block.ErrMedium, eio},
+		{block.ErrTimeout, eio}, {block.ErrNotSupported, enotsup}, {fmt.Errorf("wrapped: %w", block.ErrNoSpace), enospc},
+		{context.Canceled, eio}, {errors.New("other"), eio},
 	} {
 		if got := wireErrno(tc.err); got != tc.want {
 			t.Errorf("wireErrno(%v) = %d, want %d", tc.err, got, tc.want)
@@ -482,18 +482,18 @@ func TestDeviceErrorsMapToNBD(t *testing.T) {
 	f := startServer(t, dev, Options{})
 	for _, structured := range []bool{false, true} {
 		c := f.dial().connect(structured)
-		if r := c.do(CmdWrite, 0, 0, 512, make([]byte, 512)); r.errno != ENOSPC {
+		if r := c.do(cmdWrite, 0, 0, 512, make([]byte, 512)); r.errno != enospc {
 			t.Errorf("write errno %d", r.errno)
 		}
-		r := c.do(CmdRead, 0, 0, 512, nil)
-		if r.errno != ENOSPC || len(r.data) != 0 {
+		r := c.do(cmdRead, 0, 0, 512, nil)
+		if r.errno != enospc || len(r.data) != 0 {
 			t.Errorf("read errno %d data %d", r.errno, len(r.data))
 		}
 		if structured && r.msg == "" {
 			t.Error("structured error without message")
 		}
 		// The connection still works.
-		if r := c.do(CmdFlush, 0, 0, 0, nil); r.errno != 0 {
+		if r := c.do(cmdFlush, 0, 0, 0, nil); r.errno != 0 {
 			t.Errorf("flush after errors: %d", r.errno)
 		}
 	}
@@ -506,7 +506,7 @@ func TestBadMagicClosesOnlyThatConnection(t *testing.T) {
 	good := f.dial().connect(true)
 	bad := f.dial().connect(true)
 	hdr := make([]byte, requestHeaderLen)
-	putRequest(hdr, Request{Type: CmdRead, Handle: 1, Length: 512})
+	putRequest(hdr, header{Type: cmdRead, Handle: 1, Length: 512})
 	hdr[0] ^= 0xff
 	if _, err := bad.nc.Write(hdr); err != nil {
 		t.Fatal(err)
@@ -514,11 +514,11 @@ func TestBadMagicClosesOnlyThatConnection(t *testing.T) {
 	if _, err := bad.br.ReadByte(); err != io.EOF {
 		t.Fatalf("bad connection: %v, want EOF", err)
 	}
-	if r := good.do(CmdRead, 0, 0, 512, nil); r.errno != 0 || len(r.data) != 512 {
+	if r := good.do(cmdRead, 0, 0, 512, nil); r.errno != 0 || len(r.data) != 512 {
 		t.Fatalf("other connection broken: %+v", r.errno)
 	}
 	// And new connections are still accepted.
-	if r := f.dial().connect(false).do(CmdFlush, 0, 0, 0, nil); r.errno != 0 {
+	if r := f.dial().connect(false).do(cmdFlush, 0, 0, 0, nil); r.errno != 0 {
 		t.Fatal(r.errno)
 	}
 }
@@ -535,20 +535,20 @@ func TestOutOfRangeKeepsConnection(t *testing.T) {
 			payload []byte
 			want    uint32
 		}{
-			{"read past end", CmdRead, 1<<20 - 512, 1024, nil, EINVAL},
-			{"read at huge offset", CmdRead, 1 << 62, 512, nil, EINVAL},
-			{"offset+length wraps", CmdRead, ^uint64(0) - 511, 1024, nil, EINVAL},
-			{"write past end (spec: ENOSPC)", CmdWrite, 1 << 20, 512, make([]byte, 512), ENOSPC},
-			{"trim past end", CmdTrim, 1<<20 - 512, 4096, nil, EINVAL},
-			{"zeroes past end", CmdWriteZeroes, 1 << 20, 512, nil, ENOSPC},
-			{"misaligned read", CmdRead, 100, 512, nil, EINVAL},
-			{"misaligned write", CmdWrite, 0, 100, make([]byte, 100), EINVAL},
-			{"zero-length read", CmdRead, 0, 0, nil, EINVAL},
-			{"unknown command", 42, 0, 512, nil, EINVAL},
-			{"block status without meta context", CmdBlockStatus, 0, 512, nil, EINVAL},
-			{"unknown flag", CmdRead, 0, 512, nil, EINVAL},
-			{"NO_HOLE on write", CmdWrite, 0, 512, make([]byte, 512), EINVAL},
-			{"read over maximum", CmdRead, 0, MaxPayload + 512, nil, EINVAL},
+			{"read past end", cmdRead, 1<<20 - 512, 1024, nil, einval},
+			{"read at huge offset", cmdRead, 1 << 62, 512, nil, einval},
+			{"offset+length wraps", cmdRead, ^uint64(0) - 511, 1024, nil, einval},
+			{"write past end (spec: ENOSPC)", cmdWrite, 1 << 20, 512, make([]byte, 512), enospc},
+			{"trim past end", cmdTrim, 1<<20 - 512, 4096, nil, einval},
+			{"zeroes past end", cmdWriteZeroes, 1 << 20, 512, nil, enospc},
+			{"misaligned read", cmdRead, 100, 512, nil, einval},
+			{"misaligned write", cmdWrite, 0, 100, make([]byte, 100), einval},
+			{"zero-length read", cmdRead, 0, 0, nil, einval},
+			{"unknown command", 42, 0, 512, nil, einval},
+			{"block status without meta context", cmdBlockStatus, 0, 512, nil, einval},
+			{"unknown flag", cmdRead, 0, 512, nil, einval},
+			{"NO_HOLE on write", cmdWrite, 0, 512, make([]byte, 512), einval},
+			{"read over maximum", cmdRead, 0, MaxPayload + 512, nil, einval},
 		}
 		for _, tc := range cases {
 			var flags uint16
@@ -556,19 +556,19 @@ func TestOutOfRangeKeepsConnection(t *testing.T) {
 			case "unknown flag":
 				flags = 1 << 9
 			case "NO_HOLE on write":
-				flags = CmdFlagNoHole
+				flags = cmdFlagNoHole
 			}
 			r := c.do(tc.cmd, flags, tc.off, tc.length, tc.payload)
 			if r.errno != tc.want || len(r.data) != 0 {
 				t.Errorf("structured=%v %s: errno %d (data %d), want %d", structured, tc.name, r.errno, len(r.data), tc.want)
 			}
 			// After each bad request the connection still serves.
-			if r := c.do(CmdRead, 0, 0, 512, nil); r.errno != 0 || len(r.data) != 512 {
+			if r := c.do(cmdRead, 0, 0, 512, nil); r.errno != 0 || len(r.data) != 512 {
 				t.Fatalf("structured=%v after %s: errno %d", structured, tc.name, r.errno)
 			}
 		}
 		if structured {
-			if r := c.do(CmdRead, CmdFlagDF, 0, MaxPayload+512, nil); r.errno != EOVERFLOW {
+			if r := c.do(cmdRead, cmdFlagDF, 0, MaxPayload+512, nil); r.errno != eoverflow {
 				t.Errorf("DF read over maximum: errno %d, want EOVERFLOW", r.errno)
 			}
 		}
@@ -583,7 +583,7 @@ func TestOversizeWriteClosesConnection(t *testing.T) {
 	f := startServer(t, dev, Options{})
 	other := f.dial().connect(false)
 	c := f.dial().connect(false)
-	if err := c.send(CmdWrite, 0, 1, 0, MaxPayload+4096, nil); err != nil {
+	if err := c.send(cmdWrite, 0, 1, 0, MaxPayload+4096, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.br.ReadByte(); err != io.EOF {
@@ -592,7 +592,7 @@ func TestOversizeWriteClosesConnection(t *testing.T) {
 	if st := dev.Stats(); st.Writes != 0 {
 		t.Fatal("oversize write reached the device")
 	}
-	if r := other.do(CmdFlush, 0, 0, 0, nil); r.errno != 0 {
+	if r := other.do(cmdFlush, 0, 0, 0, nil); r.errno != 0 {
 		t.Fatal(r.errno)
 	}
 }
@@ -601,22 +601,22 @@ func TestReadOnlyExport(t *testing.T) {
 	dev := newMem(t, 0, "mem://1MiB?ro=1")
 	f := startServer(t, dev, Options{})
 	c := f.dial().connect(true)
-	if c.flags&FlagReadOnly == 0 || c.flags&(FlagSendTrim|FlagSendWriteZeroes|FlagSendFUA) != 0 {
+	if c.flags&flagReadOnly == 0 || c.flags&(flagSendTrim|flagSendWriteZeroes|flagSendFUA) != 0 {
 		t.Fatalf("flags %#x", c.flags)
 	}
-	if r := c.do(CmdWrite, 0, 0, 512, make([]byte, 512)); r.errno != EPERM {
+	if r := c.do(cmdWrite, 0, 0, 512, make([]byte, 512)); r.errno != eperm {
 		t.Errorf("write: errno %d, want EPERM", r.errno)
 	}
-	if r := c.do(CmdTrim, 0, 0, 512, nil); r.errno != EPERM {
+	if r := c.do(cmdTrim, 0, 0, 512, nil); r.errno != eperm {
 		t.Errorf("trim: errno %d, want EPERM", r.errno)
 	}
-	if r := c.do(CmdRead, 0, 0, 512, nil); r.errno != 0 {
+	if r := c.do(cmdRead, 0, 0, 512, nil); r.errno != 0 {
 		t.Errorf("read: errno %d", r.errno)
 	}
 	// ForceReadOnly on a writable device behaves the same.
 	f2 := startServer(t, newMem(t, 1<<20, ""), Options{ForceReadOnly: true})
 	c2 := f2.dial().connect(false)
-	if r := c2.do(CmdWrite, 0, 0, 512, make([]byte, 512)); r.errno != EPERM {
+	if r := c2.do(cmdWrite, 0, 0, 512, make([]byte, 512)); r.errno != eperm {
 		t.Errorf("forced read-only write: errno %d", r.errno)
 	}
 }
@@ -627,7 +627,7 @@ func TestClientVanishingMidPayload(t *testing.T) {
 	other := f.dial().connect(true)
 	c := f.dial().connect(false)
 	hdr := make([]byte, requestHeaderLen)
-	putRequest(hdr, Request{Type: CmdWrite, Handle: 1, Length: 1 << 20})
+	putRequest(hdr, header{Type: cmdWrite, Handle: 1, Length: 1 << 20})
 	if _, err := c.nc.Write(append(hdr, make([]byte, 1000)...)); err != nil {
 		t.Fatal(err)
 	}
@@ -650,7 +650,7 @@ func TestClientVanishingMidPayload(t *testing.T) {
 	if st := dev.Stats(); st.Writes != 0 {
 		t.Error("partial payload was written")
 	}
-	if r := other.do(CmdWrite, 0, 0, 4096, make([]byte, 4096)); r.errno != 0 {
+	if r := other.do(cmdWrite, 0, 0, 4096, make([]byte, 4096)); r.errno != 0 {
 		t.Fatal(r.errno)
 	}
 }
@@ -661,10 +661,10 @@ func TestDiscDrainsInFlight(t *testing.T) {
 	dev := &countingDevice{Device: newMem(t, 1<<20, ""), gate: make(chan struct{})}
 	f := startServer(t, dev, Options{})
 	c := f.dial().connect(false)
-	if err := c.send(CmdWrite, 0, 5, 0, 512, bytes.Repeat([]byte{9}, 512)); err != nil {
+	if err := c.send(cmdWrite, 0, 5, 0, 512, bytes.Repeat([]byte{9}, 512)); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.send(CmdDisc, 0, 6, 0, 0, nil); err != nil {
+	if err := c.send(cmdDisc, 0, 6, 0, 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	close(dev.gate)
@@ -702,7 +702,7 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 	}
 	defer nc.Close()
 	c := newTestClient(t, nc).connect(true)
-	if err := c.send(CmdWrite, 0, 1, 0, 512, make([]byte, 512)); err != nil {
+	if err := c.send(cmdWrite, 0, 1, 0, 512, make([]byte, 512)); err != nil {
 		t.Fatal(err)
 	}
 	// Wait until the write is blocked in the device.
@@ -722,7 +722,7 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 	if err := <-shut; err != nil {
 		t.Fatal(err)
 	}
-	if err := <-served; !errors.Is(err, ErrServerClosed) {
+	if err := <-served; !errors.Is(err, errServerClosed) {
 		t.Fatalf("Serve: %v", err)
 	}
 	if _, err := c.br.ReadByte(); err != io.EOF {
@@ -747,7 +747,7 @@ func TestManyConnections(t *testing.T) {
 			buf := bytes.Repeat([]byte{byte(k + 1)}, 64<<10)
 			for i := range 32 {
 				off := uint64(k)*(4<<20) + uint64(i)*(64<<10)
-				if err := c.send(CmdWrite, 0, uint64(i), off, 64<<10, buf); err != nil {
+				if err := c.send(cmdWrite, 0, uint64(i), off, 64<<10, buf); err != nil {
 					t.Error(err)
 					return
 				}
@@ -762,11 +762,11 @@ func TestManyConnections(t *testing.T) {
 	}
 	wg.Wait()
 	c := f.dial().connect(false)
-	if r := c.do(CmdFlush, 0, 0, 0, nil); r.errno != 0 || dev.flushes.Load() != 1 {
+	if r := c.do(cmdFlush, 0, 0, 0, nil); r.errno != 0 || dev.flushes.Load() != 1 {
 		t.Fatalf("flush errno %d flushes %d", r.errno, dev.flushes.Load())
 	}
 	for k := range 4 {
-		r := c.do(CmdRead, 0, uint64(k)*(4<<20), 2<<20, nil)
+		r := c.do(cmdRead, 0, uint64(k)*(4<<20), 2<<20, nil)
 		if !bytes.Equal(r.data, bytes.Repeat([]byte{byte(k + 1)}, 2<<20)) {
 			t.Fatalf("conn %d data wrong", k)
 		}
@@ -795,9 +795,9 @@ func TestBoundedPoolDoesNotDeadlock(t *testing.T) {
 			for i := range 8 {
 				var err error
 				if i%2 == 0 {
-					err = c.send(CmdWrite, 0, uint64(i), uint64(k)*(16<<20), 6<<20, payload)
+					err = c.send(cmdWrite, 0, uint64(i), uint64(k)*(16<<20), 6<<20, payload)
 				} else {
-					err = c.send(CmdRead, 0, uint64(i), uint64(k)*(16<<20), 6<<20, nil)
+					err = c.send(cmdRead, 0, uint64(i), uint64(k)*(16<<20), 6<<20, nil)
 				}
 				if err != nil {
 					t.Error(err)
@@ -846,9 +846,9 @@ func TestRequestsDuringShutdownGetESHUTDOWN(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stream := cat(reqBytes(Request{Type: CmdWrite, Handle: 1, Length: 512}, bytes.Repeat([]byte{1}, 512)),
-		reqBytes(Request{Type: CmdRead, Handle: 2, Length: 512}, nil),
-		reqBytes(Request{Type: CmdFlush, Handle: 3}, nil))
+	stream := cat(reqBytes(header{Type: cmdWrite, Handle: 1, Length: 512}, bytes.Repeat([]byte{1}, 512)),
+		reqBytes(header{Type: cmdRead, Handle: 2, Length: 512}, nil),
+		reqBytes(header{Type: cmdFlush, Handle: 3}, nil))
 	nc := &captureConn{streamConn: streamConn{r: bytes.NewReader(stream)}}
 	c := newConn(srv, nc)
 	c.exp = srv.export(false)
@@ -860,7 +860,7 @@ func TestRequestsDuringShutdownGetESHUTDOWN(t *testing.T) {
 	}
 	for i := range 3 {
 		r := out[i*simpleReplyLen:]
-		if e := uint32(r[4])<<24 | uint32(r[5])<<16 | uint32(r[6])<<8 | uint32(r[7]); e != ESHUTDOWN {
+		if e := uint32(r[4])<<24 | uint32(r[5])<<16 | uint32(r[6])<<8 | uint32(r[7]); e != eshutdown {
 			t.Errorf("reply %d: errno %d, want ESHUTDOWN", i, e)
 		}
 	}

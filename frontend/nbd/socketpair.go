@@ -8,11 +8,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// SocketPair returns a connected pair of unix stream sockets: the server's end as a net.Conn (so
+// socketPair returns a connected pair of unix stream sockets: the server's end as a net.Conn (so
 // the Go netpoller, deadlines and writev work on it) and the other end as an *os.File whose
 // descriptor is handed to the kernel (NBD_ATTR_SOCKETS / NBD_SET_SOCK). The caller closes both;
 // the kernel holds its own reference once it has taken the descriptor.
-func SocketPair() (net.Conn, *os.File, error) {
+func socketPair() (net.Conn, *os.File, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("nbd: socketpair: %w", err)

@@ -118,7 +118,7 @@ func TestSplicedReadsWire(t *testing.T) {
 		c := f.dial().connect(structured)
 		var out [][]byte
 		for i, r := range reads {
-			if err := c.send(CmdRead, 0, uint64(i), r.off, r.n, nil); err != nil {
+			if err := c.send(cmdRead, 0, uint64(i), r.off, r.n, nil); err != nil {
 				t.Fatal(err)
 			}
 			b, err := rawReply(c, int(r.n))
@@ -129,7 +129,7 @@ func TestSplicedReadsWire(t *testing.T) {
 		}
 		// Spliced reads in flight when the client vanishes.
 		for i := range 4 {
-			if err := c.send(CmdRead, 0, uint64(100+i), uint64(i)<<20, 1<<20, nil); err != nil {
+			if err := c.send(cmdRead, 0, uint64(100+i), uint64(i)<<20, 1<<20, nil); err != nil {
 				t.Fatal(err)
 			}
 		}

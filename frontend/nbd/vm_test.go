@@ -103,10 +103,10 @@ func TestVMAttachFlagsAndFlush(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Attach: %v", err)
 			}
-			if a.ViaNetlink() == tc.ioctl {
-				t.Fatalf("attached via netlink=%v", a.ViaNetlink())
+			if a.viaNetlink == tc.ioctl {
+				t.Fatalf("attached via netlink=%v", a.viaNetlink)
 			}
-			t.Logf("attached %s (netlink=%v, %d connections)", a.Path(), a.ViaNetlink(), tc.conns)
+			t.Logf("attached %s (netlink=%v, %d connections)", a.Path(), a.viaNetlink, tc.conns)
 			checkKernelFlags(t, a.Path(), 256<<20)
 
 			f, err := os.OpenFile(a.Path(), os.O_RDWR|unix.O_DIRECT, 0)

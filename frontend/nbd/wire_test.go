@@ -30,15 +30,15 @@ func TestWireConstantsMatchGoNBD(t *testing.T) {
 		{"INFO_NAME", infoName, uint64(protocol.NEGOTIATION_TYPE_INFO_NAME)},
 		{"INFO_DESCRIPTION", infoDescription, uint64(protocol.NEGOTIATION_TYPE_INFO_DESCRIPTION)},
 		{"INFO_BLOCK_SIZE", infoBlockSize, uint64(protocol.NEGOTIATION_TYPE_INFO_BLOCKSIZE)},
-		{"FLAG_HAS_FLAGS", FlagHasFlags, uint64(protocol.NEGOTIATION_REPLY_FLAGS_HAS_FLAGS)},
+		{"FLAG_HAS_FLAGS", flagHasFlags, uint64(protocol.NEGOTIATION_REPLY_FLAGS_HAS_FLAGS)},
 		{"FLAG_CAN_MULTI_CONN", FlagCanMultiConn, uint64(protocol.NEGOTIATION_REPLY_FLAGS_CAN_MULTI_CONN)},
 		{"REQUEST_MAGIC", magicRequest, uint64(protocol.TRANSMISSION_MAGIC_REQUEST)},
 		{"SIMPLE_REPLY_MAGIC", magicSimple, uint64(protocol.TRANSMISSION_MAGIC_REPLY)},
-		{"CMD_READ", CmdRead, uint64(protocol.TRANSMISSION_TYPE_REQUEST_READ)},
-		{"CMD_WRITE", CmdWrite, uint64(protocol.TRANSMISSION_TYPE_REQUEST_WRITE)},
-		{"CMD_DISC", CmdDisc, uint64(protocol.TRANSMISSION_TYPE_REQUEST_DISC)},
-		{"EPERM", EPERM, uint64(protocol.TRANSMISSION_ERROR_EPERM)},
-		{"EINVAL", EINVAL, uint64(protocol.TRANSMISSION_ERROR_EINVAL)},
+		{"CMD_READ", cmdRead, uint64(protocol.TRANSMISSION_TYPE_REQUEST_READ)},
+		{"CMD_WRITE", cmdWrite, uint64(protocol.TRANSMISSION_TYPE_REQUEST_WRITE)},
+		{"CMD_DISC", cmdDisc, uint64(protocol.TRANSMISSION_TYPE_REQUEST_DISC)},
+		{"EPERM", eperm, uint64(protocol.TRANSMISSION_ERROR_EPERM)},
+		{"EINVAL", einval, uint64(protocol.TRANSMISSION_ERROR_EINVAL)},
 	}
 	for _, c := range cases {
 		if c.ours != c.them {

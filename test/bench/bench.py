@@ -253,6 +253,99 @@ def iscsi_perf(url, runtime, depth, blocks, random, preexec=None):
 CEILINGS = {"randread-4k-qd32": (32, 8, True), "seqread-1m-qd8": (8, 2048, False)}
 
 
+# The TLS row (issue 19): the same server over TCP on 127.0.0.1 with and without TLS
+# (NBD_OPT_STARTTLS, --tls require), iser-blk with the cache off against nbdkit's memory plugin as
+# the reference for what TLS costs an NBD server. Only the jobs in TLS_JOBS, shared placement only.
+TLS_JOBS = ("randread-4k-qd32", "seqread-1m-qd8")
+TLS_PAIRS = [("iser-blk --cache off", "iser-blk-tls", "iser-blk-tcp"),
+             ("nbdkit memory", "nbdkit-memory-tls", "nbdkit-memory-tcp")]
+TLS_SYSTEMS = tuple(s for _, tls, tcp in TLS_PAIRS for s in (tls, tcp))
+
+
+def tls_certs(work):
+    """A CA and a server certificate for 127.0.0.1 in work/tls (nbdkit's and iser-blk's
+    --tls-certificates layout), made once per run with openssl."""
+    d = os.path.join(work, "tls")
+    if os.path.exists(os.path.join(d, "server-cert.pem")):
+        return d
+    os.makedirs(d, exist_ok=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    run(["openssl", "req", "-x509"] + ec + ["-days", "2", "-subj", "/CN=bench CA", "-keyout",
+         f"{d}/ca-key.pem", "-out", f"{d}/ca-cert.pem"])
+    run(["openssl", "req"] + ec + ["-subj", "/CN=127.0.0.1", "-keyout", f"{d}/server-key.pem",
+         "-out", f"{d}/server.csr"])
+    ext = os.path.join(d, "ext.cnf")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    run(["openssl", "x509", "-req", "-in", f"{d}/server.csr", "-CA", f"{d}/ca-cert.pem", "-CAkey",
+         f"{d}/ca-key.pem", "-days", "2", "-extfile", ext, "-out", f"{d}/server-cert.pem"])
+    return d
+
+
+class TCPNBDServer(NBDServer):
+    """A system under test on 127.0.0.1:port. fio's nbd engine may not name a certificate
+    directory (libnbd refuses local files there), so TLS clients connect with
+    tls-verify-peer=false: encryption is on, only the one-time check of the server's certificate
+    is skipped."""
+
+    def __init__(self, name, argv, port, work, tls, preexec=None):
+        self.name, self.sock = name, os.path.join(work, f"{name}.no-socket")
+        self.logf = open(os.path.join(work, f"{name}.log"), "a")
+        self.proc = subprocess.Popen(argv, stdout=self.logf, stderr=subprocess.STDOUT, preexec_fn=preexec)
+
+        def listening():
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                return True
+            except OSError:
+                return False
+        wait_for(listening, f"{name} port {port}", proc=self.proc)
+        self.uri = (f"nbds://127.0.0.1:{port}/?tls-verify-peer=false" if tls else f"nbd://127.0.0.1:{port}/")
+
+
+def tls_systems(tgt, work, preexec):
+    """(name, start, has_warm) of the TLS row's systems."""
+    def iserblk(tls):
+        def start(_sock):
+            port = free_port()
+            argv = [BIN, "serve", "--target", tgt.url, "--listen", f"tcp://127.0.0.1:{port}", "--cache", "off"]
+            argv += ["--tls", "require", "--tls-certificates", tls_certs(work)] if tls else []
+            return TCPNBDServer("iser-blk-tls" if tls else "iser-blk-tcp", argv, port, work, tls, preexec)
+        return start
+
+    def nbdkit(tls):
+        def start(_sock):
+            port = free_port()
+            argv = ["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(port)]
+            argv += ["--tls=require", f"--tls-certificates={tls_certs(work)}"] if tls else []
+            return TCPNBDServer("nbdkit-memory-tls" if tls else "nbdkit-memory-tcp", argv + ["memory", str(tgt.size)],
+                                port, work, tls, preexec)
+        return start
+    return [("iser-blk-tcp", iserblk(False), False), ("iser-blk-tls", iserblk(True), False),
+            ("nbdkit-memory-tcp", nbdkit(False), False), ("nbdkit-memory-tls", nbdkit(True), False)]
+
+
+def tls_report(by):
+    """The TLS row: per repetition, each server's rate with TLS over its rate over plain TCP."""
+    out = ["\n## TLS (issue 19): nbds:// against plain TCP on 127.0.0.1, same server, same run\n",
+           "| server | job | TLS | plain TCP | TLS / plain: median (min–max) |", "|---|---|---|---|---|"]
+    rows = 0
+    for label, tls, tcp in TLS_PAIRS:
+        for job in TLS_JOBS:
+            key = metric_of(job)
+            base = {r["rep"]: r[key] for r in by.get((tcp, job), [])}
+            rs = by.get((tls, job), [])
+            ratio = median_range([r[key] / base[r["rep"]] for r in rs if base.get(r["rep"])])
+            if ratio is None:
+                continue
+            unit = "IOPS" if key == "iops" else "MiB/s"
+            a, b = median_range([r[key] for r in rs]), median_range(list(base.values()))
+            out.append(f"| {label} | {job} | {a[0]:.0f} {unit} | {b[0]:.0f} {unit} | "
+                       f"{ratio[0]:.2f} ({ratio[1]:.2f}–{ratio[2]:.2f}) |")
+            rows += 1
+    return out if rows else []
+
+
 def systems(tgt, work, pprof_addr=None, alt_bin=None, preexec=None):
     """name -> function starting the server; the warm variant reuses the cold process. With
     alt_bin (--alt-bin), the iser-blk systems run a second time from that binary, named with the
@@ -279,7 +372,7 @@ def systems(tgt, work, pprof_addr=None, alt_bin=None, preexec=None):
     if alt_bin:
         out += [("iser-blk-nocache-alt", iserblk("off", alt_bin, "-alt"), False),
                 ("iser-blk-wb-cold-alt", iserblk("writeback", alt_bin, "-alt"), True)]
-    return out + [("nbdkit-memory", nbdkit, False)]
+    return out + [("nbdkit-memory", nbdkit, False)] + tls_systems(tgt, work, preexec)
 
 
 class Profiler:
@@ -330,7 +423,7 @@ def main():
     ap.add_argument("--jobs", default="", help="comma-separated subset of job names")
     ap.add_argument("--systems", default="", help="comma-separated subset of systems (quick profiling "
                     "runs): qemu-nbd, iser-blk-nocache, iser-blk-wb-cold (also runs warm), "
-                    "nbdkit-memory, libiscsi-direct")
+                    "nbdkit-memory, libiscsi-direct, and the TLS row's " + ", ".join(TLS_SYSTEMS))
     ap.add_argument("--pprof", default=os.environ.get("BENCH_PPROF", ""),
                     help="directory for CPU and allocation profiles of iser-blk per job (see Profiler)")
     ap.add_argument("--alt-bin", default=os.environ.get("BENCH_ALT_BIN", ""),
@@ -394,6 +487,8 @@ def run_pass(a, jobs, tgt, work, prof, rep, placement, wanted):
                     fio(srv.uri, "warmup", dict(rw="read", bs="1m", iodepth=8, numjobs=1),
                         max(a.runtime, 5), a.size, work, pre)
                 for job, args, _ in jobs:
+                    if name in TLS_SYSTEMS and job not in TLS_JOBS:
+                        continue
                     pname = vname if placement == "shared" else f"{vname}-{placement}"
                     pt = prof.start(pname, job, a.runtime) if prof and vname.startswith("iser-blk") else None
                     c0, t0 = cpu_seconds(srv.proc.pid), cpu_seconds(tgt.proc.pid)
@@ -507,6 +602,7 @@ def placement_report(a, jobs, results, placement, work):
                          f"{fmt([r.get('tgt_cpu_us_per_io') for r in rs], 1)} | "
                          f"{fmt([r.get('fio_cpu_us_per_io') for r in rs], 1)} |")
     lines += goals(by, placement)
+    lines += tls_report(by)
     chart(a, jobs, sysnames, by, work, placement)
     return lines
 

@@ -57,7 +57,17 @@ type Server struct {
 func Start(t testing.TB, target string, extra ...string) *Server {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "nbd.sock")
-	args := append([]string{"serve", "--target", target, "--listen", "unix://" + sock}, extra...)
+	s := StartListen(t, target, "unix://"+sock, extra...)
+	if st, err := os.Stat(sock); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("socket %s: %v mode %v, want 0600", sock, err, st.Mode())
+	}
+	return s
+}
+
+// StartListen is Start with another --listen address (e.g. tcp://127.0.0.1:0 for TLS tests).
+func StartListen(t testing.TB, target, listen string, extra ...string) *Server {
+	t.Helper()
+	args := append([]string{"serve", "--target", target, "--listen", listen}, extra...)
 	cmd := exec.Command(Binary(t), args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -99,9 +109,6 @@ func Start(t testing.TB, target string, extra ...string) *Server {
 	case <-time.After(2 * time.Minute):
 		t.Fatalf("serve did not print its URI within 2 min: %s", s.log)
 	}
-	if st, err := os.Stat(sock); err != nil || st.Mode().Perm() != 0o600 {
-		t.Fatalf("socket %s: %v mode %v, want 0600", sock, err, st.Mode())
-	}
 	return s
 }
 
@@ -119,6 +126,14 @@ func (s *Server) Stop(t testing.TB) {
 		}
 	case <-time.After(2 * time.Minute):
 		t.Fatalf("serve did not exit 2 min after SIGTERM: %s", s.log)
+	}
+}
+
+// Signal sends sig to the server (SIGHUP: reload the TLS certificates).
+func (s *Server) Signal(t testing.TB, sig os.Signal) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
 	}
 }
 
