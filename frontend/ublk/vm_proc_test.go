@@ -81,7 +81,7 @@ func TestMain(m *testing.M) {
 
 // serveMain is what `iser-blk attach --ublk --target URL` does: open the target (mem:// with
 // memdev, iscsi:// with backend/iser), take the per-tag buffers from a pool.Pool, Run until
-// SIGINT/SIGTERM, close. It prints the device path on stdout.
+// SIGINT/SIGTERM, flush, close. It prints the device path on stdout.
 func serveMain(url string) int {
 	log, _ := zap.NewDevelopment(zap.AddStacktrace(zapcore.DPanicLevel))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -106,6 +106,10 @@ func serveMain(url string) int {
 	}
 	defer bufs.Close()
 	err = Run(ctx, dev, Options{Queues: q, Depth: d, Pool: bufs, Logger: log}, func(p string) { fmt.Println(p) })
+	// Run detached the disk without flushing: the final flush is the caller's, as in the CLI.
+	if ferr := dev.Flush(context.Background()); err == nil && ferr != nil {
+		err = fmt.Errorf("final flush: %w", ferr)
+	}
 	if cerr := dev.Close(); err == nil {
 		err = cerr
 	}
