@@ -145,14 +145,15 @@ func cliAttach() string {
 	return ""
 }
 
-// startServer starts the server process and waits for it to print the device path.
-func startServer(t *testing.T, targetURL string, queues, depth int) *serverProc {
+// startServer starts the server process and waits for it to print the device path. cliArgs are
+// extra `attach` flags, for tests that need the CLI (the test-binary server ignores them).
+func startServer(t *testing.T, targetURL string, queues, depth int, cliArgs ...string) *serverProc {
 	t.Helper()
 	requireUblk(t)
 	var cmd *exec.Cmd
 	if bin := cliAttach(); bin != "" {
-		cmd = exec.Command(bin, "attach", "--ublk", "--target", targetURL,
-			"--queues", strconv.Itoa(queues), "--depth", strconv.Itoa(depth))
+		cmd = exec.Command(bin, append([]string{"attach", "--ublk", "--target", targetURL,
+			"--queues", strconv.Itoa(queues), "--depth", strconv.Itoa(depth)}, cliArgs...)...)
 		t.Logf("server: %s", strings.Join(cmd.Args, " "))
 	} else {
 		cmd = exec.Command(os.Args[0], "-test.run=^$")
