@@ -65,10 +65,10 @@ func TestVMSigtermDetachesThenFlushes(t *testing.T) {
 func TestVMSecondSignalAbortsUblkFlush(t *testing.T) {
 	requireCLI(t)
 	lio := vmtest.StartLIO(t, vmtest.LIOOptions{SizeMiB: 256, NoISER: true})
-	// --replacement-timeout -1: I/O waits for the lost session for ever, so only the second
+	// --replacement-timeout -1s: I/O waits for the lost session for ever, so only the second
 	// signal can end the flush.
 	p := startServer(t, lio.URL("iscsi"), 2, 64, "--cache", "writeback", "--cache-dirty", "100%",
-		"--replacement-timeout", "-1")
+		"--replacement-timeout", "-1s")
 	lio.Teardown(t)
 	ddDirect(t, p.path, 16) // absorbed by the write-back cache: nothing can reach the target
 	p.cmd.Process.Signal(syscall.SIGTERM)
