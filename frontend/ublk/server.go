@@ -35,8 +35,8 @@ type Options struct {
 	Pool BufferPool
 	// ControlPath is the control device (default /dev/ublk-control).
 	ControlPath string
-	// DrainTimeout bounds how long Shutdown lets in-flight requests run before cancelling their
-	// context so they fail and the kernel's STOP_DEV can finish (default 30 s).
+	// DrainTimeout bounds how long Shutdown or Detach lets in-flight requests run before
+	// cancelling their context so they fail and the kernel's STOP_DEV can finish (default 30 s).
 	DrainTimeout time.Duration
 	Logger       *zap.Logger
 }
@@ -339,7 +339,7 @@ func (s *Server) BlockPath() string { return fmt.Sprintf("/dev/ublkb%d", s.info.
 func (s *Server) Info() DevInfo { return s.info }
 
 // Failed is closed when the server stopped serving on its own (a queue's ring failed or the
-// driver aborted the device); Err then says why. Shutdown must still be called.
+// driver aborted the device); Err then says why. Shutdown or Detach must still be called.
 func (s *Server) Failed() <-chan struct{} { return s.failed }
 
 // Err is the reason Failed was closed, or nil.
