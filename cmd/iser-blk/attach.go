@@ -67,8 +67,7 @@ func runAttach(ctx context.Context, args []string) int {
 	}
 	defer p.Close()
 	if useUblk {
-		// uo.Pool stays nil (anonymous memory): handing ublk the registered pool made ADD_DEV
-		// fail with "no completion" in the 6.12 guest; to be resolved with the ublk side.
+		uo.Pool = p // registered for RDMA before the target was opened: tag buffers need no bounce
 		code := attachUblk(ctx, dev, uo, log)
 		if c := closeDevice(dev, log); code == exitOK {
 			code = c

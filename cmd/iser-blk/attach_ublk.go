@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"os"
 
+	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/block"
@@ -13,36 +15,40 @@ import (
 	"github.com/iser-blk/iser-blk/pool"
 )
 
-// ublkOptions are the attach flags that concern ublk (--queues, --depth, --max-io).
+// ublkOptions are the attach flags that concern ublk (--queues, --depth, --max-io), and the pool.
 type ublkOptions struct {
-	Queues int             // --queues: hardware queues (0: CPUs, at most 4)
-	Depth  int             // --depth: requests in flight per queue (0: 64)
-	MaxIO  int             // largest request in bytes (0: 512 KiB, capped by the device)
-	Pool   ublk.BufferPool // per-tag buffers (nil: anonymous memory)
+	Queues int // --queues: hardware queues (0: CPUs, at most 4)
+	Depth  int // --depth: requests in flight per queue (0: 64)
+	MaxIO  int // largest request in bytes (0: 512 KiB, capped by the device)
+	// Pool is the stack's buffer pool (openStack), which was handed to the RDMA layer before the
+	// target was opened: every tag's buffer comes from it, so the kernel's copy of a request lands
+	// in registered memory and iSER moves it without a bounce. nil: anonymous memory.
+	Pool *pool.Pool
 }
 
+// ublkPoolShare is the part of the stack's pool the per-tag buffers may hold for the device's
+// lifetime; the rest stays for the cache's staging buffers and iSER's bounce buffers.
+const ublkPoolShare = 2 // one half
+
 // attachUblk serves dev as /dev/ublkbN until ctx is cancelled (SIGINT/SIGTERM), printing the
-// device path on stdout once it exists; then it stops and deletes the device after draining and
-// flushing. It does not close dev. It returns the process exit code.
+// device path on stdout once it exists; then it stops the disk (in-flight requests drain) and
+// deletes the device. It neither flushes nor closes dev: the caller's closeDevice does, with
+// progress reports and the second-signal abort. It returns the process exit code.
 func attachUblk(ctx context.Context, dev block.Device, opts ublkOptions, log *zap.Logger) int {
-	if opts.Pool == nil {
-		// Every tag holds one buffer of the largest request for the device's lifetime; the
-		// pool is their registered home (with iSER the kernel's copy lands in RDMA memory).
-		p, err := newUblkPool(opts)
-		if err != nil {
-			log.Error("ublk buffer pool", zap.Error(err))
-			return exitFailure
-		}
-		defer p.Close()
-		opts.Pool = p
+	maxIO, err := ublkMaxIO(opts)
+	if err != nil {
+		log.Error("ublk attach failed", zap.Error(err))
+		return exitUsage
 	}
-	err := ublk.Run(ctx, dev, ublk.Options{
-		Queues: opts.Queues,
-		Depth:  opts.Depth,
-		MaxIO:  opts.MaxIO,
-		Pool:   opts.Pool,
-		Logger: log,
-	}, func(path string) { fmt.Println(path) })
+	if maxIO != opts.MaxIO {
+		log.Info("ublk requests capped so that the per-tag buffers fit in half the buffer pool",
+			zap.String("max_io", humanize.IBytes(uint64(maxIO))))
+	}
+	uopts := ublk.Options{Queues: opts.Queues, Depth: opts.Depth, MaxIO: maxIO, Logger: log}
+	if opts.Pool != nil {
+		uopts.Pool = opts.Pool // not a nil *pool.Pool in a non-nil interface
+	}
+	err = ublk.Run(ctx, dev, uopts, func(path string) { fmt.Println(path) })
 	switch {
 	case err == nil:
 		return exitOK
@@ -59,8 +65,11 @@ func attachUblk(ctx context.Context, dev block.Device, opts ublkOptions, log *za
 	}
 }
 
-// newUblkPool sizes a pool for queues × depth buffers of the largest request.
-func newUblkPool(opts ublkOptions) (*pool.Pool, error) {
+// ublkMaxIO checks the queue geometry and returns the request size to ask ublk for: opts.MaxIO,
+// or less when queues × depth buffers of it would hold more than their share of the pool (then
+// the largest power of two that fits; every tag holds its buffer as long as the device exists,
+// and a Get at the pool's bound would wait for ever).
+func ublkMaxIO(opts ublkOptions) (int, error) {
 	q, d, maxIO := opts.Queues, opts.Depth, opts.MaxIO
 	if q <= 0 {
 		q = ublk.DefaultQueues()
@@ -72,7 +81,24 @@ func newUblkPool(opts ublkOptions) (*pool.Pool, error) {
 		maxIO = ublk.DefaultMaxIO
 	}
 	if q > 4096 || d > 4096 || maxIO > 32<<20 {
-		return nil, fmt.Errorf("ublk: %d queues × depth %d × %d bytes is beyond the driver's limits: %w", q, d, maxIO, block.ErrInvalid)
+		return 0, fmt.Errorf("ublk: %d queues × depth %d × %d bytes is beyond the driver's limits: %w", q, d, maxIO, block.ErrInvalid)
 	}
-	return pool.New(pool.Config{MaxBytes: int64(q) * int64(d) * int64(maxIO), MaxClass: maxIO, HugePages: true})
+	if opts.Pool == nil {
+		return opts.MaxIO, nil
+	}
+	share := opts.Pool.Stats().MaxBytes / ublkPoolShare
+	per := share / int64(q*d)
+	buf := min(maxIO, opts.Pool.MaxClass())
+	if int64(pow2Ceil(buf)) <= per { // the pool's classes are powers of two
+		return opts.MaxIO, nil
+	}
+	fit := 1 << (bits.Len64(uint64(per)) - 1)
+	if per < 4096 {
+		return 0, fmt.Errorf("ublk: --buffer-memory %s cannot hold %d queues × depth %d request buffers of even 4 KiB in half of it: raise --buffer-memory or lower --queues/--depth: %w",
+			humanize.IBytes(uint64(opts.Pool.Stats().MaxBytes)), q, d, block.ErrInvalid)
+	}
+	return fit, nil
 }
+
+// pow2Ceil is the smallest power of two ≥ n (n > 0).
+func pow2Ceil(n int) int { return 1 << bits.Len(uint(n-1)) }

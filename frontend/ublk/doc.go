@@ -17,7 +17,20 @@
 // Data buffers: each tag has a fixed buffer of the negotiated maximum request size, taken from
 // the BufferPool; its address is the `addr` of every FETCH/COMMIT, so the kernel copies WRITE
 // data into it before the FETCH completes and copies READ data out of it when the COMMIT is
-// processed. With the RDMA pool that copy lands in registered memory.
+// processed. With the RDMA pool that copy lands in registered memory: the CLI hands ublk the
+// stack's pool, which it registered for RDMA before opening the target.
+//
+// Life of a device (Start, then Shutdown or Detach; Run is Start + wait + Detach): Start creates
+// it (ADD_DEV, SET_PARAMS, every queue's FETCH_REQs, START_DEV) and removes whatever exists if a
+// step fails. The end is STOP_DEV (the disk goes; requests already queued are still served and
+// waited for, with a drain timeout that cancels a backend request that never returns), then the
+// final flush, then teardown and DEL_DEV (shutdown.go). Shutdown flushes the Device itself;
+// Detach, which Run uses, leaves the flush to the caller so that the CLI's shutdown flush (with
+// progress lines and the second-signal abort) is the one that makes acknowledged data durable.
+//
+// Files: abi.go (ublk_cmd.h structures), control.go (control commands), params.go (limits to
+// ublk_params), server.go (Start), queue.go (the per-queue ring thread and tag workers),
+// serve.go (one request on the Device), shutdown.go (the shutdown order), run.go (Run).
 //
 // Invariants:
 //   - A tag is in exactly one place: parked in the kernel (FETCH outstanding), or in service
@@ -25,6 +38,10 @@
 //   - READ/WRITE succeed only with the full byte count (the driver requeues a short remainder);
 //     errors are negative errnos from block.Errno.
 //   - The server does not use USER_RECOVERY, so the kernel never waits for a dead server.
+//   - The kernel device is removed only after every request it handed the server has been
+//     answered (STOP_DEV returns after the drain), and once Shutdown or Detach has returned no
+//     request reaches the Device again: the driver aborted every parked FETCH and the queues
+//     are gone.
 //
 // What the kernel (6.12) does when the server dies (kill -9, crash): the process's io_urings are
 // torn down, which cancels the FETCH commands parked in the driver; the driver's cancel handler

@@ -35,8 +35,8 @@ type Options struct {
 	Pool BufferPool
 	// ControlPath is the control device (default /dev/ublk-control).
 	ControlPath string
-	// DrainTimeout bounds how long Shutdown lets in-flight requests run before cancelling their
-	// context so they fail and the kernel's STOP_DEV can finish (default 30 s).
+	// DrainTimeout bounds how long Shutdown or Detach lets in-flight requests run before
+	// cancelling their context so they fail and the kernel's STOP_DEV can finish (default 30 s).
 	DrainTimeout time.Duration
 	Logger       *zap.Logger
 }
@@ -70,37 +70,94 @@ type Server struct {
 }
 
 // Start creates a ublk device for dev, starts its queues and the disk, and returns once
-// /dev/ublkbN exists. The caller must call Shutdown (which does not close dev).
+// /dev/ublkbN exists. The caller must call Shutdown or Detach (neither closes dev).
+//
+// The steps: settle the configuration (and check the parameters) before anything exists in the
+// kernel; open the control device; ADD_DEV; SET_PARAMS; start every queue and wait until each
+// has a FETCH_REQ parked for every tag; START_DEV, which adds the disk. A failure after ADD_DEV
+// tears down whatever exists, so nothing is left in the kernel.
 func Start(ctx context.Context, dev block.Device, opts Options) (s *Server, err error) {
-	log := opts.Logger
-	if log == nil {
-		log = zap.NewNop()
-	}
-	queues := opts.Queues
-	if queues <= 0 {
-		queues = DefaultQueues()
-	}
-	depth := opts.Depth
-	if depth <= 0 {
-		depth = DefaultDepth
-	}
-	if queues > maxQueues || depth > maxQueueDepth {
-		return nil, fmt.Errorf("ublk: %d queues × depth %d exceeds the driver's %d × %d: %w", queues, depth, maxQueues, maxQueueDepth, block.ErrInvalid)
-	}
-	lim := dev.Limits()
-	if lim.LogicalBlockSize == 0 {
-		lim.LogicalBlockSize = uint32(dev.BlockSize())
-	}
-	maxIO := maxIOFor(lim, opts.MaxIO)
-	if mc, ok := opts.Pool.(interface{ MaxClass() int }); ok && mc.MaxClass() < maxIO {
-		maxIO = maxIOFor(lim, mc.MaxClass()) // every tag's buffer must be one pool buffer
-	}
-	// Check the parameters before anything exists in the kernel.
-	if _, err := buildParams(dev.Size(), lim, maxIO); err != nil {
+	cfg, err := configure(dev, opts)
+	if err != nil {
 		return nil, err
 	}
+	ctrl, err := openControl(opts.ControlPath)
+	if err != nil {
+		return nil, err
+	}
+	s = &Server{dev: dev, lim: cfg.lim, log: cfg.log, drain: cfg.drain, ctrl: ctrl, charFd: -1,
+		pool: opts.Pool, failed: make(chan struct{})}
+	s.ioCtx, s.ioCancel = context.WithCancel(context.WithoutCancel(ctx))
+	if err := s.addDev(cfg); err != nil {
+		ctrl.Close()
+		s.ioCancel()
+		return nil, err
+	}
+	started := false
+	defer func() {
+		if err != nil {
+			s.teardown(started)
+		}
+	}()
+	if err := s.setParams(cfg.maxIO); err != nil {
+		return nil, err
+	}
+	if err := s.startQueues(ctx); err != nil {
+		return nil, err
+	}
+	if started, err = s.startDisk(); err != nil {
+		return nil, err
+	}
+	s.logStarted()
+	return s, nil
+}
 
-	ctrl, err := OpenControl(opts.ControlPath)
+// startConfig is what Start derives from the Device and Options before it touches the kernel.
+type startConfig struct {
+	queues, depth int
+	maxIO         int // the largest request, before ADD_DEV may lower it
+	lim           block.Limits
+	drain         time.Duration
+	log           *zap.Logger
+}
+
+// configure applies the Options' defaults and checks the result, including the block
+// parameters, so that a bad configuration fails before a device exists.
+func configure(dev block.Device, opts Options) (startConfig, error) {
+	c := startConfig{queues: opts.Queues, depth: opts.Depth, drain: opts.DrainTimeout, log: opts.Logger}
+	if c.log == nil {
+		c.log = zap.NewNop()
+	}
+	if c.queues <= 0 {
+		c.queues = DefaultQueues()
+	}
+	if c.depth <= 0 {
+		c.depth = DefaultDepth
+	}
+	if c.drain <= 0 {
+		c.drain = 30 * time.Second
+	}
+	if c.queues > maxQueues || c.depth > maxQueueDepth {
+		return c, fmt.Errorf("ublk: %d queues × depth %d exceeds the driver's %d × %d: %w", c.queues, c.depth, maxQueues, maxQueueDepth, block.ErrInvalid)
+	}
+	c.lim = dev.Limits()
+	if c.lim.LogicalBlockSize == 0 {
+		c.lim.LogicalBlockSize = uint32(dev.BlockSize())
+	}
+	c.maxIO = maxIOFor(c.lim, opts.MaxIO)
+	if mc, ok := opts.Pool.(interface{ MaxClass() int }); ok && mc.MaxClass() < c.maxIO {
+		c.maxIO = maxIOFor(c.lim, mc.MaxClass()) // every tag's buffer must be one pool buffer
+	}
+	if _, err := buildParams(dev.Size(), c.lim, c.maxIO); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// openControl opens the control device and checks that the driver takes ioctl-encoded commands,
+// the only kind this package sends.
+func openControl(path string) (*Control, error) {
+	ctrl, err := OpenControl(path)
 	if err != nil {
 		return nil, err
 	}
@@ -113,61 +170,60 @@ func Start(ctx context.Context, dev block.Device, opts Options) (s *Server, err 
 		ctrl.Close()
 		return nil, fmt.Errorf("%w: the driver lacks ioctl-encoded commands (features %#x)", ErrNoKernel, feat)
 	}
+	return ctrl, nil
+}
 
-	s = &Server{dev: dev, lim: lim, log: log, ctrl: ctrl, charFd: -1, pool: opts.Pool, failed: make(chan struct{})}
-	s.ioCtx, s.ioCancel = context.WithCancel(context.WithoutCancel(ctx))
+// addDev creates the device (ADD_DEV); on success s.info holds what the driver granted and the
+// loggers name the device.
+func (s *Server) addDev(cfg startConfig) error {
 	// No USER_RECOVERY: if this process dies the driver fails outstanding and new I/O and
 	// removes the disk rather than queueing I/O for a server that may never come back.
 	s.info = DevInfo{
-		NrHWQueues:    uint16(queues),
-		QueueDepth:    uint16(depth),
-		MaxIOBufBytes: uint32(maxIO),
+		NrHWQueues:    uint16(cfg.queues),
+		QueueDepth:    uint16(cfg.depth),
+		MaxIOBufBytes: uint32(cfg.maxIO),
 		DevID:         ^uint32(0),
 		Flags:         FeatCmdIoctlEncode,
 	}
-	if err := ctrl.AddDev(&s.info); err != nil {
-		ctrl.Close()
-		s.ioCancel()
-		return nil, err
+	if err := s.ctrl.AddDev(&s.info); err != nil {
+		return err
 	}
-	s.log = log.With(zap.Uint32("ublk", s.info.DevID))
+	s.log = s.log.With(zap.Uint32("ublk", s.info.DevID))
 	s.reqLog = s.log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 		return zapcore.NewSamplerWithOptions(c, time.Second, 10, 100)
 	}))
-	s.drain = opts.DrainTimeout
-	if s.drain <= 0 {
-		s.drain = 30 * time.Second
-	}
-	started := false
-	defer func() {
-		if err != nil {
-			s.teardown(started)
-		}
-	}()
-	if int(s.info.MaxIOBufBytes) < maxIO {
-		maxIO = int(s.info.MaxIOBufBytes)
-	}
-	s.maxIO = maxIO
-	params, err := buildParams(dev.Size(), lim, maxIO)
+	return nil
+}
+
+// setParams settles the request size (ADD_DEV may have granted less than asked) and sends the
+// block parameters (SET_PARAMS).
+func (s *Server) setParams(maxIO int) error {
+	s.maxIO = min(maxIO, int(s.info.MaxIOBufBytes))
+	params, err := buildParams(s.dev.Size(), s.lim, s.maxIO)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := ctrl.SetParams(s.info.DevID, &params); err != nil {
-		return nil, err
-	}
+	return s.ctrl.SetParams(s.info.DevID, &params)
+}
+
+// startQueues opens /dev/ublkcN and starts every queue, each with its tags' buffers; it returns
+// once every queue has a FETCH_REQ parked for every tag (or one of them failed), and from then
+// on reports a queue that ends on its own through Failed.
+func (s *Server) startQueues(ctx context.Context) error {
+	var err error
 	if s.charFd, err = openRetry(fmt.Sprintf("/dev/ublkc%d", s.info.DevID)); err != nil {
-		return nil, err
+		return err
 	}
 	n, d := int(s.info.NrHWQueues), int(s.info.QueueDepth)
 	ready := make(chan error, n)
 	for qi := 0; qi < n; qi++ {
-		bufs, err := s.allocBuffers(ctx, d, maxIO)
+		bufs, err := s.allocBuffers(ctx, d, s.maxIO)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		q, err := newQueue(s, uint16(qi), d, bufs)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		s.queues = append(s.queues, q)
 		q.start(ready)
@@ -178,28 +234,39 @@ func Start(ctx context.Context, dev block.Device, opts Options) (s *Server, err 
 		}
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for _, q := range s.queues {
 		go s.watch(q)
 	}
-	if err := ctrl.StartDev(s.info.DevID, os.Getpid()); err != nil {
-		return nil, err
+	return nil
+}
+
+// startDisk adds the disk (START_DEV) and checks that the device is live. started reports
+// whether START_DEV succeeded, which decides how a failure is torn down.
+func (s *Server) startDisk() (started bool, err error) {
+	if err := s.ctrl.StartDev(s.info.DevID, os.Getpid()); err != nil {
+		return false, err
 	}
-	started = true
-	if info, err := ctrl.DevInfo(s.info.DevID); err != nil {
-		return nil, err
-	} else if info.State != devStateLive {
-		return nil, fmt.Errorf("ublk: device %d is %s after START_DEV", s.info.DevID, info.StateName())
+	info, err := s.ctrl.DevInfo(s.info.DevID)
+	if err != nil {
+		return true, err
 	}
+	if info.State != devStateLive {
+		return true, fmt.Errorf("ublk: device %d is %s after START_DEV", s.info.DevID, info.StateName())
+	}
+	return true, nil
+}
+
+func (s *Server) logStarted() {
+	lim := s.lim
 	s.log.Info("ublk device started", zap.String("dev", s.BlockPath()),
-		zap.Int("queues", n), zap.Int("depth", d),
-		zap.String("max_io", humanize.IBytes(uint64(maxIO))),
-		zap.String("size", humanize.IBytes(uint64(dev.Size()))),
+		zap.Int("queues", int(s.info.NrHWQueues)), zap.Int("depth", int(s.info.QueueDepth)),
+		zap.String("max_io", humanize.IBytes(uint64(s.maxIO))),
+		zap.String("size", humanize.IBytes(uint64(s.dev.Size()))),
 		zap.Bool("volatile_cache", lim.VolatileCache), zap.Bool("fua", lim.CanFUA),
 		zap.Bool("discard", lim.CanDiscard), zap.Bool("write_zeroes", lim.CanWriteZeroes),
 		zap.Bool("read_only", lim.ReadOnly))
-	return s, nil
 }
 
 // openRetry opens a device node that udev (if any) may still be creating.
@@ -272,7 +339,7 @@ func (s *Server) BlockPath() string { return fmt.Sprintf("/dev/ublkb%d", s.info.
 func (s *Server) Info() DevInfo { return s.info }
 
 // Failed is closed when the server stopped serving on its own (a queue's ring failed or the
-// driver aborted the device); Err then says why. Shutdown must still be called.
+// driver aborted the device); Err then says why. Shutdown or Detach must still be called.
 func (s *Server) Failed() <-chan struct{} { return s.failed }
 
 // Err is the reason Failed was closed, or nil.
@@ -283,74 +350,4 @@ func (s *Server) Err() error {
 	default:
 		return nil
 	}
-}
-
-// Shutdown removes the device cleanly: STOP_DEV (the kernel fails new I/O and waits for the
-// requests in flight, which the queues keep serving), Flush of the Device so every acknowledged
-// write is durable, then the queues stop, /dev/ublkcN is closed and DEL_DEV removes the device.
-// It does not close the Device. It is idempotent; later calls return the first result.
-func (s *Server) Shutdown(ctx context.Context) error {
-	s.shutdownOnce.Do(func() { s.shutdownErr = s.shutdown(ctx) })
-	return s.shutdownErr
-}
-
-func (s *Server) shutdown(ctx context.Context) error {
-	var errs []error
-	t0 := time.Now()
-	s.stopping.Store(true)
-	// STOP_DEV waits for every request in flight; a backend request that never returns would
-	// hold it forever, so after the drain timeout the requests' context is cancelled.
-	stuck := time.AfterFunc(s.drain, func() {
-		s.log.Warn("ublk requests still in flight after the drain timeout; cancelling them", zap.Duration("drain_timeout", s.drain))
-		s.ioCancel()
-	})
-	if err := s.ctrl.StopDev(s.info.DevID); err != nil {
-		errs = append(errs, err)
-	}
-	stuck.Stop()
-	s.log.Info("ublk disk removed, in-flight requests drained", zap.Duration("took", time.Since(t0)))
-	if err := s.dev.Flush(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("ublk: final flush: %w", err))
-	}
-	s.teardown(true)
-	return errors.Join(errs...)
-}
-
-// teardown stops the queues, releases the character device, deletes the device and frees the
-// buffers. With stopped false the disk was never started (Start failed).
-func (s *Server) teardown(stopped bool) {
-	s.stopping.Store(true)
-	for _, q := range s.queues {
-		q.stop()
-	}
-	for _, q := range s.queues {
-		<-q.exited
-		unix.Close(q.efd)
-		if q.err != nil && !errors.Is(q.err, errQueueAborted) {
-			s.log.Warn("ublk queue ended with an error", zap.Uint16("queue", q.id), zap.Error(q.err))
-		}
-	}
-	if s.charFd >= 0 {
-		unix.Close(s.charFd)
-		s.charFd = -1
-	}
-	if !stopped {
-		// START_DEV may have got as far as adding the disk.
-		_ = s.ctrl.StopDev(s.info.DevID)
-	}
-	if err := s.ctrl.DelDev(s.info.DevID); err != nil {
-		s.log.Warn("ublk DEL_DEV failed", zap.Error(err))
-	} else {
-		s.log.Info("ublk device deleted")
-	}
-	s.ctrl.Close()
-	s.ioCancel()
-	for _, b := range s.bufs {
-		s.pool.Put(b)
-	}
-	s.bufs = nil
-	for _, m := range s.anon {
-		unix.Munmap(m)
-	}
-	s.anon = nil
 }

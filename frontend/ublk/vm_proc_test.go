@@ -81,7 +81,7 @@ func TestMain(m *testing.M) {
 
 // serveMain is what `iser-blk attach --ublk --target URL` does: open the target (mem:// with
 // memdev, iscsi:// with backend/iser), take the per-tag buffers from a pool.Pool, Run until
-// SIGINT/SIGTERM, close. It prints the device path on stdout.
+// SIGINT/SIGTERM, flush, close. It prints the device path on stdout.
 func serveMain(url string) int {
 	log, _ := zap.NewDevelopment(zap.AddStacktrace(zapcore.DPanicLevel))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -106,6 +106,10 @@ func serveMain(url string) int {
 	}
 	defer bufs.Close()
 	err = Run(ctx, dev, Options{Queues: q, Depth: d, Pool: bufs, Logger: log}, func(p string) { fmt.Println(p) })
+	// Run detached the disk without flushing: the final flush is the caller's, as in the CLI.
+	if ferr := dev.Flush(context.Background()); err == nil && ferr != nil {
+		err = fmt.Errorf("final flush: %w", ferr)
+	}
 	if cerr := dev.Close(); err == nil {
 		err = cerr
 	}
@@ -141,14 +145,15 @@ func cliAttach() string {
 	return ""
 }
 
-// startServer starts the server process and waits for it to print the device path.
-func startServer(t *testing.T, targetURL string, queues, depth int) *serverProc {
+// startServer starts the server process and waits for it to print the device path. cliArgs are
+// extra `attach` flags, for tests that need the CLI (the test-binary server ignores them).
+func startServer(t *testing.T, targetURL string, queues, depth int, cliArgs ...string) *serverProc {
 	t.Helper()
 	requireUblk(t)
 	var cmd *exec.Cmd
 	if bin := cliAttach(); bin != "" {
-		cmd = exec.Command(bin, "attach", "--ublk", "--target", targetURL,
-			"--queues", strconv.Itoa(queues), "--depth", strconv.Itoa(depth))
+		cmd = exec.Command(bin, append([]string{"attach", "--ublk", "--target", targetURL,
+			"--queues", strconv.Itoa(queues), "--depth", strconv.Itoa(depth)}, cliArgs...)...)
 		t.Logf("server: %s", strings.Join(cmd.Args, " "))
 	} else {
 		cmd = exec.Command(os.Args[0], "-test.run=^$")

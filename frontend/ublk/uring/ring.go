@@ -12,6 +12,9 @@
 //     sequentially consistent, which is stronger than the acquire/release the ABI requires.
 //   - The SQ index array is the identity (slot i holds i), written once at setup, so the SQE for
 //     tail t is always entry t&mask.
+//   - SubmitAndWait(n) returns only once n CQEs are there: a wait cut short by a signal (the Go
+//     runtime's preemption signal among them) is resumed, so a caller that waits for the CQE of
+//     the command it just submitted always finds it.
 //   - Memory whose address an SQE carries (buffers, command payloads) must stay alive and
 //     unmoved until the CQE arrives; the caller keeps it referenced (Go's GC does not move
 //     objects).
