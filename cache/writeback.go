@@ -1,5 +1,9 @@
 package cache
 
+// The write-back loop: Workers goroutines pick the oldest dirty page worth writing now, coalesce
+// it with its dirty neighbours into one backend write, and complete it under the gen rule (see
+// the package comment). syncRange (sync.go) runs the same jobs on the caller's goroutine.
+
 import (
 	"context"
 	"fmt"
