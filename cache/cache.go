@@ -56,15 +56,17 @@ type Cache struct {
 	dirtyPages atomic.Int64
 	throttled  atomic.Int32 // writers waiting for room now
 
-	progress notifier
-	kick     chan struct{}
-	stop     chan struct{}
-	wg       sync.WaitGroup
-	bgCtx    context.Context
-	bgCancel context.CancelFunc
-	closed   atomic.Bool
-	ops      atomic.Int64 // calls in progress; page memory is released only when none is
-	jobs     sync.Pool
+	progress  notifier
+	kick      chan struct{}
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	bgCtx     context.Context
+	bgCancel  context.CancelFunc
+	closed    atomic.Bool  // set by shutdown: calls fail with ErrClosed
+	closeMu   sync.Mutex   // serialises CloseContext
+	closeDone bool         // guarded by closeMu: a Close has run (or is running under closeMu)
+	ops       atomic.Int64 // calls in progress; page memory is released only when none is
+	jobs      sync.Pool
 
 	streams    [8]atomic.Int64
 	streamNext atomic.Uint32
@@ -264,15 +266,24 @@ func (c *Cache) doKick() {
 }
 
 // Close flushes every dirty page, stops the flusher, releases the page memory and closes the
-// backend. It reports the flush failure if there was one (the backend is closed regardless).
+// backend. It reports the flush failure if there was one (the backend is closed regardless). A
+// second Close returns nil (see block.Device).
 func (c *Cache) Close() error {
 	return c.CloseContext(context.Background())
 }
 
-// CloseContext is Close with a deadline for the final flush.
+// CloseContext is Close with a deadline for the final flush. Callers are serialised: the first
+// does the work, and one that comes during or after it waits for it and returns nil, so the
+// backend is closed exactly once and no Close returns before the cache is closed.
 func (c *Cache) CloseContext(ctx context.Context) error {
-	if c.closed.Load() {
-		return fmt.Errorf("cache: %w", block.ErrClosed)
+	c.closeMu.Lock()
+	defer c.closeMu.Unlock()
+	if c.closeDone {
+		return nil
+	}
+	c.closeDone = true
+	if c.closed.Load() { // stopped without a flush (the model tests' crash): only the backend is left
+		return c.be.Close()
 	}
 	c.dmu.Lock()
 	c.closing = true

@@ -1144,3 +1144,57 @@ func TestDirtyRewriteAtLimitNotThrottled(t *testing.T) {
 		t.Fatalf("%d rewrites of dirty pages were throttled", st.ThrottledWrites)
 	}
 }
+
+// closeCounter counts the Close calls that reach the backend.
+type closeCounter struct {
+	block.Device
+	closes atomic.Int32
+}
+
+func (d *closeCounter) Close() error {
+	d.closes.Add(1)
+	return d.Device.Close()
+}
+
+// TestConcurrentCloseClosesOnce interleaves two Closes: the first is held in its final flush (the
+// write-back of a dirty page is blocked) while the second starts. Both must return nil, the
+// backend must be closed exactly once, and neither may return before the cache is closed. (Before
+// CloseContext serialised its callers, both saw "not closed", both flushed and both closed the
+// backend; or the second returned ErrClosed.)
+func TestConcurrentCloseClosesOnce(t *testing.T) {
+	ctx := context.Background()
+	dev := fakedev.New(1<<20, stdLimits(4096))
+	be := &closeCounter{Device: dev}
+	c, err := New(be, Config{Size: 1 << 20, MaxDirtyAge: time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WriteAt(ctx, fill(4096, 3), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	started, release := blockingWrites(dev, 0, 4096)
+	results := make(chan error, 2)
+	closeAndCheck := func() {
+		err := c.Close()
+		if err == nil && be.closes.Load() != 1 {
+			err = fmt.Errorf("Close returned with the backend closed %d times", be.closes.Load())
+		}
+		if err == nil && !c.closed.Load() {
+			err = errors.New("Close returned before the cache was closed")
+		}
+		results <- err
+	}
+	go closeAndCheck()
+	<-started // the first Close's flush is waiting for this write-back
+	go closeAndCheck()
+	dev.SetBefore(nil)
+	close(release)
+	for range 2 {
+		if err := <-results; err != nil {
+			t.Error(err)
+		}
+	}
+	if n := be.closes.Load(); n != 1 {
+		t.Errorf("backend closed %d times, want once", n)
+	}
+}

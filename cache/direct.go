@@ -109,7 +109,7 @@ func (c *Cache) directOp(ctx context.Context, off, length int64, op func(context
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return fmt.Errorf("cache: waiting for write-back before discard: %w", ctx.Err())
+			return fmt.Errorf("cache: waiting for write-back before discard: %w", block.ContextError(ctx.Err()))
 		case <-c.stop:
 			return fmt.Errorf("cache: %w", block.ErrClosed)
 		}

@@ -32,7 +32,7 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return fmt.Errorf("cache: waiting for a fill: %w", ctx.Err())
+				return fmt.Errorf("cache: waiting for a fill: %w", block.ContextError(ctx.Err()))
 			}
 		}
 		pos += n
@@ -216,11 +216,20 @@ func (c *Cache) placeholder(pg int64, readAhead bool) fillPage {
 	}
 }
 
+// stagingError names a failure to get a staging buffer from Config.IOPool: the caller's context
+// (block.ErrCanceled or ErrTimeout), or else an I/O error.
+func stagingError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("cache: staging buffer: %w", block.ContextError(err))
+	}
+	return fmt.Errorf("cache: staging buffer: %w: %w", block.ErrIO, err)
+}
+
 func (c *Cache) staging(ctx context.Context, n int) ([]byte, func(), error) {
 	if c.cfg.IOPool != nil && n <= c.cfg.IOPool.MaxClass() {
 		b, err := c.cfg.IOPool.Get(ctx, n)
 		if err != nil {
-			return nil, nil, fmt.Errorf("cache: staging buffer: %w", err)
+			return nil, nil, stagingError(ctx, err)
 		}
 		return b, func() { c.cfg.IOPool.Put(b) }, nil
 	}

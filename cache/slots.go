@@ -99,7 +99,7 @@ func (c *Cache) allocSlotWait(ctx context.Context, page int64) (int32, error) {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return -1, fmt.Errorf("cache: waiting for a free page: %w", ctx.Err())
+			return -1, fmt.Errorf("cache: waiting for a free page: %w", block.ContextError(ctx.Err()))
 		case <-c.stop:
 			return -1, fmt.Errorf("cache: %w", block.ErrClosed)
 		}

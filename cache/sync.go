@@ -44,7 +44,7 @@ func (c *Cache) syncRange(ctx context.Context, off, length int64, fua bool) erro
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return fmt.Errorf("cache: waiting for write-back: %w", ctx.Err())
+				return fmt.Errorf("cache: waiting for write-back: %w", block.ContextError(ctx.Err()))
 			case <-c.stop:
 				return fmt.Errorf("cache: %w", block.ErrClosed)
 			}
@@ -115,7 +115,7 @@ func (c *Cache) flush(ctx context.Context) error {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return fmt.Errorf("cache: flush: %w", ctx.Err())
+			return fmt.Errorf("cache: flush: %w", block.ContextError(ctx.Err()))
 		case <-c.stop:
 			return fmt.Errorf("cache: flush: %w", block.ErrClosed)
 		}

@@ -238,7 +238,7 @@ func (c *Cache) reserveDirty(ctx context.Context) error {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return fmt.Errorf("cache: waiting for dirty room: %w", ctx.Err())
+			return fmt.Errorf("cache: waiting for dirty room: %w", block.ContextError(ctx.Err()))
 		case <-c.stop:
 			return fmt.Errorf("cache: %w", block.ErrClosed)
 		}

@@ -133,7 +133,7 @@ func (c *Cache) runJob(ctx context.Context, j *job, flags block.WriteFlags, bg b
 	if p := c.cfg.IOPool; p != nil && int(n) <= p.MaxClass() {
 		b, err := p.Get(ctx, int(n))
 		if err != nil {
-			c.complete(j, fmt.Errorf("cache: staging buffer: %w", err), bg)
+			c.complete(j, stagingError(ctx, err), bg)
 			return err
 		}
 		buf, pooled = b, true
