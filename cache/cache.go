@@ -77,7 +77,7 @@ type Cache struct {
 }
 
 type counters struct {
-	misses, readAhead, wbBytes, wbErrors, flushes, flushErrors, throttledWrites, evictions atomic.Uint64
+	misses, readAhead, wbBytes, wbErrors, writeAround, flushes, flushErrors, throttledWrites, evictions atomic.Uint64
 }
 
 // notifier is a broadcast: waiters take the current channel, broadcast closes it. It allocates

@@ -83,36 +83,9 @@ func (c *Cache) writeZeroPages(ctx context.Context, off, length int64, fua bool)
 // directOp runs a backend operation that bypasses the cache pages after invalidating them and
 // waiting for write-backs of the range already in flight (see the package comment).
 func (c *Cache) directOp(ctx context.Context, off, length int64, op func(context.Context, int64, int64) error, maxLen int64) error {
-	c.directMu.Lock()
-	c.direct = append(c.direct, directRange{off, off + length})
-	c.directActive.Add(1)
-	c.directMu.Unlock()
-	defer func() {
-		c.directMu.Lock()
-		for i, r := range c.direct {
-			if r.off == off && r.end == off+length {
-				c.direct = append(c.direct[:i], c.direct[i+1:]...)
-				break
-			}
-		}
-		c.directActive.Add(-1)
-		c.directMu.Unlock()
-		c.progress.broadcast()
-		c.doKick()
-	}()
-	c.invalidate(off, length, true)
-	for {
-		ch := c.progress.wait()
-		if !c.invalidate(off, length, false) {
-			break
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return fmt.Errorf("cache: waiting for write-back before discard: %w", block.ContextError(ctx.Err()))
-		case <-c.stop:
-			return fmt.Errorf("cache: %w", block.ErrClosed)
-		}
+	defer c.endDirect(off, length)
+	if err := c.beginDirect(ctx, off, length, dropSectors, nil); err != nil {
+		return err
 	}
 	for length > 0 {
 		n := length
@@ -128,26 +101,92 @@ func (c *Cache) directOp(ctx context.Context, off, length int64, op func(context
 	return nil
 }
 
-// invalidate drops (when drop is set) the cached and dirty sectors of [off, off+length) and
-// reports whether a page of the range has a write-back in flight.
-func (c *Cache) invalidate(off, length int64, drop bool) (inflight bool) {
+// beginDirect registers [off, off+length) as a direct operation (no write-back of a page in it
+// starts and no fill of it installs until endDirect), applies act to the cached sectors of the
+// range (src: the new data for supersede) and waits for the write-backs of the range already in
+// flight. endDirect must follow, whatever beginDirect returns.
+func (c *Cache) beginDirect(ctx context.Context, off, length int64, act rangeAction, src []byte) error {
+	c.directMu.Lock()
+	c.direct = append(c.direct, directRange{off, off + length})
+	c.directActive.Add(1)
+	c.directMu.Unlock()
+	// The registration comes first: a write-back built before it is in flight when act looks
+	// (it marks its pages under dmu), one built after it sees the range blocked.
+	for busy := c.invalidate(off, length, act, src); busy; {
+		ch := c.progress.wait()
+		if busy = c.invalidate(off, length, checkInflight, nil); !busy {
+			break
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("cache: waiting for write-back of [%d, +%d): %w", off, length, block.ContextError(ctx.Err()))
+		case <-c.stop:
+			return fmt.Errorf("cache: %w", block.ErrClosed)
+		}
+	}
+	return nil
+}
+
+// endDirect unregisters the direct operation [off, off+length) and lets the write-backs it held
+// back go.
+func (c *Cache) endDirect(off, length int64) {
+	c.directMu.Lock()
+	for i, r := range c.direct {
+		if r.off == off && r.end == off+length {
+			c.direct = append(c.direct[:i], c.direct[i+1:]...)
+			break
+		}
+	}
+	c.directActive.Add(-1)
+	c.directMu.Unlock()
+	c.progress.broadcast()
+	c.doKick()
+}
+
+// rangeAction is what invalidate does to the cached sectors of a range.
+type rangeAction int
+
+const (
+	// checkInflight changes nothing; invalidate only reports write-backs in flight.
+	checkInflight rangeAction = iota
+	// dropSectors (discard, write-zeroes) drops cached and dirty sectors: the operation
+	// supersedes them.
+	dropSectors
+	// supersede (write-around) drops clean sectors and overwrites the dirty ones with the new
+	// data, which stay dirty: nothing acknowledged leaves the cache before the write that
+	// replaces it is on the backend, so a Flush that waits for the dirty page still covers it,
+	// and what is written back later is the newer data.
+	supersede
+)
+
+// invalidate applies act to the cached sectors of [off, off+length) (src holds the range's new
+// data for supersede) and reports whether a page of the range has a write-back in flight.
+func (c *Cache) invalidate(off, length int64, act rangeAction, src []byte) (inflight bool) {
 	first, last := off/c.ps, (off+length-1)/c.ps
-	visit := func(sh *shard, pg int64, s int32) {
+	visit := func(pg int64, s int32) {
 		pageOff := pg * c.ps
 		lo := max(off, pageOff) - pageOff
 		hi := min(off+length, pageOff+c.ps) - pageOff
 		mask := c.sectorMask(lo, hi-lo)
 		sl := &c.slots[s]
-		if drop {
+		c.dmu.Lock()
+		switch {
+		case act == supersede && sl.dirty != 0:
+			copy(c.bufs[s][lo:hi], src[pageOff+lo-off:])
+			sl.valid |= mask
+			sl.dirty |= mask
+			sl.gen++ // a write-back in flight must not clean what it did not carry
+			sl.invalSeq++
+		case act != checkInflight:
 			sl.valid &^= mask
 			sl.invalSeq++
-		}
-		c.dmu.Lock()
-		if drop && sl.dirty&mask != 0 {
-			sl.gen++
-			sl.dirty &^= mask
-			if sl.dirty == 0 {
-				c.cleanLocked(s, sl, pg)
+			if sl.dirty&mask != 0 {
+				sl.gen++
+				sl.dirty &^= mask
+				if sl.dirty == 0 {
+					c.cleanLocked(s, sl, pg)
+				}
 			}
 		}
 		if sl.inflight {
@@ -160,7 +199,7 @@ func (c *Cache) invalidate(off, length int64, drop bool) (inflight bool) {
 			sh := c.shard(pg)
 			sh.mu.Lock()
 			if s, ok := sh.m[pg]; ok {
-				visit(sh, pg, s)
+				visit(pg, s)
 			}
 			sh.mu.Unlock()
 		}
@@ -171,7 +210,7 @@ func (c *Cache) invalidate(off, length int64, drop bool) (inflight bool) {
 		sh.mu.Lock()
 		for pg, s := range sh.m {
 			if pg >= first && pg <= last {
-				visit(sh, pg, s)
+				visit(pg, s)
 			}
 		}
 		sh.mu.Unlock()

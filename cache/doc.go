@@ -40,6 +40,13 @@
 // no FUA); if some bytes of the range were carried by another write-back without FUA (the flusher
 // got there first), a backend Flush makes them durable before the ack.
 //
+// A write of Config.WriteAround bytes or more (256 KiB by default; bcache's sequential cutoff,
+// by request size) goes around the pages: from the caller's buffer straight to the backend, as a
+// direct operation that overwrites the dirty pages it overlaps with its data instead of dropping
+// them (they stay dirty), so that no acknowledged data leaves the cache before the write that
+// replaces it is on the backend and no older write-back can land after it (writearound.go).
+// WriteCached declines such writes.
+//
 // Reads copy valid sectors from pages; a miss reads the page-aligned span (plus read-ahead for a
 // sequential stream) into placeholder pages, filling only sectors that are not valid, so a
 // sub-page write never needs a read-modify-write and never loses to a concurrent fill. Eviction is
@@ -91,7 +98,8 @@
 // slots.go the page slots (the sharded index, allocation, CLOCK eviction); read.go reads (hits,
 // misses, read-ahead, fills); write.go writes (copying into pages, dirty accounting and
 // reservations); sync.go Flush and the write-back of a range for FUA and write-through;
-// direct.go Discard and WriteZeroes, which bypass the pages; writeback.go the write-back loop
+// direct.go Discard and WriteZeroes, which bypass the pages; writearound.go large writes, which
+// bypass them too; writeback.go the write-back loop
 // (the workers that pick, coalesce and complete background write-backs); dirtyidx.go the index
 // of dirty pages; stats.go the counters; config.go the configuration and its defaults.
 package cache

@@ -2,20 +2,21 @@ package cache
 
 // Stats is a snapshot of the cache's counters.
 type Stats struct {
-	Mode            string
-	SizeBytes       int64  // page budget
-	CachedBytes     int64  // pages holding data
-	DirtyBytes      int64  // dirty pages × page size (what Flush still has to write)
-	DirtyLimitBytes int64  // high watermark
-	Hits, Misses    uint64 // pages served from cache / read from the backend
-	ReadAheadBytes  uint64
-	WriteBackBytes  uint64
-	WriteBackErrors uint64
-	Flushes         uint64
-	FlushErrors     uint64
-	ThrottledWrites uint64 // writes that waited for dirty room
-	ThrottledNow    int    // writers waiting for dirty room right now
-	Evictions       uint64
+	Mode             string
+	SizeBytes        int64  // page budget
+	CachedBytes      int64  // pages holding data
+	DirtyBytes       int64  // dirty pages × page size (what Flush still has to write)
+	DirtyLimitBytes  int64  // high watermark
+	Hits, Misses     uint64 // pages served from cache / read from the backend
+	ReadAheadBytes   uint64
+	WriteBackBytes   uint64
+	WriteBackErrors  uint64
+	WriteAroundBytes uint64 // written straight to the backend (Config.WriteAround)
+	Flushes          uint64
+	FlushErrors      uint64
+	ThrottledWrites  uint64 // writes that waited for dirty room
+	ThrottledNow     int    // writers waiting for dirty room right now
+	Evictions        uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -24,21 +25,22 @@ func (c *Cache) Stats() Stats {
 	cached := int64(len(c.slots)-len(c.freeSlots)) * c.ps
 	c.allocMu.Unlock()
 	return Stats{
-		Mode:            c.cfg.Mode.String(),
-		SizeBytes:       int64(len(c.slots)) * c.ps,
-		CachedBytes:     cached,
-		DirtyBytes:      c.dirtyPages.Load() * c.ps,
-		DirtyLimitBytes: c.cfg.limitPages * c.ps,
-		Hits:            c.hits(),
-		Misses:          c.st.misses.Load(),
-		ReadAheadBytes:  c.st.readAhead.Load(),
-		WriteBackBytes:  c.st.wbBytes.Load(),
-		WriteBackErrors: c.st.wbErrors.Load(),
-		Flushes:         c.st.flushes.Load(),
-		FlushErrors:     c.st.flushErrors.Load(),
-		ThrottledWrites: c.st.throttledWrites.Load(),
-		ThrottledNow:    int(c.throttled.Load()),
-		Evictions:       c.st.evictions.Load(),
+		Mode:             c.cfg.Mode.String(),
+		SizeBytes:        int64(len(c.slots)) * c.ps,
+		CachedBytes:      cached,
+		DirtyBytes:       c.dirtyPages.Load() * c.ps,
+		DirtyLimitBytes:  c.cfg.limitPages * c.ps,
+		Hits:             c.hits(),
+		Misses:           c.st.misses.Load(),
+		ReadAheadBytes:   c.st.readAhead.Load(),
+		WriteBackBytes:   c.st.wbBytes.Load(),
+		WriteBackErrors:  c.st.wbErrors.Load(),
+		WriteAroundBytes: c.st.writeAround.Load(),
+		Flushes:          c.st.flushes.Load(),
+		FlushErrors:      c.st.flushErrors.Load(),
+		ThrottledWrites:  c.st.throttledWrites.Load(),
+		ThrottledNow:     int(c.throttled.Load()),
+		Evictions:        c.st.evictions.Load(),
 	}
 }
 

@@ -8,7 +8,8 @@ import (
 )
 
 // WriteAt copies p into cache pages and marks them dirty. With FUA (or in write-through mode) the
-// pages are written back before it returns.
+// pages are written back before it returns. A write of Config.WriteAround bytes or more goes
+// around the pages, straight to the backend (writearound.go).
 func (c *Cache) WriteAt(ctx context.Context, p []byte, off int64, flags block.WriteFlags) error {
 	if err := c.enter(); err != nil {
 		return err
@@ -23,6 +24,9 @@ func (c *Cache) WriteAt(ctx context.Context, p []byte, off int64, flags block.Wr
 	if len(p) == 0 {
 		return nil
 	}
+	if c.writesAround(len(p)) {
+		return c.writeAround(ctx, p, off, flags)
+	}
 	if _, err := c.writeRange(ctx, p, off, true); err != nil {
 		return err
 	}
@@ -34,9 +38,10 @@ func (c *Cache) WriteAt(ctx context.Context, p []byte, off int64, flags block.Wr
 
 // WriteCached implements block.CachedWriter: in write-back mode it copies p into cache pages and
 // marks them dirty when that needs no waiting (dirty room and free pages are available), exactly
-// as WriteAt without flags would. A later Flush covers it like any acknowledged write.
+// as WriteAt without flags would. A later Flush covers it like any acknowledged write. It declines
+// writes that go around the pages (Config.WriteAround): they wait for the backend.
 func (c *Cache) WriteCached(p []byte, off int64) bool {
-	if c.cfg.Mode != WriteBack || c.lim.ReadOnly || len(p) == 0 {
+	if c.cfg.Mode != WriteBack || c.lim.ReadOnly || len(p) == 0 || c.writesAround(len(p)) {
 		return false
 	}
 	if c.enter() != nil {
