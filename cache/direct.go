@@ -84,7 +84,7 @@ func (c *Cache) writeZeroPages(ctx context.Context, off, length int64, fua bool)
 // waiting for write-backs of the range already in flight (see the package comment).
 func (c *Cache) directOp(ctx context.Context, off, length int64, op func(context.Context, int64, int64) error, maxLen int64) error {
 	defer c.endDirect(off, length)
-	if err := c.beginDirect(ctx, off, length, dropSectors, nil); err != nil {
+	if err := c.beginDirect(ctx, off, length, supersede, nil); err != nil {
 		return err
 	}
 	for length > 0 {
@@ -150,18 +150,18 @@ type rangeAction int
 const (
 	// checkInflight changes nothing; invalidate only reports write-backs in flight.
 	checkInflight rangeAction = iota
-	// dropSectors (discard, write-zeroes) drops cached and dirty sectors: the operation
-	// supersedes them.
-	dropSectors
-	// supersede (write-around) drops clean sectors and overwrites the dirty ones with the new
-	// data, which stay dirty: nothing acknowledged leaves the cache before the write that
-	// replaces it is on the backend, so a Flush that waits for the dirty page still covers it,
-	// and what is written back later is the newer data.
+	// supersede drops clean sectors and overwrites the dirty ones with the operation's data
+	// (zeroes for discard and write-zeroes), which stay dirty. Dropping them instead would let a
+	// Flush that started earlier succeed before the operation reached the backend, and a crash
+	// then would bring back data older than what that Flush acknowledged. So nothing
+	// acknowledged leaves the cache before what replaces it is on the backend, and what is
+	// written back afterwards is the newer data (at worst the same bytes twice).
 	supersede
 )
 
 // invalidate applies act to the cached sectors of [off, off+length) (src holds the range's new
-// data for supersede) and reports whether a page of the range has a write-back in flight.
+// data for supersede, nil for zeroes) and reports whether a page of the range has a write-back in
+// flight.
 func (c *Cache) invalidate(off, length int64, act rangeAction, src []byte) (inflight bool) {
 	first, last := off/c.ps, (off+length-1)/c.ps
 	visit := func(pg int64, s int32) {
@@ -172,22 +172,20 @@ func (c *Cache) invalidate(off, length int64, act rangeAction, src []byte) (infl
 		sl := &c.slots[s]
 		c.dmu.Lock()
 		switch {
-		case act == supersede && sl.dirty != 0:
-			copy(c.bufs[s][lo:hi], src[pageOff+lo-off:])
+		case act == checkInflight:
+		case sl.dirty != 0:
+			if src == nil {
+				clear(c.bufs[s][lo:hi])
+			} else {
+				copy(c.bufs[s][lo:hi], src[pageOff+lo-off:])
+			}
 			sl.valid |= mask
 			sl.dirty |= mask
 			sl.gen++ // a write-back in flight must not clean what it did not carry
 			sl.invalSeq++
-		case act != checkInflight:
+		default:
 			sl.valid &^= mask
 			sl.invalSeq++
-			if sl.dirty&mask != 0 {
-				sl.gen++
-				sl.dirty &^= mask
-				if sl.dirty == 0 {
-					c.cleanLocked(s, sl, pg)
-				}
-			}
 		}
 		if sl.inflight {
 			inflight = true

@@ -28,11 +28,13 @@
 //   - pins: readers filling the page from the backend; a pinned page is not evicted.
 //
 // Discard and write-zeroes ("direct" operations) go to the backend at once. Before they are sent,
-// the range is registered (no write-back of a page in it may start), the cached sectors are
-// invalidated (dirty data in the range is dropped: the discard supersedes it), and the operation
-// waits for every write-back of the range already in flight. Only then is the backend command
-// issued, so an old write-back can never land after the discard and resurrect old data. Reads
-// that filled from the backend while a direct operation overlapped do not install what they read.
+// the range is registered (no write-back of a page in it may start), its clean cached sectors are
+// invalidated, the dirty pages it overlaps take zeroes there and stay dirty (dropping their data
+// would let a Flush that started earlier succeed before the operation reached the backend, and a
+// crash would then bring back data older than that Flush promised), and the operation waits for
+// every write-back of the range already in flight. Only then is the backend command issued, so an
+// old write-back can never land after the discard and resurrect old data. Reads that filled from
+// the backend while a direct operation overlapped do not install what they read.
 //
 // A FUA write (and every write in write-through mode) is copied into pages and then the dirty
 // pages of its range are written back before it returns, waiting for any write-back of them in
@@ -42,9 +44,7 @@
 //
 // A write of Config.WriteAround bytes or more (256 KiB by default; bcache's sequential cutoff,
 // by request size) goes around the pages: from the caller's buffer straight to the backend, as a
-// direct operation that overwrites the dirty pages it overlaps with its data instead of dropping
-// them (they stay dirty), so that no acknowledged data leaves the cache before the write that
-// replaces it is on the backend and no older write-back can land after it (writearound.go).
+// direct operation whose data, not zeroes, the dirty pages it overlaps take (writearound.go).
 // WriteCached declines such writes.
 //
 // Reads copy valid sectors from pages; a miss reads the page-aligned span (plus read-ahead for a

@@ -220,3 +220,62 @@ func BenchmarkWriteSeq1M(b *testing.B) {
 		})
 	}
 }
+
+// TestFlushDuringDirectOpCoversOlderData catches a Flush that succeeds while a direct operation
+// (a write-around, a discard, a write-zeroes) has taken acknowledged dirty data out of the cache
+// but has not reached the backend yet: a crash after that Flush would bring back data older than
+// what the Flush promised. V0 is durable, V1 is written (dirty, acknowledged); while the direct
+// operation's backend call is held, a Flush runs: if it succeeds, the backend must hold V1 (or
+// the newer data) durably. The superseded dirty page keeps the Flush waiting instead, until its
+// deadline.
+func TestFlushDuringDirectOpCoversOlderData(t *testing.T) {
+	const n = 64 << 10
+	for _, tc := range []struct {
+		name string
+		kind fakedev.Kind
+		op   func(ctx context.Context, c *Cache) error
+	}{
+		{"write-around", fakedev.Write, func(ctx context.Context, c *Cache) error { return c.WriteAt(ctx, fill(n, 7), 0, 0) }},
+		{"discard", fakedev.Discard, func(ctx context.Context, c *Cache) error { return c.Discard(ctx, 0, n) }},
+		{"write-zeroes", fakedev.Zero, func(ctx context.Context, c *Cache) error { return c.WriteZeroes(ctx, 0, n, 0) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			c, dev := newTest(t, 4<<20, stdLimits(4096), Config{Size: 1 << 20, MaxDirtyAge: time.Hour, WriteAround: n})
+			v0, v1 := fill(4096, 1), fill(4096, 2)
+			if err := c.WriteAt(ctx, v0, 0, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.WriteAt(ctx, v1, 0, 0); err != nil {
+				t.Fatal(err)
+			}
+			var flushErr error
+			var durable []byte
+			var once atomic.Bool
+			dev.SetBefore(func(op fakedev.Op) {
+				if op.Kind != tc.kind || op.Len != n || !once.CompareAndSwap(false, true) {
+					return
+				}
+				fctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+				defer cancel()
+				flushErr = c.Flush(fctx)
+				durable = dev.Durable(0, 4096)
+			})
+			if err := tc.op(ctx, c); err != nil {
+				t.Fatal(err)
+			}
+			if !once.Load() {
+				t.Fatal("the direct operation never reached the backend")
+			}
+			if flushErr == nil && bytes.Equal(durable, v0) {
+				t.Fatal("a Flush succeeded while the acknowledged V1 was neither in the cache nor on the backend: a crash would return V0")
+			}
+			if err := c.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
