@@ -235,6 +235,16 @@ func blockingWrites(dev *fakedev.Dev, off, n int64) (started <-chan struct{}, re
 	return st, rel
 }
 
+// flushWithWriteBackHeld starts a Flush and returns once the write-back it waits for, of a dirty
+// page overlapping [off, off+n), is in flight and held there until release is closed.
+func flushWithWriteBackHeld(c *Cache, dev *fakedev.Dev, off, n int64) (flushed <-chan error, release chan struct{}) {
+	started, release := blockingWrites(dev, off, n)
+	done := make(chan error, 1)
+	go func() { done <- c.Flush(context.Background()) }()
+	<-started
+	return done, release
+}
+
 func TestWriteDuringWriteBackStaysDirty(t *testing.T) {
 	ctx := context.Background()
 	c, dev := newTest(t, 1<<20, stdLimits(4096), Config{Size: 1 << 20, MaxDirtyAge: time.Hour})
@@ -242,10 +252,7 @@ func TestWriteDuringWriteBackStaysDirty(t *testing.T) {
 	if err := c.WriteAt(ctx, old, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	started, release := blockingWrites(dev, 0, 4096)
-	flushed := make(chan error, 1)
-	go func() { flushed <- c.Flush(ctx) }()
-	<-started // the write-back of "old" is in flight
+	flushed, release := flushWithWriteBackHeld(c, dev, 0, 4096) // the write-back of "old"
 	if err := c.WriteAt(ctx, newer, 0, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -10,17 +10,26 @@ import (
 // directRange is the byte range of a direct operation in progress.
 type directRange struct{ off, end int64 }
 
+// checkModify validates a request that modifies [off, off+length): in range and aligned, and the
+// backend writable.
+func (c *Cache) checkModify(off, length int64, what string) error {
+	if err := block.CheckRange(c, off, length); err != nil {
+		return err
+	}
+	if c.lim.ReadOnly {
+		return fmt.Errorf("cache: %s: %w", what, block.ErrReadOnly)
+	}
+	return nil
+}
+
 // Discard drops cached data in the range and discards it on the backend.
 func (c *Cache) Discard(ctx context.Context, off, length int64) error {
 	if err := c.enter(); err != nil {
 		return err
 	}
 	defer c.exit()
-	if err := block.CheckRange(c, off, length); err != nil {
+	if err := c.checkModify(off, length, "discard"); err != nil {
 		return err
-	}
-	if c.lim.ReadOnly {
-		return fmt.Errorf("cache: discard: %w", block.ErrReadOnly)
 	}
 	if !c.lim.CanDiscard {
 		return fmt.Errorf("cache: discard: %w", block.ErrNotSupported)
@@ -40,11 +49,8 @@ func (c *Cache) WriteZeroes(ctx context.Context, off, length int64, flags block.
 		return err
 	}
 	defer c.exit()
-	if err := block.CheckRange(c, off, length); err != nil {
+	if err := c.checkModify(off, length, "write zeroes"); err != nil {
 		return err
-	}
-	if c.lim.ReadOnly {
-		return fmt.Errorf("cache: write zeroes: %w", block.ErrReadOnly)
 	}
 	if length == 0 {
 		return nil

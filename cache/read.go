@@ -201,18 +201,9 @@ func (c *Cache) placeholder(pg int64, readAhead bool) fillPage {
 		if s < 0 {
 			return fillPage{slot: -1}
 		}
-		sh.mu.Lock()
-		if _, ok := sh.m[pg]; ok {
-			sh.mu.Unlock()
-			c.freeSlot(s)
-			continue
+		if invalSeq, ok := c.insertPage(pg, s, true); ok {
+			return fillPage{slot: s, invalSeq: invalSeq, created: true}
 		}
-		sl := &c.slots[s]
-		sl.valid, sl.pins, sl.ref, sl.filling = 0, 1, false, true
-		sh.m[pg] = s
-		fp := fillPage{slot: s, invalSeq: sl.invalSeq, created: true}
-		sh.mu.Unlock()
-		return fp
 	}
 }
 

@@ -82,6 +82,30 @@ func (c *Cache) allocSlot(pg int64) int32 {
 	return -1
 }
 
+// insertPage enters slot s (fresh from allocSlot) into the index as page pg with no valid
+// sectors: pinned and marked filling for a miss (fill), referenced for a write. If another
+// goroutine inserted pg meanwhile, s goes back to the free list and ok is false (the caller looks
+// the page up again). invalSeq is the new page's, read under the shard lock.
+func (c *Cache) insertPage(pg int64, s int32, fill bool) (invalSeq uint32, ok bool) {
+	sh := c.shard(pg)
+	sh.mu.Lock()
+	if _, ok := sh.m[pg]; ok {
+		sh.mu.Unlock()
+		c.freeSlot(s)
+		return 0, false
+	}
+	sl := &c.slots[s]
+	sl.valid, sl.ref, sl.filling = 0, !fill, fill
+	sl.pins = 0
+	if fill {
+		sl.pins = 1
+	}
+	sh.m[pg] = s
+	invalSeq = sl.invalSeq
+	sh.mu.Unlock()
+	return invalSeq, true
+}
+
 func (c *Cache) freeSlot(s int32) {
 	c.allocMu.Lock()
 	c.slots[s].page = -1

@@ -138,16 +138,7 @@ func (c *Cache) writePage(ctx context.Context, page, pOff int64, data []byte, he
 		} else if s = c.allocSlot(page); s < 0 {
 			return false, nil
 		}
-		sh.mu.Lock()
-		if _, ok := sh.m[page]; ok {
-			sh.mu.Unlock()
-			c.freeSlot(s)
-			continue
-		}
-		sl := &c.slots[s]
-		sl.valid, sl.pins, sl.ref, sl.filling = 0, 0, true, false
-		sh.m[page] = s
-		sh.mu.Unlock()
+		c.insertPage(page, s, false)
 	}
 }
 

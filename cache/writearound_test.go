@@ -51,10 +51,7 @@ func TestWriteAroundSupersedesDirty(t *testing.T) {
 	if err := c.WriteAt(ctx, old, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	started, release := blockingWrites(dev, 0, 4096)
-	flushed := make(chan error, 1)
-	go func() { flushed <- c.Flush(ctx) }()
-	<-started // the write-back of "old" is in flight
+	flushed, release := flushWithWriteBackHeld(c, dev, 0, 4096) // the write-back of "old"
 	dev.SetBefore(nil)
 	newer := fill(64<<10, 9)
 	around := make(chan error, 1)

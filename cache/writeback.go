@@ -74,12 +74,8 @@ func (c *Cache) buildJobLocked(j *job, s int32, pg int64, minSec int, lo, hi int
 	maxBytes := c.cfg.maxJob
 	if b == spp {
 		for p := pg + 1; p <= hi; p++ {
-			s2, ok := c.dirtyIdx.get(p)
-			if !ok {
-				break
-			}
-			sl2 := &c.slots[s2]
-			if sl2.inflight || c.blockedLocked(p) {
+			s2, sl2 := c.joinableLocked(p)
+			if sl2 == nil {
 				break
 			}
 			cnt := min(bits.TrailingZeros64(^sl2.dirty), spp)
@@ -96,12 +92,8 @@ func (c *Cache) buildJobLocked(j *job, s int32, pg int64, minSec int, lo, hi int
 	}
 	if a == 0 {
 		for p := pg - 1; p >= lo; p-- {
-			s2, ok := c.dirtyIdx.get(p)
-			if !ok {
-				break
-			}
-			sl2 := &c.slots[s2]
-			if sl2.inflight || c.blockedLocked(p) {
+			s2, sl2 := c.joinableLocked(p)
+			if sl2 == nil {
 				break
 			}
 			top := sl2.dirty << uint(64-spp)
@@ -122,6 +114,20 @@ func (c *Cache) buildJobLocked(j *job, s int32, pg int64, minSec int, lo, hi int
 	c.inflightPages += int64(len(j.pages))
 	c.jobSeq++
 	j.seq = c.jobSeq
+}
+
+// joinableLocked returns the slot of page p if a write-back may take it: dirty, not in flight,
+// not blocked by a direct operation; otherwise nil. Called with dmu held.
+func (c *Cache) joinableLocked(p int64) (int32, *slot) {
+	s, ok := c.dirtyIdx.get(p)
+	if !ok {
+		return -1, nil
+	}
+	sl := &c.slots[s]
+	if sl.inflight || c.blockedLocked(p) {
+		return -1, nil
+	}
+	return s, sl
 }
 
 // runJob copies the job's sectors into a staging buffer, writes them to the backend and
