@@ -68,8 +68,10 @@ type Cache struct {
 	ops       atomic.Int64 // calls in progress; page memory is released only when none is
 	jobs      sync.Pool
 
-	streams    [8]atomic.Int64
+	streams    [8]atomic.Int64 // sequential read streams (read.go)
 	streamNext atomic.Uint32
+	wstreams   [16]writeStream // sequential write streams (writearound.go)
+	wclock     atomic.Int64    // orders their use
 	zeroOnce   sync.Once
 	zeroBuf    []byte // for WriteZeroes emulation
 

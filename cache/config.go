@@ -91,8 +91,9 @@ type Config struct {
 	// WriteAround is the size from which a write goes straight from the caller's buffer to the
 	// backend instead of through the pages, as with bcache's sequential cutoff: a large write is
 	// not copied twice nor booked page by page, and is acknowledged when the backend accepted it.
-	// Dirty pages it overlaps take its data (they never overwrite it later). Default 256 KiB;
-	// negative disables (every write is cached).
+	// A write of at least a quarter of it goes around too when it continues a sequential stream
+	// that has written WriteAround bytes in a row. Dirty pages it overlaps take its data (they
+	// never overwrite it later). Default 256 KiB; negative disables (every write is cached).
 	WriteAround int64
 	// PageSize is the cache page size: a multiple of the backend's block size holding at most
 	// 64 blocks. Default 4 KiB (or the block size if larger).

@@ -42,8 +42,9 @@
 // no FUA); if some bytes of the range were carried by another write-back without FUA (the flusher
 // got there first), a backend Flush makes them durable before the ack.
 //
-// A write of Config.WriteAround bytes or more (256 KiB by default; bcache's sequential cutoff,
-// by request size) goes around the pages: from the caller's buffer straight to the backend, as a
+// A write of Config.WriteAround bytes or more (256 KiB by default), or of a quarter of that
+// continuing a sequential stream that has written WriteAround bytes (bcache's sequential cutoff),
+// goes around the pages: from the caller's buffer straight to the backend, as a
 // direct operation whose data, not zeroes, the dirty pages it overlaps take (writearound.go).
 // WriteCached declines such writes.
 //

@@ -8,8 +8,9 @@ import (
 )
 
 // WriteAt copies p into cache pages and marks them dirty. With FUA (or in write-through mode) the
-// pages are written back before it returns. A write of Config.WriteAround bytes or more goes
-// around the pages, straight to the backend (writearound.go).
+// pages are written back before it returns. A write of Config.WriteAround bytes or more (or a
+// quarter of that continuing a sequential stream) goes around the pages, straight to the backend
+// (writearound.go).
 func (c *Cache) WriteAt(ctx context.Context, p []byte, off int64, flags block.WriteFlags) error {
 	if err := c.enter(); err != nil {
 		return err
@@ -24,7 +25,9 @@ func (c *Cache) WriteAt(ctx context.Context, p []byte, off int64, flags block.Wr
 	if len(p) == 0 {
 		return nil
 	}
-	if c.writesAround(len(p)) {
+	around := c.writesAround(off, len(p))
+	c.noteWrite(off, len(p))
+	if around {
 		return c.writeAround(ctx, p, off, flags)
 	}
 	if _, err := c.writeRange(ctx, p, off, true); err != nil {
@@ -41,7 +44,7 @@ func (c *Cache) WriteAt(ctx context.Context, p []byte, off int64, flags block.Wr
 // as WriteAt without flags would. A later Flush covers it like any acknowledged write. It declines
 // writes that go around the pages (Config.WriteAround): they wait for the backend.
 func (c *Cache) WriteCached(p []byte, off int64) bool {
-	if c.cfg.Mode != WriteBack || c.lim.ReadOnly || len(p) == 0 || c.writesAround(len(p)) {
+	if c.cfg.Mode != WriteBack || c.lim.ReadOnly || len(p) == 0 || c.writesAround(off, len(p)) {
 		return false
 	}
 	if c.enter() != nil {
@@ -52,6 +55,9 @@ func (c *Cache) WriteCached(p []byte, off int64) bool {
 		return false
 	}
 	ok, _ := c.writeRange(context.Background(), p, off, false)
+	if ok {
+		c.noteWrite(off, len(p))
+	}
 	return ok
 }
 

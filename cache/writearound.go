@@ -3,13 +3,14 @@ package cache
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/iser-blk/iser-blk/block"
 )
 
-// Write-around: a write of at least Config.WriteAround bytes goes from the caller's buffer
-// straight to the backend instead of through the pages (bcache's sequential cutoff, by request
-// size). Caching it would copy every byte twice (into pages, then into a write-back's staging
+// Write-around: a write of at least Config.WriteAround bytes, or of a quarter of that continuing
+// a sequential stream that has written WriteAround bytes already, goes from the caller's buffer
+// straight to the backend instead of through the pages (bcache's sequential cutoff). Caching it would copy every byte twice (into pages, then into a write-back's staging
 // buffer) and book every page, which made write-back half as fast as no cache for large
 // sequential writes; a request this large gains nothing from coalescing, and what it writes is
 // rarely read back soon.
@@ -24,9 +25,61 @@ import (
 // backend never sees an older write-back land after it. The backend write carries FUA when the
 // caller asked for it (or is followed by a backend Flush when the backend has no FUA).
 
-// writesAround reports whether a write of n bytes goes around the pages.
-func (c *Cache) writesAround(n int) bool {
-	return c.cfg.WriteAround > 0 && int64(n) >= c.cfg.WriteAround
+// writesAround reports whether a write of n bytes at off goes around the pages: when it is at
+// least Config.WriteAround bytes, or at least a quarter of that and it continues a sequential
+// stream that has written WriteAround bytes in a row already (a file copied through the kernel
+// arrives in requests of 128 KiB and up). It only reads the streams; noteWrite records the write.
+func (c *Cache) writesAround(off int64, n int) bool {
+	wa := c.cfg.WriteAround
+	switch {
+	case wa <= 0 || int64(n) < wa/4:
+		return false
+	case int64(n) >= wa:
+		return true
+	}
+	for i := range c.wstreams {
+		if c.wstreams[i].next.Load() == off {
+			return c.wstreams[i].run.Load() >= wa
+		}
+	}
+	return false
+}
+
+// writeStream is a sequential write stream: where its next write is expected, how many bytes it
+// has written in a row, and when it was last written (Cache.wclock). Its fields are read and
+// written without a lock: a lost update only routes one write through the pages instead of around
+// them, or the reverse, and both are correct.
+type writeStream struct {
+	next, run, used atomic.Int64
+}
+
+// noteWrite records a write of n bytes at off in the sequential write streams: it extends the
+// stream it continues, or replaces the least recently written one (replacing round-robin would
+// let each new stream evict an active one, whose next write would then evict another, and so on:
+// no stream would ever reach the cutoff). Writes smaller than a quarter of WriteAround are not
+// tracked: small sequential writes stay cached, where they are acknowledged at once and coalesced.
+func (c *Cache) noteWrite(off int64, n int) {
+	wa := c.cfg.WriteAround
+	if wa <= 0 || int64(n) < wa/4 {
+		return
+	}
+	now := c.wclock.Add(1)
+	victim := &c.wstreams[0]
+	for i := range c.wstreams {
+		ws := &c.wstreams[i]
+		if ws.next.Load() == off {
+			ws.run.Add(int64(n))
+			ws.next.Store(off + int64(n))
+			ws.used.Store(now)
+			return
+		}
+		if ws.used.Load() < victim.used.Load() {
+			victim = ws
+		}
+	}
+	victim.run.Store(int64(n))
+	victim.next.Store(off + int64(n))
+	victim.used.Store(now)
 }
 
 // writeAround writes p (non-empty, in range) at off to the backend, keeping the cached pages of

@@ -40,6 +40,54 @@ func TestWriteAroundGoesToBackend(t *testing.T) {
 	}
 }
 
+// TestWriteAroundSequentialStream checks the sequential cutoff: 64 KiB writes (a quarter of
+// WriteAround) are cached until their stream has written WriteAround bytes in a row, then go
+// around, WriteCached included; a write elsewhere starts a new stream; small sequential writes
+// always stay cached.
+func TestWriteAroundSequentialStream(t *testing.T) {
+	ctx := context.Background()
+	const wa, n = 256 << 10, 64 << 10
+	c, _ := newTest(t, 16<<20, stdLimits(4096), Config{Size: 4 << 20, MaxDirtyAge: time.Hour, WriteAround: wa})
+	data := fill(n, 3)
+	for i := int64(0); i < 4; i++ { // 256 KiB in a row, all cached
+		if !c.WriteCached(data, i*n) {
+			t.Fatalf("write %d of the stream not cached", i)
+		}
+	}
+	if st := c.Stats(); st.WriteAroundBytes != 0 {
+		t.Fatalf("the first %d bytes of a stream went around: %+v", wa, st)
+	}
+	if c.WriteCached(data, 4*n) {
+		t.Fatal("WriteCached took a write that continues a 256 KiB stream")
+	}
+	for i := int64(4); i < 8; i++ {
+		if err := c.WriteAt(ctx, data, i*n, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := c.Stats(); st.WriteAroundBytes != 4*n {
+		t.Fatalf("written around %d bytes, want %d", st.WriteAroundBytes, 4*n)
+	}
+	if err := c.WriteAt(ctx, data, 8<<20, 0); err != nil { // elsewhere: a new stream, cached
+		t.Fatal(err)
+	}
+	small := fill(4096, 4)
+	for off := int64(12 << 20); off < 12<<20+2*wa; off += 4096 {
+		if err := c.WriteAt(ctx, small, off, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := c.Stats(); st.WriteAroundBytes != 4*n {
+		t.Fatalf("a new stream or small sequential writes went around: %d bytes, want %d", st.WriteAroundBytes, 4*n)
+	}
+	got := make([]byte, n)
+	for i := int64(0); i < 8; i++ {
+		if err := c.ReadAt(ctx, got, i*n); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("read back %d: %v", i, err)
+		}
+	}
+}
+
 // TestWriteAroundSupersedesDirty writes a dirty page, holds its write-back in flight and writes
 // around over it: the write-around must wait for that write-back (an older write landing after
 // it would win on the target), the page must take the new data and stay dirty, and after a Flush
@@ -167,66 +215,73 @@ func TestWritePathsZeroAllocs(t *testing.T) {
 	}
 }
 
-// BenchmarkWriteSeq1M writes 1 MiB sequential streams at queue depth 8 (eight goroutines, each
-// with its own region) over memdev: with no cache (the baseline), through the write-back cache
-// with every write cached (WriteAround off: every byte is copied into pages and again into a
-// write-back buffer), and with write-around. The cached variants include the final Flush.
-func BenchmarkWriteSeq1M(b *testing.B) {
-	const devSize, qd, size = 256 << 20, 8, 1 << 20
-	for _, v := range []struct {
-		name   string
-		around int64 // 0: no cache
-	}{{"off", 0}, {"writeback-cached", -1}, {"writeback-around", DefaultWriteAround}} {
-		b.Run(v.name, func(b *testing.B) {
-			ctx := context.Background()
-			be, err := memdev.New(devSize, memdev.Options{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			var d block.Device = be
-			if v.around != 0 {
-				c, err := New(be, Config{Size: 64 << 20, WriteAround: v.around}, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { c.shutdown() })
-				d = c
-			}
-			buf := make([]byte, size)
-			for off := int64(0); off < devSize; off += size { // memdev allocates chunks on first write
-				if err := be.WriteAt(ctx, buf, off, 0); err != nil {
-					b.Fatal(err)
-				}
-			}
-			// Warm the stack: the cache's pages are touched (mmap'd memory faults in on first
-			// use) and its write-back buffers grown, as in a gateway that has been running.
-			for off := int64(0); off < 128<<20; off += size {
-				if err := d.WriteAt(ctx, buf, off, 0); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := d.Flush(ctx); err != nil {
-				b.Fatal(err)
-			}
-			b.SetBytes(size)
-			b.ReportAllocs()
-			b.SetParallelism((qd + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
-			var next atomic.Int64
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				p := make([]byte, size)
-				region := (next.Add(1) - 1) % qd * (devSize / qd)
-				for i := int64(0); pb.Next(); i++ {
-					if err := d.WriteAt(ctx, p, region+i%(devSize/qd/size)*size, 0); err != nil {
-						b.Error(err)
-						return
-					}
-				}
+// BenchmarkWriteSeq writes sequential streams of 1 MiB and of 128 KiB requests at queue depth 8
+// (eight goroutines, each with its own region) over memdev: with no cache (the baseline), through
+// the write-back cache with every write cached (WriteAround off: every byte is copied into pages
+// and again into a write-back buffer), and with write-around (by size at 1 MiB, by the sequential
+// cutoff at 128 KiB). The cached variants include the final Flush.
+func BenchmarkWriteSeq(b *testing.B) {
+	const devSize, qd = 256 << 20, 8
+	for _, size := range []int64{1 << 20, 128 << 10} {
+		for _, v := range []struct {
+			name   string
+			around int64 // 0: no cache
+		}{{"off", 0}, {"writeback-cached", -1}, {"writeback-around", DefaultWriteAround}} {
+			b.Run(fmt.Sprintf("%dK/%s", size>>10, v.name), func(b *testing.B) {
+				benchWriteSeq(b, devSize, qd, size, v.around)
 			})
-			if err := d.Flush(ctx); err != nil {
-				b.Fatal(err)
+		}
+	}
+}
+
+func benchWriteSeq(b *testing.B, devSize, qd, size, around int64) {
+	ctx := context.Background()
+	be, err := memdev.New(devSize, memdev.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var d block.Device = be
+	if around != 0 {
+		c, err := New(be, Config{Size: 64 << 20, WriteAround: around}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { c.shutdown() })
+		d = c
+	}
+	buf := make([]byte, 1<<20)
+	for off := int64(0); off < devSize; off += int64(len(buf)) { // memdev allocates chunks on first write
+		if err := be.WriteAt(ctx, buf, off, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// Warm the stack: the cache's pages are touched (mmap'd memory faults in on first use) and
+	// its write-back buffers grown, as in a gateway that has been running.
+	for off := int64(0); off < 128<<20; off += int64(len(buf)) {
+		if err := d.WriteAt(ctx, buf, off, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := d.Flush(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(size)
+	b.ReportAllocs()
+	b.SetParallelism(int((qd + int64(runtime.GOMAXPROCS(0)) - 1) / int64(runtime.GOMAXPROCS(0))))
+	var next atomic.Int64
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		p := make([]byte, size)
+		region := (next.Add(1) - 1) % qd * (devSize / qd)
+		for i := int64(0); pb.Next(); i++ {
+			if err := d.WriteAt(ctx, p, region+i%(devSize/qd/size)*size, 0); err != nil {
+				b.Error(err)
+				return
 			}
-		})
+		}
+	})
+	if err := d.Flush(ctx); err != nil {
+		b.Fatal(err)
 	}
 }
 
