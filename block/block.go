@@ -15,6 +15,16 @@
 //     later Flush makes durable; with FUA it is durable when the call returns.
 //   - Errors are never swallowed: every failure returns an error that errors.Is one of the
 //     sentinels below, so each frontend can map it to its own wire code (see Errno).
+//   - Context: a request's ctx bounds how long the Device may wait on its behalf. A Device may
+//     complete a request whose context is already done (a cache hit never looks at it); when it
+//     gives up because of the context, the error satisfies ErrCanceled (context.Canceled) or
+//     ErrTimeout (context.DeadlineExceeded), and still the context error itself (ContextError).
+//   - Close: the first Close releases the device and reports what failed doing so; every later
+//     Close, concurrent or not, returns nil once the device is released (it is idempotent:
+//     shutdown paths close a stack from a signal handler and from deferred cleanup, and the second
+//     call has nothing to report). Every other method after Close fails with ErrClosed.
+//
+// Package blocktest is the conformance suite that checks these rules on any Device.
 package block
 
 import "context"
@@ -86,7 +96,8 @@ type Device interface {
 	// WriteZeroes makes the range read back as zeroes.
 	WriteZeroes(ctx context.Context, off, length int64, flags ZeroFlags) error
 	// Close releases the device. Callers drain their own in-flight requests first; Close on a
-	// layer that holds dirty data flushes it (or returns the error that prevented it).
+	// layer that holds dirty data flushes it (or returns the error that prevented it). A second
+	// Close returns nil; any other call after Close fails with ErrClosed.
 	Close() error
 }
 

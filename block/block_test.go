@@ -68,14 +68,31 @@ func TestErrno(t *testing.T) {
 		{ErrNotSupported, syscall.EOPNOTSUPP},
 		{ErrMedium, syscall.EIO},
 		{ErrNoPath, syscall.EIO},
-		{ErrTimeout, syscall.ETIMEDOUT},
+		{ErrTimeout, syscall.EIO},
+		{ErrCanceled, syscall.EIO},
 		{ErrClosed, syscall.ESHUTDOWN},
-		{context.Canceled, syscall.ECANCELED},
+		{context.Canceled, syscall.EIO},
+		{ContextError(context.Canceled), syscall.EIO},
+		{ContextError(context.DeadlineExceeded), syscall.EIO},
 		{errors.New("something unexpected"), syscall.EIO},
 	}
 	for _, c := range cases {
 		if got := Errno(c.err); got != c.want {
 			t.Errorf("Errno(%v) = %v, want %v", c.err, got, c.want)
 		}
+	}
+}
+
+func TestContextError(t *testing.T) {
+	if ContextError(nil) != nil {
+		t.Fatal("ContextError(nil) is not nil")
+	}
+	canceled := ContextError(fmt.Errorf("waiting: %w", context.Canceled))
+	if !errors.Is(canceled, ErrCanceled) || errors.Is(canceled, ErrTimeout) || !errors.Is(canceled, context.Canceled) {
+		t.Errorf("canceled: %v does not match exactly ErrCanceled and context.Canceled", canceled)
+	}
+	deadline := ContextError(context.DeadlineExceeded)
+	if !errors.Is(deadline, ErrTimeout) || errors.Is(deadline, ErrCanceled) || !errors.Is(deadline, context.DeadlineExceeded) {
+		t.Errorf("deadline: %v does not match exactly ErrTimeout and context.DeadlineExceeded", deadline)
 	}
 }

@@ -17,7 +17,8 @@ var (
 	ErrNoSpace      = errors.New("no space left on device") // ENOSPC: thin pool exhausted
 	ErrNotSupported = errors.New("operation not supported") // EOPNOTSUPP
 	ErrMedium       = errors.New("medium error")            // EIO, but the data at that LBA is lost
-	ErrTimeout      = errors.New("request timed out")       // ETIMEDOUT, surfaced as EIO to clients
+	ErrTimeout      = errors.New("request timed out")       // EIO (see Errno); also a context deadline
+	ErrCanceled     = errors.New("request canceled")        // EIO (see Errno): the caller's context was canceled
 	ErrClosed       = errors.New("device is closed")        // ESHUTDOWN
 	ErrNoPath       = errors.New("no path to the target")   // EIO after the replacement timeout
 )
@@ -35,9 +36,42 @@ func (e *RangeError) Error() string {
 // Is makes a RangeError match ErrInvalid.
 func (e *RangeError) Is(target error) bool { return target == ErrInvalid }
 
+// ContextError returns err, the error of a context that is done (ctx.Err(), or an error wrapping
+// it), as an error a Device may return: it satisfies errors.Is with ErrTimeout for
+// context.DeadlineExceeded and ErrCanceled otherwise, and still with the context error itself. A
+// Device that gives up on a request because its context is done returns this, not the bare
+// context error, so that every error it returns names a sentinel.
+func ContextError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &contextError{cause: err}
+}
+
+type contextError struct{ cause error }
+
+func (e *contextError) Error() string { return e.cause.Error() }
+func (e *contextError) Unwrap() error { return e.cause }
+
+// Is names the sentinel class: a deadline is a timeout, anything else a cancellation.
+func (e *contextError) Is(target error) bool {
+	if errors.Is(e.cause, context.DeadlineExceeded) {
+		return target == ErrTimeout
+	}
+	return target == ErrCanceled
+}
+
 // Errno maps an error from a Device to the errno a kernel or NBD client should see. nil maps to 0.
-// Context cancellation maps to EIO for a request that was cut short (a client must never read
-// success into it), except that ECANCELED is kept distinguishable for logging.
+//
+// Only errnos that change what the client does are passed on; everything else is EIO. In
+// particular a request cut short by a timeout (ErrTimeout) or a canceled context (ErrCanceled)
+// failed, and the client must see exactly that: EIO. Neither ETIMEDOUT nor ECANCELED would tell a
+// client more: the NBD protocol has no such values (its errors are EPERM, EIO, ENOMEM, EINVAL,
+// ENOSPC, EOVERFLOW, ENOTSUP, ESHUTDOWN; others must be sent as EIO), the kernel's
+// errno_to_blk_status (ublk) turns ECANCELED into BLK_STS_IOERR anyway and ETIMEDOUT into
+// BLK_STS_TIMEOUT, which a filesystem handles like any I/O error but which surfaces to a program
+// reading the block device as an ETIMEDOUT that read(2) is not documented to return. The gateway's
+// log keeps the cause.
 func Errno(err error) syscall.Errno {
 	switch {
 	case err == nil:
@@ -52,11 +86,7 @@ func Errno(err error) syscall.Errno {
 		return syscall.EOPNOTSUPP
 	case errors.Is(err, ErrClosed):
 		return syscall.ESHUTDOWN
-	case errors.Is(err, ErrTimeout):
-		return syscall.ETIMEDOUT
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return syscall.ECANCELED
-	default:
+	default: // ErrIO, ErrMedium, ErrTimeout, ErrCanceled, ErrNoPath, and anything unnamed
 		return syscall.EIO
 	}
 }

@@ -60,6 +60,10 @@ const (
 	DefaultWriteBack   = 1 << 20 // largest write-back when the backend sets no MaxTransfer
 	maxWriteBackCap    = 8 << 20
 	DefaultReadAhead   = 512 << 10
+	// DefaultWriteAround is the smallest write that goes around the pages: at 256 KiB a backend
+	// write is already as large as a coalesced write-back needs to be for the wire, and below it
+	// random and small sequential writes keep the cache's coalescing and early acks.
+	DefaultWriteAround = 256 << 10
 )
 
 // Config configures a cache. The zero value of every field means its default.
@@ -84,6 +88,13 @@ type Config struct {
 	MaxWriteBack int64
 	// ReadAhead is the window read past a sequential miss. Default 512 KiB; negative disables.
 	ReadAhead int64
+	// WriteAround is the size from which a write goes straight from the caller's buffer to the
+	// backend instead of through the pages, as with bcache's sequential cutoff: a large write is
+	// not copied twice nor booked page by page, and is acknowledged when the backend accepted it.
+	// A write of at least a quarter of it goes around too when it continues a sequential stream
+	// that has written WriteAround bytes in a row. Dirty pages it overlaps take its data (they
+	// never overwrite it later). Default 256 KiB; negative disables (every write is cached).
+	WriteAround int64
 	// PageSize is the cache page size: a multiple of the backend's block size holding at most
 	// 64 blocks. Default 4 KiB (or the block size if larger).
 	PageSize int
@@ -231,6 +242,9 @@ func resolve(cfg Config, bs int, backendMaxTransfer int64) (resolved, error) {
 	r.bgWorkers = max(1, r.Workers/8)
 	if r.ReadAhead == 0 {
 		r.ReadAhead = DefaultReadAhead
+	}
+	if r.WriteAround == 0 {
+		r.WriteAround = DefaultWriteAround
 	}
 	if r.ReadAhead > 0 {
 		r.raPages = r.ReadAhead / int64(r.PageSize)

@@ -180,7 +180,7 @@ func (d *Device) check(ctx context.Context, off, length int64, write bool) error
 		return block.ErrClosed
 	}
 	if err := ctx.Err(); err != nil {
-		return err
+		return block.ContextError(err)
 	}
 	if write && d.limits.ReadOnly {
 		return block.ErrReadOnly
@@ -295,7 +295,8 @@ func (d *Device) WriteZeroes(ctx context.Context, off, length int64, flags block
 	return nil
 }
 
-// Close implements block.Device. Later calls fail with block.ErrClosed.
+// Close implements block.Device. A second Close returns nil; every other call after Close fails
+// with block.ErrClosed.
 func (d *Device) Close() error {
 	d.closed.Store(true)
 	return nil

@@ -140,9 +140,9 @@ func TestServeErrors(t *testing.T) {
 		{fmt.Errorf("wrapped: %w", block.ErrReadOnly), unix.EROFS},
 		{block.ErrNoSpace, unix.ENOSPC},
 		{block.ErrNotSupported, unix.EOPNOTSUPP},
-		{block.ErrTimeout, unix.ETIMEDOUT},
+		{block.ErrTimeout, unix.EIO}, // block.Errno: a timed-out request failed, EIO
 		{block.ErrMedium, unix.EIO},
-		{context.Canceled, unix.ECANCELED},
+		{context.Canceled, unix.EIO},
 		{errors.New("anything else"), unix.EIO},
 	}
 	for _, c := range cases {

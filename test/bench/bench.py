@@ -15,7 +15,9 @@ connection per fio job):
             1M seq write QD8, 70/30 4k randrw with 2 jobs
 
 CPU seconds per I/O of the gateway process and of tgtd come from /proc/PID/stat around each job,
-and fio's from its rusage: together they show where the 2 cores go.
+and fio's from its rusage: together they show where the 2 cores go. Each NBD server's peak
+resident set per job (VmHWM from /proc/PID/status, its window reset through /proc/PID/clear_refs
+before the job) is the "server peak RSS" column: the memory a gateway holds for that workload.
 
 Placement. Every repetition runs twice: "shared", every process free to run on every core (the
 scheduler's choice), and "split", tgtd pinned to core 0 and the client side (NBD server, fio,
@@ -120,6 +122,28 @@ def cpu_seconds(pid):
         return (int(fields[11]) + int(fields[12])) / CLK_TCK
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return 0.0
+
+
+def peak_rss_mib(pid):
+    """VmHWM of pid in MiB: its peak resident set since it started or since reset_peak_rss."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # the kernel reports kB
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return None
+
+
+def reset_peak_rss(pid):
+    """Starts a new VmHWM window for pid: writing 5 to clear_refs resets the peak to the current
+    resident set (proc(5), Linux >= 4.0), so each job records its own peak."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
 def free_port():
@@ -491,9 +515,11 @@ def run_pass(a, jobs, tgt, work, prof, rep, placement, wanted):
                         continue
                     pname = vname if placement == "shared" else f"{vname}-{placement}"
                     pt = prof.start(pname, job, a.runtime) if prof and vname.startswith("iser-blk") else None
+                    reset_peak_rss(srv.proc.pid)
                     c0, t0 = cpu_seconds(srv.proc.pid), cpu_seconds(tgt.proc.pid)
                     m = fio(srv.uri, job, args, a.runtime, a.size, work, pre)
                     c1, t1 = cpu_seconds(srv.proc.pid), cpu_seconds(tgt.proc.pid)
+                    m["gw_peak_rss_mib"] = peak_rss_mib(srv.proc.pid)
                     if pt:
                         prof.finish(pt, pname, job)
                     m.update(rep=rep, placement=placement, system=vname, job=job,
@@ -582,8 +608,8 @@ def placement_report(a, jobs, results, placement, work):
         unit = {"p50_us": "p50 µs", "iops": "IOPS", "bw_mib": "MiB/s"}[key]
         lines.append(f"\n## {job} ({unit}{', lower is better' if key == 'p50_us' else ''})\n")
         lines.append("| system | " + unit + " | p99 µs | ratio to qemu-nbd | gateway CPU µs/IO | tgtd CPU µs/IO | "
-                     "fio CPU µs/IO |")
-        lines.append("|---|---|---|---|---|---|---|")
+                     "fio CPU µs/IO | server peak RSS MiB |")
+        lines.append("|---|---|---|---|---|---|---|---|")
         base = {r["rep"]: r[key] for r in by.get(("qemu-nbd", job), [])}
         for s in sysnames:
             rs = by.get((s, job))
@@ -600,7 +626,8 @@ def placement_report(a, jobs, results, placement, work):
                          f"{fmt([r.get('p99_us') for r in rs], 0)} | {fmt(ratios, 2)} | "
                          f"{fmt([r.get('gw_cpu_us_per_io') for r in rs], 1)} | "
                          f"{fmt([r.get('tgt_cpu_us_per_io') for r in rs], 1)} | "
-                         f"{fmt([r.get('fio_cpu_us_per_io') for r in rs], 1)} |")
+                         f"{fmt([r.get('fio_cpu_us_per_io') for r in rs], 1)} | "
+                         f"{fmt([r.get('gw_peak_rss_mib') for r in rs], 0)} |")
     lines += goals(by, placement)
     lines += tls_report(by)
     chart(a, jobs, sysnames, by, work, placement)

@@ -1,5 +1,9 @@
 package cache
 
+// The write-back loop: Workers goroutines pick the oldest dirty page worth writing now, coalesce
+// it with its dirty neighbours into one backend write, and complete it under the gen rule (see
+// the package comment). syncRange (sync.go) runs the same jobs on the caller's goroutine.
+
 import (
 	"context"
 	"fmt"
@@ -70,12 +74,8 @@ func (c *Cache) buildJobLocked(j *job, s int32, pg int64, minSec int, lo, hi int
 	maxBytes := c.cfg.maxJob
 	if b == spp {
 		for p := pg + 1; p <= hi; p++ {
-			s2, ok := c.dirtyIdx.get(p)
-			if !ok {
-				break
-			}
-			sl2 := &c.slots[s2]
-			if sl2.inflight || c.blockedLocked(p) {
+			s2, sl2 := c.joinableLocked(p)
+			if sl2 == nil {
 				break
 			}
 			cnt := min(bits.TrailingZeros64(^sl2.dirty), spp)
@@ -92,12 +92,8 @@ func (c *Cache) buildJobLocked(j *job, s int32, pg int64, minSec int, lo, hi int
 	}
 	if a == 0 {
 		for p := pg - 1; p >= lo; p-- {
-			s2, ok := c.dirtyIdx.get(p)
-			if !ok {
-				break
-			}
-			sl2 := &c.slots[s2]
-			if sl2.inflight || c.blockedLocked(p) {
+			s2, sl2 := c.joinableLocked(p)
+			if sl2 == nil {
 				break
 			}
 			top := sl2.dirty << uint(64-spp)
@@ -120,6 +116,20 @@ func (c *Cache) buildJobLocked(j *job, s int32, pg int64, minSec int, lo, hi int
 	j.seq = c.jobSeq
 }
 
+// joinableLocked returns the slot of page p if a write-back may take it: dirty, not in flight,
+// not blocked by a direct operation; otherwise nil. Called with dmu held.
+func (c *Cache) joinableLocked(p int64) (int32, *slot) {
+	s, ok := c.dirtyIdx.get(p)
+	if !ok {
+		return -1, nil
+	}
+	sl := &c.slots[s]
+	if sl.inflight || c.blockedLocked(p) {
+		return -1, nil
+	}
+	return s, sl
+}
+
 // runJob copies the job's sectors into a staging buffer, writes them to the backend and
 // completes the job. bg marks a background write-back, whose failure is reported by Flush.
 func (c *Cache) runJob(ctx context.Context, j *job, flags block.WriteFlags, bg bool) error {
@@ -129,7 +139,7 @@ func (c *Cache) runJob(ctx context.Context, j *job, flags block.WriteFlags, bg b
 	if p := c.cfg.IOPool; p != nil && int(n) <= p.MaxClass() {
 		b, err := p.Get(ctx, int(n))
 		if err != nil {
-			c.complete(j, fmt.Errorf("cache: staging buffer: %w", err), bg)
+			c.complete(j, stagingError(ctx, err), bg)
 			return err
 		}
 		buf, pooled = b, true

@@ -1,0 +1,33 @@
+package cache_test
+
+import (
+	"testing"
+
+	"github.com/iser-blk/iser-blk/backend/memdev"
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/block/blocktest"
+	"github.com/iser-blk/iser-blk/cache"
+)
+
+// TestConformance runs the block.Device conformance suite against the cache in every mode over
+// memdev: a 4 MiB cache in front of a 16 MiB device, so that the suite also evicts pages; and
+// over a backend that has neither discard nor write-zeroes (the cache then emulates zeroing).
+func TestConformance(t *testing.T) {
+	for _, mode := range []cache.Mode{cache.WriteBack, cache.WriteThrough, cache.Off} {
+		for _, url := range []string{"mem://16MiB", "mem://16MiB?nodiscard=1&nozero=1&maxtransfer=256KiB"} {
+			t.Run(mode.String()+"/"+url, func(t *testing.T) {
+				blocktest.Run(t, func(t *testing.T) block.Device {
+					be, err := memdev.ParseURL(url)
+					if err != nil {
+						t.Fatal(err)
+					}
+					d, err := cache.Wrap(be, cache.Config{Mode: mode, Size: 4 << 20}, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return d
+				})
+			})
+		}
+	}
+}

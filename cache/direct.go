@@ -1,0 +1,243 @@
+package cache
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/iser-blk/iser-blk/block"
+)
+
+// directRange is the byte range of a direct operation in progress.
+type directRange struct{ off, end int64 }
+
+// checkModify validates a request that modifies [off, off+length): in range and aligned, and the
+// backend writable.
+func (c *Cache) checkModify(off, length int64, what string) error {
+	if err := block.CheckRange(c, off, length); err != nil {
+		return err
+	}
+	if c.lim.ReadOnly {
+		return fmt.Errorf("cache: %s: %w", what, block.ErrReadOnly)
+	}
+	return nil
+}
+
+// Discard drops cached data in the range and discards it on the backend.
+func (c *Cache) Discard(ctx context.Context, off, length int64) error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.exit()
+	if err := c.checkModify(off, length, "discard"); err != nil {
+		return err
+	}
+	if !c.lim.CanDiscard {
+		return fmt.Errorf("cache: discard: %w", block.ErrNotSupported)
+	}
+	if length == 0 {
+		return nil
+	}
+	return c.directOp(ctx, off, length, func(ctx context.Context, o, n int64) error {
+		return c.be.Discard(ctx, o, n)
+	}, c.lim.MaxDiscard)
+}
+
+// WriteZeroes makes the range read back as zeroes: on the backend directly when it can, otherwise
+// by writing zero pages through the cache.
+func (c *Cache) WriteZeroes(ctx context.Context, off, length int64, flags block.ZeroFlags) error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.exit()
+	if err := c.checkModify(off, length, "write zeroes"); err != nil {
+		return err
+	}
+	if length == 0 {
+		return nil
+	}
+	if !c.lim.CanWriteZeroes {
+		if flags&block.FastOnly != 0 {
+			return fmt.Errorf("cache: fast zero: %w", block.ErrNotSupported)
+		}
+		return c.writeZeroPages(ctx, off, length, flags&block.ZeroFUA != 0)
+	}
+	if flags&block.FastOnly != 0 && !c.lim.CanFastZero {
+		return fmt.Errorf("cache: fast zero: %w", block.ErrNotSupported)
+	}
+	return c.directOp(ctx, off, length, func(ctx context.Context, o, n int64) error {
+		return c.be.WriteZeroes(ctx, o, n, flags)
+	}, c.lim.MaxWriteZeroes)
+}
+
+func (c *Cache) writeZeroPages(ctx context.Context, off, length int64, fua bool) error {
+	c.zeroOnce.Do(func() { c.zeroBuf = make([]byte, c.cfg.maxJob) })
+	var flags block.WriteFlags
+	if fua {
+		flags = block.FUA
+	}
+	for length > 0 {
+		n := min(length, int64(len(c.zeroBuf)))
+		if err := c.WriteAt(ctx, c.zeroBuf[:n], off, flags); err != nil {
+			return err
+		}
+		off += n
+		length -= n
+	}
+	return nil
+}
+
+// directOp runs a backend operation that bypasses the cache pages after invalidating them and
+// waiting for write-backs of the range already in flight (see the package comment).
+func (c *Cache) directOp(ctx context.Context, off, length int64, op func(context.Context, int64, int64) error, maxLen int64) error {
+	defer c.endDirect(off, length)
+	if err := c.beginDirect(ctx, off, length, supersede, nil); err != nil {
+		return err
+	}
+	for length > 0 {
+		n := length
+		if maxLen > 0 && n > maxLen {
+			n = maxLen / c.bs * c.bs
+		}
+		if err := op(ctx, off, n); err != nil {
+			return fmt.Errorf("cache: [%d, +%d): %w", off, n, err)
+		}
+		off += n
+		length -= n
+	}
+	return nil
+}
+
+// beginDirect registers [off, off+length) as a direct operation (no write-back of a page in it
+// starts and no fill of it installs until endDirect), applies act to the cached sectors of the
+// range (src: the new data for supersede) and waits for the write-backs of the range already in
+// flight. endDirect must follow, whatever beginDirect returns.
+func (c *Cache) beginDirect(ctx context.Context, off, length int64, act rangeAction, src []byte) error {
+	c.directMu.Lock()
+	c.direct = append(c.direct, directRange{off, off + length})
+	c.directActive.Add(1)
+	c.directMu.Unlock()
+	// The registration comes first: a write-back built before it is in flight when act looks
+	// (it marks its pages under dmu), one built after it sees the range blocked.
+	for busy := c.invalidate(off, length, act, src); busy; {
+		ch := c.progress.wait()
+		if busy = c.invalidate(off, length, checkInflight, nil); !busy {
+			break
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("cache: waiting for write-back of [%d, +%d): %w", off, length, block.ContextError(ctx.Err()))
+		case <-c.stop:
+			return fmt.Errorf("cache: %w", block.ErrClosed)
+		}
+	}
+	return nil
+}
+
+// endDirect unregisters the direct operation [off, off+length) and lets the write-backs it held
+// back go.
+func (c *Cache) endDirect(off, length int64) {
+	c.directMu.Lock()
+	for i, r := range c.direct {
+		if r.off == off && r.end == off+length {
+			c.direct = append(c.direct[:i], c.direct[i+1:]...)
+			break
+		}
+	}
+	c.directActive.Add(-1)
+	c.directMu.Unlock()
+	c.progress.broadcast()
+	c.doKick()
+}
+
+// rangeAction is what invalidate does to the cached sectors of a range.
+type rangeAction int
+
+const (
+	// checkInflight changes nothing; invalidate only reports write-backs in flight.
+	checkInflight rangeAction = iota
+	// supersede drops clean sectors and overwrites the dirty ones with the operation's data
+	// (zeroes for discard and write-zeroes), which stay dirty. Dropping them instead would let a
+	// Flush that started earlier succeed before the operation reached the backend, and a crash
+	// then would bring back data older than what that Flush acknowledged. So nothing
+	// acknowledged leaves the cache before what replaces it is on the backend, and what is
+	// written back afterwards is the newer data (at worst the same bytes twice).
+	supersede
+)
+
+// invalidate applies act to the cached sectors of [off, off+length) (src holds the range's new
+// data for supersede, nil for zeroes) and reports whether a page of the range has a write-back in
+// flight.
+func (c *Cache) invalidate(off, length int64, act rangeAction, src []byte) (inflight bool) {
+	first, last := off/c.ps, (off+length-1)/c.ps
+	visit := func(pg int64, s int32) {
+		pageOff := pg * c.ps
+		lo := max(off, pageOff) - pageOff
+		hi := min(off+length, pageOff+c.ps) - pageOff
+		mask := c.sectorMask(lo, hi-lo)
+		sl := &c.slots[s]
+		c.dmu.Lock()
+		switch {
+		case act == checkInflight:
+		case sl.dirty != 0:
+			if src == nil {
+				clear(c.bufs[s][lo:hi])
+			} else {
+				copy(c.bufs[s][lo:hi], src[pageOff+lo-off:])
+			}
+			sl.valid |= mask
+			sl.dirty |= mask
+			sl.gen++ // a write-back in flight must not clean what it did not carry
+			sl.invalSeq++
+		default:
+			sl.valid &^= mask
+			sl.invalSeq++
+		}
+		if sl.inflight {
+			inflight = true
+		}
+		c.dmu.Unlock()
+	}
+	if last-first+1 <= int64(len(c.slots)) {
+		for pg := first; pg <= last; pg++ {
+			sh := c.shard(pg)
+			sh.mu.Lock()
+			if s, ok := sh.m[pg]; ok {
+				visit(pg, s)
+			}
+			sh.mu.Unlock()
+		}
+		return inflight
+	}
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		for pg, s := range sh.m {
+			if pg >= first && pg <= last {
+				visit(pg, s)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return inflight
+}
+
+// directOverlaps reports whether a direct operation is in flight over [off, off+n).
+func (c *Cache) directOverlaps(off, n int64) bool {
+	if c.directActive.Load() == 0 {
+		return false
+	}
+	c.directMu.Lock()
+	defer c.directMu.Unlock()
+	for _, r := range c.direct {
+		if r.off < off+n && off < r.end {
+			return true
+		}
+	}
+	return false
+}
+
+// blockedLocked reports whether write-back of page pg must wait for a direct operation.
+func (c *Cache) blockedLocked(pg int64) bool {
+	return c.directOverlaps(pg*c.ps, c.ps)
+}

@@ -1,0 +1,308 @@
+package cache
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+
+	"github.com/iser-blk/iser-blk/block"
+)
+
+// ReadAt serves p from cache pages where they are valid and fills the rest from the backend.
+func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.exit()
+	if err := block.CheckRange(c, off, int64(len(p))); err != nil {
+		return err
+	}
+	pos := int64(0)
+	for pos < int64(len(p)) {
+		page, pOff := (off+pos)/c.ps, (off+pos)%c.ps
+		n := min(c.ps-pOff, int64(len(p))-pos)
+		if !c.readHit(page, pOff, p[pos:pos+n]) {
+			// A concurrent miss (typically read-ahead) is already reading this page: wait
+			// for it rather than read the same bytes from the backend twice.
+			ch := c.progress.wait()
+			if !c.beingFilled(page) {
+				break
+			}
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return fmt.Errorf("cache: waiting for a fill: %w", block.ContextError(ctx.Err()))
+			}
+		}
+		pos += n
+	}
+	if pos == int64(len(p)) {
+		return nil
+	}
+	return c.readMiss(ctx, p[pos:], off+pos)
+}
+
+// ReadCached implements block.CachedReader: it copies p from cache pages when every sector of
+// it is valid there, without touching the backend or waiting for a fill in progress.
+func (c *Cache) ReadCached(p []byte, off int64) bool {
+	if c.enter() != nil {
+		return false
+	}
+	defer c.exit()
+	if len(p) == 0 || block.CheckRange(c, off, int64(len(p))) != nil {
+		return false
+	}
+	for pos := int64(0); pos < int64(len(p)); {
+		page, pOff := (off+pos)/c.ps, (off+pos)%c.ps
+		n := min(c.ps-pOff, int64(len(p))-pos)
+		if !c.readHit(page, pOff, p[pos:pos+n]) {
+			return false
+		}
+		pos += n
+	}
+	return true
+}
+
+var _ block.CachedReader = (*Cache)(nil)
+
+func (c *Cache) beingFilled(page int64) bool {
+	sh := c.shard(page)
+	sh.mu.Lock()
+	s, ok := sh.m[page]
+	filling := ok && c.slots[s].filling
+	sh.mu.Unlock()
+	return filling
+}
+
+// Sequential detection runs on misses only, so hits stay cheap: each stream slot holds the
+// offset where the stream's next miss is expected (the end of what its last miss filled,
+// read-ahead included). A miss there is sequential; any other miss takes a slot round-robin.
+func (c *Cache) sequentialMiss(off int64) (slot int, ok bool) {
+	for i := range c.streams {
+		if c.streams[i].Load() == off {
+			return i, true
+		}
+	}
+	return int(c.streamNext.Add(1) % uint32(len(c.streams))), false
+}
+
+func (c *Cache) readHit(page, pOff int64, dst []byte) bool {
+	sh := c.shard(page)
+	sh.mu.Lock()
+	s, ok := sh.m[page]
+	if !ok {
+		sh.mu.Unlock()
+		return false
+	}
+	sl := &c.slots[s]
+	need := c.sectorMask(pOff, int64(len(dst)))
+	if sl.valid&need != need {
+		sh.mu.Unlock()
+		return false
+	}
+	copy(dst, c.bufs[s][pOff:])
+	sl.ref = true
+	sh.hits++
+	sh.mu.Unlock()
+	return true
+}
+
+type fillPage struct {
+	slot     int32 // -1: not cached
+	invalSeq uint32
+	created  bool // this fill inserted the page (and set its filling flag)
+}
+
+// readMiss reads [off, off+len(p)) (page-aligned, plus read-ahead when sequential) from the
+// backend into placeholder pages, merges it with what the cache holds and copies p out.
+func (c *Cache) readMiss(ctx context.Context, p []byte, off int64) error {
+	stream, sequential := c.sequentialMiss(off)
+	filledEnd := off + int64(len(p))
+	defer func() { c.streams[stream].Store(filledEnd) }()
+	first := off / c.ps
+	last := (off + int64(len(p)) - 1) / c.ps
+	reqLast := last
+	lastDev := (c.size - 1) / c.ps
+	if sequential && c.cfg.raPages > 0 {
+		last = min(last+c.cfg.raPages, lastDev)
+	}
+	maxPages := c.cfg.maxJob / c.ps
+	if c.lim.MaxTransfer > 0 {
+		maxPages = max(1, c.lim.MaxTransfer/c.ps)
+	}
+	fills := make([]fillPage, 0, min(last-first+1, maxPages))
+	for a := first; a <= last; {
+		b := min(last, a+maxPages-1)
+		if a > reqLast { // pure read-ahead chunk: stop at a page we already have
+			b = c.trimReadAhead(a, b)
+			if b < a {
+				break
+			}
+		}
+		fills = fills[:0]
+		for pg := a; pg <= b; pg++ {
+			fills = append(fills, c.placeholder(pg, pg > reqLast))
+		}
+		// Read-ahead pages found cached by placeholder() were not pinned; trim them off the tail.
+		for b > reqLast && len(fills) > 0 && fills[len(fills)-1].slot == -2 {
+			fills = fills[:len(fills)-1]
+			b--
+		}
+		if b < a {
+			break
+		}
+		install := !c.directOverlaps(a*c.ps, (b-a+1)*c.ps)
+		err := c.fillChunk(ctx, p, off, a, b, reqLast, fills, install)
+		if err != nil {
+			return err
+		}
+		if a > reqLast || b >= reqLast {
+			filledEnd = max(filledEnd, min((b+1)*c.ps, c.size))
+		}
+		a = b + 1
+	}
+	return nil
+}
+
+// trimReadAhead returns the last page of [a, b] before the first cached page.
+func (c *Cache) trimReadAhead(a, b int64) int64 {
+	for pg := a; pg <= b; pg++ {
+		sh := c.shard(pg)
+		sh.mu.Lock()
+		_, ok := sh.m[pg]
+		sh.mu.Unlock()
+		if ok {
+			return pg - 1
+		}
+	}
+	return b
+}
+
+// placeholder pins the page (inserting an empty one if absent and a slot can be had). For
+// read-ahead pages that are already cached it returns slot -2 (nothing to do).
+func (c *Cache) placeholder(pg int64, readAhead bool) fillPage {
+	sh := c.shard(pg)
+	for {
+		sh.mu.Lock()
+		if s, ok := sh.m[pg]; ok {
+			sl := &c.slots[s]
+			if readAhead && sl.valid == c.full {
+				sh.mu.Unlock()
+				return fillPage{slot: -2}
+			}
+			sl.pins++
+			fp := fillPage{slot: s, invalSeq: sl.invalSeq}
+			sh.mu.Unlock()
+			return fp
+		}
+		sh.mu.Unlock()
+		s := c.allocSlot(pg)
+		if s < 0 {
+			return fillPage{slot: -1}
+		}
+		if invalSeq, ok := c.insertPage(pg, s, true); ok {
+			return fillPage{slot: s, invalSeq: invalSeq, created: true}
+		}
+	}
+}
+
+// stagingError names a failure to get a staging buffer from Config.IOPool: the caller's context
+// (block.ErrCanceled or ErrTimeout), or else an I/O error.
+func stagingError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("cache: staging buffer: %w", block.ContextError(err))
+	}
+	return fmt.Errorf("cache: staging buffer: %w: %w", block.ErrIO, err)
+}
+
+func (c *Cache) staging(ctx context.Context, n int) ([]byte, func(), error) {
+	if c.cfg.IOPool != nil && n <= c.cfg.IOPool.MaxClass() {
+		b, err := c.cfg.IOPool.Get(ctx, n)
+		if err != nil {
+			return nil, nil, stagingError(ctx, err)
+		}
+		return b, func() { c.cfg.IOPool.Put(b) }, nil
+	}
+	return make([]byte, n), func() {}, nil
+}
+
+func (c *Cache) fillChunk(ctx context.Context, p []byte, off, a, b, reqLast int64, fills []fillPage, install bool) (err error) {
+	n := (b - a + 1) * c.ps
+	if end := c.size; a*c.ps+n > end {
+		n = end - a*c.ps
+	}
+	buf, release, err := c.staging(ctx, int(n))
+	if err == nil {
+		defer release()
+		err = c.be.ReadAt(ctx, buf, a*c.ps)
+		if err != nil {
+			err = fmt.Errorf("cache: read miss [%d, +%d): %w", a*c.ps, n, err)
+		}
+	}
+	for i, fp := range fills {
+		pg := a + int64(i)
+		pageData := buf
+		if err == nil {
+			lo := int64(i) * c.ps
+			pageData = buf[lo:min(lo+c.ps, n)]
+		}
+		c.finishFill(pg, fp, pageData, install && err == nil, p, off, pg <= reqLast, err == nil)
+	}
+	c.st.misses.Add(uint64(min(b, reqLast) - a + 1))
+	if b > reqLast {
+		c.st.readAhead.Add(uint64((b - reqLast) * c.ps))
+	}
+	c.progress.broadcast() // unpinned pages may now be evictable
+	return err
+}
+
+// finishFill installs a filled page (if still wanted), copies the requested part out and unpins.
+func (c *Cache) finishFill(pg int64, fp fillPage, data []byte, install bool, p []byte, off int64, requested, haveData bool) {
+	sh := c.shard(pg)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	var sl *slot
+	var s int32 = -1
+	if fp.slot >= 0 {
+		s = fp.slot
+		sl = &c.slots[s]
+		sl.pins--
+		if fp.created {
+			sl.filling = false
+		}
+		if install && sl.invalSeq == fp.invalSeq {
+			have := c.full // the last page of a device may be cut short
+			if int64(len(data)) < c.ps {
+				have = c.sectorMask(0, int64(len(data)))
+			}
+			page := c.bufs[s]
+			for m := have &^ sl.valid; m != 0; m &= m - 1 {
+				k := int64(bits.TrailingZeros64(m))
+				copy(page[k*c.bs:(k+1)*c.bs], data[k*c.bs:])
+			}
+			sl.valid |= have
+		}
+	} else if cur, ok := sh.m[pg]; ok {
+		s, sl = cur, &c.slots[cur]
+	}
+	if !requested || !haveData {
+		return
+	}
+	// Copy out the part of p in this page: valid sectors from the page, others from the backend.
+	pageOff := pg * c.ps
+	lo := max(off, pageOff)
+	hi := min(off+int64(len(p)), pageOff+c.ps)
+	for x := lo; x < hi; x += c.bs {
+		k := (x - pageOff) / c.bs
+		dst := p[x-off : x-off+c.bs]
+		if sl != nil && sl.valid&(1<<uint(k)) != 0 {
+			copy(dst, c.bufs[s][k*c.bs:])
+		} else {
+			copy(dst, data[k*c.bs:])
+		}
+	}
+	if sl != nil {
+		sl.ref = true
+	}
+}

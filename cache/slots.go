@@ -1,0 +1,131 @@
+package cache
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/iser-blk/iser-blk/block"
+)
+
+const nShards = 256
+
+type shard struct {
+	mu   sync.Mutex
+	m    map[int64]int32 // page number → slot
+	hits uint64          // pages served from this shard (guarded by mu: no shared counter on the hit path)
+	_    [32]byte
+}
+
+type slot struct {
+	page int64 // written under allocMu; -1 while free or being inserted
+
+	// guarded by the shard lock of page
+	valid    uint64
+	pins     int32
+	ref      bool
+	filling  bool // a miss is reading this (new) page from the backend
+	invalSeq uint32
+
+	busy atomic.Uint32 // dirty != 0 || inflight; written under dmu (and the shard lock when set)
+
+	// guarded by dmu
+	dirty      uint64
+	gen        uint64
+	inflight   bool
+	dirtySeq   uint64
+	dirtyAt    int64 // monotonic nanoseconds
+	prev, next int32 // FIFO links, -1 terminated
+}
+
+// allocSlot returns a free slot for page pg, evicting a clean page with the CLOCK algorithm, or
+// -1 if every page is dirty, in write-back or pinned.
+func (c *Cache) allocSlot(pg int64) int32 {
+	c.allocMu.Lock()
+	defer c.allocMu.Unlock()
+	if n := len(c.freeSlots); n > 0 {
+		s := c.freeSlots[n-1]
+		c.freeSlots = c.freeSlots[:n-1]
+		c.slots[s].page = pg
+		return s
+	}
+	for i := 0; i < 2*len(c.slots); i++ {
+		s := int32(c.hand)
+		c.hand++
+		if c.hand == len(c.slots) {
+			c.hand = 0
+		}
+		sl := &c.slots[s]
+		if sl.page < 0 {
+			continue
+		}
+		sh := c.shard(sl.page)
+		sh.mu.Lock()
+		if cur, ok := sh.m[sl.page]; !ok || cur != s || sl.pins > 0 || sl.busy.Load() != 0 {
+			sh.mu.Unlock()
+			continue
+		}
+		if sl.ref && sl.valid != 0 {
+			sl.ref = false
+			sh.mu.Unlock()
+			continue
+		}
+		delete(sh.m, sl.page)
+		sl.valid = 0
+		sl.invalSeq++
+		sh.mu.Unlock()
+		c.st.evictions.Add(1)
+		sl.page = pg
+		return s
+	}
+	return -1
+}
+
+// insertPage enters slot s (fresh from allocSlot) into the index as page pg with no valid
+// sectors: pinned and marked filling for a miss (fill), referenced for a write. If another
+// goroutine inserted pg meanwhile, s goes back to the free list and ok is false (the caller looks
+// the page up again). invalSeq is the new page's, read under the shard lock.
+func (c *Cache) insertPage(pg int64, s int32, fill bool) (invalSeq uint32, ok bool) {
+	sh := c.shard(pg)
+	sh.mu.Lock()
+	if _, ok := sh.m[pg]; ok {
+		sh.mu.Unlock()
+		c.freeSlot(s)
+		return 0, false
+	}
+	sl := &c.slots[s]
+	sl.valid, sl.ref, sl.filling = 0, !fill, fill
+	sl.pins = 0
+	if fill {
+		sl.pins = 1
+	}
+	sh.m[pg] = s
+	invalSeq = sl.invalSeq
+	sh.mu.Unlock()
+	return invalSeq, true
+}
+
+func (c *Cache) freeSlot(s int32) {
+	c.allocMu.Lock()
+	c.slots[s].page = -1
+	c.freeSlots = append(c.freeSlots, s)
+	c.allocMu.Unlock()
+}
+
+func (c *Cache) allocSlotWait(ctx context.Context, page int64) (int32, error) {
+	for {
+		ch := c.progress.wait()
+		if s := c.allocSlot(page); s >= 0 {
+			return s, nil
+		}
+		c.doKick()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return -1, fmt.Errorf("cache: waiting for a free page: %w", block.ContextError(ctx.Err()))
+		case <-c.stop:
+			return -1, fmt.Errorf("cache: %w", block.ErrClosed)
+		}
+	}
+}

@@ -1,0 +1,60 @@
+package cache
+
+// Stats is a snapshot of the cache's counters.
+type Stats struct {
+	Mode             string
+	SizeBytes        int64  // page budget
+	CachedBytes      int64  // pages holding data
+	DirtyBytes       int64  // dirty pages × page size (what Flush still has to write)
+	DirtyLimitBytes  int64  // high watermark
+	Hits, Misses     uint64 // pages served from cache / read from the backend
+	ReadAheadBytes   uint64
+	WriteBackBytes   uint64
+	WriteBackErrors  uint64
+	WriteAroundBytes uint64 // written straight to the backend (Config.WriteAround)
+	Flushes          uint64
+	FlushErrors      uint64
+	ThrottledWrites  uint64 // writes that waited for dirty room
+	ThrottledNow     int    // writers waiting for dirty room right now
+	Evictions        uint64
+}
+
+// Stats returns a snapshot of the counters.
+func (c *Cache) Stats() Stats {
+	c.allocMu.Lock()
+	cached := int64(len(c.slots)-len(c.freeSlots)) * c.ps
+	c.allocMu.Unlock()
+	return Stats{
+		Mode:             c.cfg.Mode.String(),
+		SizeBytes:        int64(len(c.slots)) * c.ps,
+		CachedBytes:      cached,
+		DirtyBytes:       c.dirtyPages.Load() * c.ps,
+		DirtyLimitBytes:  c.cfg.limitPages * c.ps,
+		Hits:             c.hits(),
+		Misses:           c.st.misses.Load(),
+		ReadAheadBytes:   c.st.readAhead.Load(),
+		WriteBackBytes:   c.st.wbBytes.Load(),
+		WriteBackErrors:  c.st.wbErrors.Load(),
+		WriteAroundBytes: c.st.writeAround.Load(),
+		Flushes:          c.st.flushes.Load(),
+		FlushErrors:      c.st.flushErrors.Load(),
+		ThrottledWrites:  c.st.throttledWrites.Load(),
+		ThrottledNow:     int(c.throttled.Load()),
+		Evictions:        c.st.evictions.Load(),
+	}
+}
+
+func (c *Cache) hits() uint64 {
+	var n uint64
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		n += sh.hits
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// DirtyBytes is what a Flush (or Close) still has to write back; cheap enough to poll for a
+// shutdown progress line.
+func (c *Cache) DirtyBytes() int64 { return c.dirtyPages.Load() * c.ps }

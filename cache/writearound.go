@@ -1,0 +1,115 @@
+package cache
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/iser-blk/iser-blk/block"
+)
+
+// Write-around: a write of at least Config.WriteAround bytes, or of a quarter of that continuing
+// a sequential stream that has written WriteAround bytes already, goes from the caller's buffer
+// straight to the backend instead of through the pages (bcache's sequential cutoff). Caching it would copy every byte twice (into pages, then into a write-back's staging
+// buffer) and book every page, which made write-back half as fast as no cache for large
+// sequential writes; a request this large gains nothing from coalescing, and what it writes is
+// rarely read back soon.
+//
+// It is a direct operation (see direct.go) with one difference: the dirty pages it overlaps are
+// not dropped but overwritten with the new data and stay dirty (supersede). So nothing
+// acknowledged ever leaves the cache before the write that replaces it reached the backend: a
+// Flush that started before still finds the page dirty and waits for it, and what is written
+// back afterwards is the newer data. Clean cached sectors of the range are dropped, fills of the
+// range in flight do not install (the invalidation bumps invalSeq), write-backs of the range in
+// flight finish before the backend write is issued and none starts until it returned, so the
+// backend never sees an older write-back land after it. The backend write carries FUA when the
+// caller asked for it (or is followed by a backend Flush when the backend has no FUA).
+
+// writesAround reports whether a write of n bytes at off goes around the pages: when it is at
+// least Config.WriteAround bytes, or at least a quarter of that and it continues a sequential
+// stream that has written WriteAround bytes in a row already (a file copied through the kernel
+// arrives in requests of 128 KiB and up). It only reads the streams; noteWrite records the write.
+func (c *Cache) writesAround(off int64, n int) bool {
+	wa := c.cfg.WriteAround
+	switch {
+	case wa <= 0 || int64(n) < wa/4:
+		return false
+	case int64(n) >= wa:
+		return true
+	}
+	for i := range c.wstreams {
+		if c.wstreams[i].next.Load() == off {
+			return c.wstreams[i].run.Load() >= wa
+		}
+	}
+	return false
+}
+
+// writeStream is a sequential write stream: where its next write is expected, how many bytes it
+// has written in a row, and when it was last written (Cache.wclock). Its fields are read and
+// written without a lock: a lost update only routes one write through the pages instead of around
+// them, or the reverse, and both are correct.
+type writeStream struct {
+	next, run, used atomic.Int64
+}
+
+// noteWrite records a write of n bytes at off in the sequential write streams: it extends the
+// stream it continues, or replaces the least recently written one (replacing round-robin would
+// let each new stream evict an active one, whose next write would then evict another, and so on:
+// no stream would ever reach the cutoff). Writes smaller than a quarter of WriteAround are not
+// tracked: small sequential writes stay cached, where they are acknowledged at once and coalesced.
+func (c *Cache) noteWrite(off int64, n int) {
+	wa := c.cfg.WriteAround
+	if wa <= 0 || int64(n) < wa/4 {
+		return
+	}
+	now := c.wclock.Add(1)
+	victim := &c.wstreams[0]
+	for i := range c.wstreams {
+		ws := &c.wstreams[i]
+		if ws.next.Load() == off {
+			ws.run.Add(int64(n))
+			ws.next.Store(off + int64(n))
+			ws.used.Store(now)
+			return
+		}
+		if ws.used.Load() < victim.used.Load() {
+			victim = ws
+		}
+	}
+	victim.run.Store(int64(n))
+	victim.next.Store(off + int64(n))
+	victim.used.Store(now)
+}
+
+// writeAround writes p (non-empty, in range) at off to the backend, keeping the cached pages of
+// the range consistent with it (see above).
+func (c *Cache) writeAround(ctx context.Context, p []byte, off int64, flags block.WriteFlags) error {
+	length := int64(len(p))
+	defer c.endDirect(off, length)
+	if err := c.beginDirect(ctx, off, length, supersede, p); err != nil {
+		return err
+	}
+	fua := flags&block.FUA != 0
+	var beFlags block.WriteFlags
+	if fua && c.lim.CanFUA {
+		beFlags = block.FUA
+	}
+	for pos := int64(0); pos < length; {
+		n := length - pos
+		if mt := c.lim.MaxTransfer; mt > 0 && n > mt {
+			n = mt / c.bs * c.bs
+		}
+		if err := c.be.WriteAt(ctx, p[pos:pos+n], off+pos, beFlags); err != nil {
+			return fmt.Errorf("cache: write-around [%d, +%d): %w", off+pos, n, err)
+		}
+		pos += n
+	}
+	if fua && beFlags == 0 && c.lim.CanFlush {
+		if err := c.be.Flush(ctx); err != nil {
+			return fmt.Errorf("cache: flush for FUA emulation: %w", err)
+		}
+	}
+	c.st.writeAround.Add(uint64(length))
+	return nil
+}
