@@ -9,7 +9,7 @@
 // skipped, and a command its connection loss failed is re-issued on another. Features the LUN lacks
 // are emulated: FUA by WRITE + SYNCHRONIZE CACHE, WRITE ZEROES by writing zero buffers.
 //
-// Over sessions (Recoverable executors) the device also keeps its paths alive: keepalive, a
+// Over sessions (recoverable executors) the device also keeps its paths alive: keepalive, a
 // command watchdog, session reinstatement, re-issue of the commands a connection loss failed
 // (in order of arrival), a replacement timeout, failover between portals and ALUA preference
 // (recovery.go, replay.go, alua.go; docs/reliability.md).
@@ -17,6 +17,13 @@
 // SubmitAt (submit.go) is the asynchronous form of a one-command ReadAt/WriteAt for frontends that
 // serve many requests from one goroutine: the first attempt completes on the session's reader,
 // anything but a final answer falls back to the synchronous path with all of the above.
+//
+// The public surface is what cmd/iser-blk and the tests use: Open, NewDevice, Options, the
+// target URL (ParseURL), Discover, UsePool, CHAP and the sentinel errors. The protocol lives
+// under internal/: pdu (the RFC 7143 codec), login, session (the full-feature phase),
+// transport (TCP), rdma (iSER, RFC 7145) and discovery (SendTargets). scsi (commands, sense)
+// stays public because NewDevice takes scsi.Executors; iscsitest is an in-process target for
+// tests.
 //
 // Invariants: every request is range-checked (block.CheckRange) before anything is sent; every
 // error wraps exactly one block sentinel; the single-command hot path (ReadAt/WriteAt within the
@@ -34,23 +41,23 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/iser-blk/iser-blk/backend/iser/internal/session"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
-	"github.com/iser-blk/iser-blk/backend/iser/session"
 	"github.com/iser-blk/iser-blk/block"
 )
 
-// TransferLimiter is implemented by an Executor whose transport caps the data one SCSI command
+// transferLimiter is implemented by an Executor whose transport caps the data one SCSI command
 // may carry (tgt's iSER target fails commands over 512 KiB). The Device splits requests below
 // the smallest cap of all its sessions.
-type TransferLimiter interface {
+type transferLimiter interface {
 	MaxCommandData() int64
 }
 
 // Default request caps used when the LUN reports none.
 const (
-	// DefaultMaxTransfer bounds a command when Block Limits says nothing: large enough for
+	// defaultMaxTransfer bounds a command when Block Limits says nothing: large enough for
 	// throughput, small enough that a target without stated limits accepts it.
-	DefaultMaxTransfer = 8 << 20
+	defaultMaxTransfer = 8 << 20
 	// maxSaneTransfer caps what a target's Block Limits page may claim (see probe).
 	maxSaneTransfer = 32 << 20
 	// defaultMaxWriteSameBlocks is Linux sd's WRITE SAME(16) cap when the LUN reports none.
@@ -61,12 +68,6 @@ const (
 	zeroBufMax = 1 << 20
 )
 
-// ErrLUNNotFound is returned by Open and NewDevice when the target has no such logical unit.
-var ErrLUNNotFound = errors.New("logical unit not found")
-
-// ErrNotDisk is returned when the logical unit is not a direct-access block device.
-var ErrNotDisk = errors.New("logical unit is not a disk")
-
 // wsState is what is known about WRITE SAME(16) support.
 const (
 	wsUnknown int32 = iota // try it; an INVALID OPERATION CODE settles it
@@ -74,13 +75,13 @@ const (
 	wsNo
 )
 
-// path is one session (or any Executor), its counters and, for a Recoverable one, the state its
+// path is one session (or any Executor), its counters and, for a recoverable one, the state its
 // maintainer keeps (recovery.go).
 type path struct {
 	ex          scsi.Executor
-	name        string      // portal, for logs and PathStats
-	liveness    Liveness    // nil: always considered connected
-	rec         Recoverable // nil: no keepalive or reinstatement
+	name        string              // portal, for logs and PathStats
+	liveness    connectedExecutor   // nil: always considered connected
+	rec         recoverableExecutor // nil: no keepalive or reinstatement
 	outstanding atomic.Int64
 	commands    atomic.Uint64
 	lastActive  atomic.Int64 // unix ns of the last completion (or of the first command after idle)
@@ -100,10 +101,10 @@ func (p *path) idle() time.Duration {
 	return time.Duration(time.Now().UnixNano() - p.lastActive.Load())
 }
 
-// Liveness is implemented by an Executor that knows whether its connection is up (a
+// connectedExecutor is implemented by an Executor that knows whether its connection is up (a
 // session.Session). The Device steers commands away from paths that are down, so a dead session,
 // which fails commands instantly and so always looks least loaded, does not attract all of them.
-type Liveness interface {
+type connectedExecutor interface {
 	Connected() bool
 }
 
@@ -153,7 +154,7 @@ type Device struct {
 	closed atomic.Bool
 
 	rec        Recovery
-	recovering bool // some path is Recoverable: commands wait for a path instead of failing
+	recovering bool // some path is recoverable: commands wait for a path instead of failing
 	state      pathState
 	bg         context.Context // the maintainers' life; nil without recoverable paths
 	bgCancel   context.CancelFunc
@@ -220,8 +221,8 @@ func NewDevice(ctx context.Context, execs []scsi.Executor, lun uint16, opts Opti
 		if i < len(opts.pathNames) {
 			p.name = opts.pathNames[i]
 		}
-		p.liveness, _ = ex.(Liveness)
-		p.rec, _ = ex.(Recoverable)
+		p.liveness, _ = ex.(connectedExecutor)
+		p.rec, _ = ex.(recoverableExecutor)
 		d.recovering = d.recovering || p.rec != nil
 		d.paths = append(d.paths, p)
 	}

@@ -12,24 +12,20 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/iser-blk/iser-blk/backend/iser/discovery"
-	"github.com/iser-blk/iser-blk/backend/iser/login"
-	"github.com/iser-blk/iser-blk/backend/iser/rdma"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/discovery"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/login"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/rdma"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/session"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/transport"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
-	"github.com/iser-blk/iser-blk/backend/iser/session"
-	"github.com/iser-blk/iser-blk/backend/iser/transport"
 )
-
-// ErrTransportUnavailable is returned by Open when the URL's transport is not built in (iser://
-// in a binary built without RDMA support).
-var ErrTransportUnavailable = errors.New("transport not available")
 
 // maxSessions bounds Options.Sessions: more sessions than this only add login time.
 const maxSessions = 32
 
 // Open connects to the LUN named by url (iscsi://[user@]host[:port]/IQN/LUN or iser://...),
 // logs in opts.Sessions sessions, probes the LUN and returns the Device. Login errors keep their
-// login sentinels (login.ErrAuthFailed, login.ErrTargetNotFound, login.ErrPortalUnreachable...)
+// sentinels (ErrAuthFailed, ErrTargetNotFound, ErrPortalUnreachable...)
 // so a caller can tell them apart; a missing LUN is ErrLUNNotFound.
 func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 	t, err := ParseURL(url)
@@ -43,9 +39,8 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 	opts.Logger = log
 	dialer, err := transport.Lookup(t.Transport)
 	if err != nil {
-		if t.Transport == "iser" {
-			return nil, fmt.Errorf("iser: built without RDMA support (no iser transport): %w", ErrTransportUnavailable)
-		}
+		// Only a scheme ParseURL accepts gets here, and both are always registered (iser:// by a
+		// stub without RDMA support, whose dial fails with ErrNoRDMA): defensive.
 		return nil, fmt.Errorf("iser: %w: %w", ErrTransportUnavailable, err)
 	}
 	if opts.InitiatorName == "" {
@@ -114,8 +109,8 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 			LoginTimeout:  opts.LoginTimeout,
 			Logger:        sessionLog,
 		}
-		if opts.Proposal != nil {
-			cfgs[i].Proposal = *opts.Proposal
+		if opts.proposal != nil {
+			cfgs[i].Proposal = *opts.proposal
 		}
 		names[i] = pt.Portal()
 	}

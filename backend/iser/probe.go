@@ -216,7 +216,7 @@ func (d *Device) probe(ctx context.Context, opts Options) error {
 	d.ws.Store(ws)
 
 	// Transfer limits, in blocks.
-	maxX := uint64(DefaultMaxTransfer) >> d.shift
+	maxX := uint64(defaultMaxTransfer) >> d.shift
 	if bl.MaxTransferLength != 0 {
 		// Some targets report their backstore's limit (LIO's RAM disk: 2 TiB). A command larger
 		// than maxSaneTransfer gains no throughput and ties up a huge slice of the caller's
@@ -225,7 +225,7 @@ func (d *Device) probe(ctx context.Context, opts Options) error {
 	}
 	capBytes := opts.MaxTransfer
 	for _, p := range d.paths {
-		if tl, ok := p.ex.(TransferLimiter); ok {
+		if tl, ok := p.ex.(transferLimiter); ok {
 			if m := tl.MaxCommandData(); m > 0 && (capBytes == 0 || m < capBytes) {
 				capBytes = m
 			}

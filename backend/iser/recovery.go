@@ -37,10 +37,10 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 )
 
-// Recoverable is an Executor whose connection can be watched and re-established (a
+// recoverableExecutor is an Executor whose connection can be watched and re-established (a
 // *session.Session). The Device runs a maintainer goroutine for each one.
-type Recoverable interface {
-	Liveness
+type recoverableExecutor interface {
+	connectedExecutor
 	// Login (re)establishes the connection (reinstating the session after a loss).
 	Login(ctx context.Context) error
 	// Done is closed when the current connection ends (nil when there is none).
@@ -53,10 +53,10 @@ type Recoverable interface {
 	Drop(cause error)
 }
 
-// TaskManager is implemented by an Executor that can end stuck commands with task management
+// taskManager is implemented by an Executor that can end stuck commands with task management
 // functions (a *session.Session): the command watchdog tries them before dropping the
 // connection.
-type TaskManager interface {
+type taskManager interface {
 	// AbortOutstanding sends ABORT TASK for every outstanding command; the ones the target
 	// confirms fail with session.ErrTaskAborted (and are re-issued). An error means some were
 	// not confirmed.
@@ -374,7 +374,7 @@ func (d *Device) watch(p *path, log *zap.Logger) {
 // returns false when it dropped the connection.
 func (d *Device) unstick(p *path, idle time.Duration, log *zap.Logger) bool {
 	n := p.outstanding.Load()
-	tm, _ := p.ex.(TaskManager)
+	tm, _ := p.ex.(taskManager)
 	step := int(p.escalation.Load())
 	if tm == nil {
 		step = escDrop

@@ -20,7 +20,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
-	"github.com/iser-blk/iser-blk/backend/iser/rdma"
 	"github.com/iser-blk/iser-blk/backend/memdev"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/cache"
@@ -74,7 +73,7 @@ func openStack(ctx context.Context, tf *targetFlags, ef *exportFlags, log *zap.L
 	}()
 	// iSER connections register the pool's regions once and hand its buffers (NBD payloads,
 	// cache staging) to the target without a copy; without RDMA this does nothing.
-	if err = rdma.SetPool(p); err != nil {
+	if err = iser.UsePool(p); err != nil {
 		return nil, nil, 0, fmt.Errorf("registering the buffer pool for RDMA: %w", err)
 	}
 	target, err := openTarget(ctx, tf, ef, log)

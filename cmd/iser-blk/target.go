@@ -21,8 +21,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
-	"github.com/iser-blk/iser-blk/backend/iser/login"
-	"github.com/iser-blk/iser-blk/backend/iser/rdma"
 )
 
 // Environment variables holding CHAP secrets.
@@ -124,7 +122,7 @@ func readSecret(path, env string) (secret string, ok bool, err error) {
 }
 
 // chap builds the CHAP credentials: nil when no user is named (by flag or URL).
-func (tf *targetFlags) chap(urlUser string) (*login.CHAP, error) {
+func (tf *targetFlags) chap(urlUser string) (*iser.CHAP, error) {
 	user := tf.chapUser
 	if urlUser != "" {
 		if user != "" && user != urlUser {
@@ -145,7 +143,7 @@ func (tf *targetFlags) chap(urlUser string) (*login.CHAP, error) {
 	if !ok {
 		return nil, usagef("CHAP user %q needs a secret: --chap-secret-file or $%s", user, envCHAPSecret)
 	}
-	c := &login.CHAP{User: user, Secret: secret}
+	c := &iser.CHAP{User: user, Secret: secret}
 	mutual, ok, err := readSecret(tf.targetSecretFile, envCHAPSecretMutual)
 	if err != nil {
 		return nil, err
@@ -254,17 +252,17 @@ func exitCode(err error) int {
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.As(err, &ue), errors.Is(err, iser.ErrBadURL), errors.Is(err, login.ErrConfig):
+	case errors.As(err, &ue), errors.Is(err, iser.ErrBadURL), errors.Is(err, iser.ErrLoginConfig):
 		return exitUsage
-	case errors.Is(err, login.ErrAuthFailed), errors.Is(err, login.ErrAuthorization):
+	case errors.Is(err, iser.ErrAuthFailed), errors.Is(err, iser.ErrAuthorization):
 		return exitAuth
-	case errors.Is(err, login.ErrTargetNotFound), errors.Is(err, login.ErrTargetRemoved), errors.Is(err, iser.ErrLUNNotFound):
+	case errors.Is(err, iser.ErrTargetNotFound), errors.Is(err, iser.ErrTargetRemoved), errors.Is(err, iser.ErrLUNNotFound):
 		return exitNotFound
-	case errors.Is(err, iser.ErrTransportUnavailable), errors.Is(err, rdma.ErrNoRDMA), errors.Is(err, syscall.ENODEV):
+	case errors.Is(err, iser.ErrTransportUnavailable), errors.Is(err, iser.ErrNoRDMA), errors.Is(err, syscall.ENODEV):
 		// A build without rdma-core, or no RDMA device: checked before "unreachable", which
 		// the login layer also reports for these dial failures.
 		return exitNoKernel
-	case errors.Is(err, login.ErrPortalUnreachable):
+	case errors.Is(err, iser.ErrPortalUnreachable):
 		return exitUnreachable
 	}
 	return exitFailure

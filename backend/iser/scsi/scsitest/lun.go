@@ -9,6 +9,10 @@
 // Faults (any status or sense, or an Executor error) can be injected per operation code, a
 // UNIT ATTENTION can be made pending, a Hook can hold commands to observe concurrency, and an
 // optional operation log records what was executed.
+//
+// It is public, like net/http/httptest, because tests outside backend/iser use it: frontend/nbd's
+// integration test and test/e2e/recovery serve a scsitest LUN through iser.NewDevice or
+// backend/iser/iscsitest.
 package scsitest
 
 import (
