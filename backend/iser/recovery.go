@@ -222,25 +222,36 @@ func (d *Device) waitPath(ctx context.Context) error {
 		if d.closed.Load() {
 			return block.ErrClosed
 		}
-		var expire <-chan time.Time
-		if rt := d.rec.ReplacementTimeout; rt >= 0 {
-			left := time.Until(since.Add(rt))
-			if left <= 0 {
-				return fmt.Errorf("iser: no session to %s for %v (replacement timeout %v): %w",
-					d.info.URL, time.Since(since).Round(time.Millisecond), rt, block.ErrNoPath)
-			}
-			t := time.NewTimer(left)
-			defer t.Stop()
-			expire = t.C
-		}
-		select {
-		case <-ch:
-		case <-expire:
-		case <-d.bgDone():
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := d.awaitPathChange(ctx, ch, since); err != nil {
+			return err
 		}
 	}
+}
+
+// awaitPathChange waits, once, until the path state changes (ch), the replacement timeout
+// counted from since runs out, the device closes or ctx ends; only the last and an expired
+// timeout are errors. Its timer is stopped on return (a defer in waitPath's loop would keep
+// every iteration's timer until waitPath returned).
+func (d *Device) awaitPathChange(ctx context.Context, ch <-chan struct{}, since time.Time) error {
+	var expire <-chan time.Time
+	if rt := d.rec.ReplacementTimeout; rt >= 0 {
+		left := time.Until(since.Add(rt))
+		if left <= 0 {
+			return fmt.Errorf("iser: no session to %s for %v (replacement timeout %v): %w",
+				d.info.URL, time.Since(since).Round(time.Millisecond), rt, block.ErrNoPath)
+		}
+		t := time.NewTimer(left)
+		defer t.Stop()
+		expire = t.C
+	}
+	select {
+	case <-ch:
+	case <-expire:
+	case <-d.bgDone():
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
 }
 
 func (d *Device) bgDone() <-chan struct{} {

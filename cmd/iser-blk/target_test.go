@@ -178,8 +178,11 @@ func TestDiscoveryPortal(t *testing.T) {
 }
 
 func TestDefaultInitiatorName(t *testing.T) {
-	n := defaultInitiatorName()
-	if !strings.HasPrefix(n, "iqn.2025-01.io.iser-blk:") || n != defaultInitiatorName() {
+	if n, want := defaultInitiatorName(), initiatorNameFromFile(openISCSIInitiatorNameFile); want != "" && n != want {
+		t.Fatalf("default %q, but open-iscsi's file names %q", n, want)
+	}
+	n := hostInitiatorName()
+	if !strings.HasPrefix(n, "iqn.2025-01.io.iser-blk:") || n != hostInitiatorName() {
 		t.Fatalf("%q", n)
 	}
 	for _, c := range strings.TrimPrefix(n, "iqn.2025-01.io.iser-blk:") {

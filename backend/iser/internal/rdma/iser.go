@@ -809,4 +809,3 @@ func (ic *ISERConn) Close() error {
 }
 
 var _ transport.Conn = (*ISERConn)(nil)
-
