@@ -1,10 +1,14 @@
 package iser
 
 import (
+	"context"
 	"errors"
+	"fmt"
 
 	"github.com/iser-blk/iser-blk/backend/iser/internal/login"
 	"github.com/iser-blk/iser-blk/backend/iser/internal/rdma"
+	"github.com/iser-blk/iser-blk/backend/iser/scsi"
+	"github.com/iser-blk/iser-blk/block"
 )
 
 // The errors Open, NewDevice and Discover return, for callers that tell failures apart (the
@@ -41,3 +45,40 @@ type LoginError = login.Error
 // CHAP are CHAP credentials (RFC 7143 §12.1.3): the initiator's, and the target's for mutual
 // CHAP. They travel only in Options, never in a URL or a log.
 type CHAP = login.CHAP
+
+// Error mapping: what a request returns wraps exactly one block sentinel.
+
+// opError wraps a failure of op on [off, +n) so that it names the request and satisfies exactly
+// one block sentinel: SCSI errors and sentinel-carrying errors keep theirs, context errors stay
+// context errors, anything else (a transport failure) becomes ErrIO.
+func opError(op string, off, n int64, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || hasSentinel(err) {
+		return fmt.Errorf("iser: %s [%d, +%d): %w", op, off, n, err)
+	}
+	return fmt.Errorf("iser: %s [%d, +%d): %w: %w", op, off, n, block.ErrIO, err)
+}
+
+var sentinels = []error{block.ErrIO, block.ErrInvalid, block.ErrReadOnly, block.ErrNoSpace,
+	block.ErrNotSupported, block.ErrMedium, block.ErrTimeout, block.ErrClosed, block.ErrNoPath}
+
+func hasSentinel(err error) bool {
+	for _, s := range sentinels {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
+func isInvalidOpcode(err error) bool {
+	var se *scsi.SenseError
+	return errors.As(err, &se) && se.Key == scsi.KeyIllegalRequest && se.Code() == scsi.ASCInvalidOpcode
+}
+
+func isInvalidField(err error) bool {
+	var se *scsi.SenseError
+	return errors.As(err, &se) && se.Key == scsi.KeyIllegalRequest && se.Code() == scsi.ASCInvalidFieldInCDB
+}
