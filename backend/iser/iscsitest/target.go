@@ -316,37 +316,8 @@ func (c *conn) command(p *wire) error {
 	}
 	buf := make([]byte, edtl)
 	if cmd.Dir == scsi.DirWrite {
-		got := copy(buf, p.data)
-		// Unsolicited Data-Out until F (when the command itself did not carry F).
-		for final := b.Final(); !final; {
-			d, err := c.read()
-			if err != nil {
-				return err
-			}
-			if d.bhs.Opcode() != pdu.OpDataOut || d.bhs.ITT() != itt {
-				return fmt.Errorf("iscsitest: %v while waiting for unsolicited data", d.bhs.Opcode())
-			}
-			got += copy(buf[d.bhs.BufferOffset():], d.data)
-			final = d.bhs.Final()
-		}
-		// Solicit the rest with R2Ts, one burst at a time.
-		for r2tSN := uint32(0); got < edtl; r2tSN++ {
-			n := min(edtl-got, c.maxBurst)
-			var r pdu.BHS
-			pdu.EncodeR2T(&r, b.LUN(), itt, 0x1000+r2tSN, c.sns(), r2tSN, uint32(got), uint32(n))
-			if err := c.write(&r, nil, false, false); err != nil {
-				return err
-			}
-			for want := got + n; got < want; {
-				d, err := c.read()
-				if err != nil {
-					return err
-				}
-				if d.bhs.Opcode() != pdu.OpDataOut || d.bhs.ITT() != itt {
-					return fmt.Errorf("iscsitest: %v while waiting for solicited data", d.bhs.Opcode())
-				}
-				got += copy(buf[d.bhs.BufferOffset():], d.data)
-			}
+		if err := c.receiveWriteData(p, buf); err != nil {
+			return err
 		}
 	}
 	cmd.Data = buf
@@ -365,34 +336,7 @@ func (c *conn) command(p *wire) error {
 		}
 	}
 	if cmd.Dir == scsi.DirRead && resp.Status == scsi.StatusGood {
-		// Data-In in segments of the initiator's MaxRecvDataSegmentLength, status in the last.
-		n := edtl - int(max(resp.Residual, 0))
-		for off, sn := 0, uint32(0); ; sn++ {
-			seg := min(n-off, c.maxRecv)
-			last := off+seg >= n
-			var r pdu.BHS
-			var fl uint8
-			var resid uint32
-			sns := c.sns()
-			if last {
-				fl = pdu.FlagFinal | pdu.FlagStatus
-				if resp.Residual > 0 {
-					fl |= pdu.FlagUnderflow
-					resid = uint32(resp.Residual)
-				}
-				c.statSN++
-			} else {
-				sns.StatSN = 0 // reserved without S (§11.7.4)
-			}
-			pdu.EncodeDataIn(&r, fl, 0, seg, itt, pdu.ReservedTag, sns, sn, uint32(off), resid)
-			if err := c.write(&r, buf[off:off+seg], false, false); err != nil {
-				return err
-			}
-			off += seg
-			if last {
-				return nil
-			}
-		}
+		return c.sendDataIn(itt, buf[:edtl-int(max(resp.Residual, 0))], resp.Residual)
 	}
 	var sense []byte
 	if resp.SenseLen > 0 {
@@ -403,6 +347,77 @@ func (c *conn) command(p *wire) error {
 	pdu.EncodeSCSIResponse(&r, 0, 0, uint8(resp.Status), len(sense), itt, c.sns(), 0, 0)
 	c.statSN++
 	return c.write(&r, sense, false, false)
+}
+
+// receiveWriteData fills buf with a write's data: the immediate data p carried, unsolicited
+// Data-Out until F (when the command itself did not carry F), then the rest solicited with R2Ts,
+// one burst at a time (RFC 7143 §11.8).
+func (c *conn) receiveWriteData(p *wire, buf []byte) error {
+	b := &p.bhs
+	itt, edtl := b.ITT(), len(buf)
+	got := copy(buf, p.data)
+	for final := b.Final(); !final; {
+		d, err := c.read()
+		if err != nil {
+			return err
+		}
+		if d.bhs.Opcode() != pdu.OpDataOut || d.bhs.ITT() != itt {
+			return fmt.Errorf("iscsitest: %v while waiting for unsolicited data", d.bhs.Opcode())
+		}
+		got += copy(buf[d.bhs.BufferOffset():], d.data)
+		final = d.bhs.Final()
+	}
+	for r2tSN := uint32(0); got < edtl; r2tSN++ {
+		n := min(edtl-got, c.maxBurst)
+		var r pdu.BHS
+		pdu.EncodeR2T(&r, b.LUN(), itt, 0x1000+r2tSN, c.sns(), r2tSN, uint32(got), uint32(n))
+		if err := c.write(&r, nil, false, false); err != nil {
+			return err
+		}
+		for want := got + n; got < want; {
+			d, err := c.read()
+			if err != nil {
+				return err
+			}
+			if d.bhs.Opcode() != pdu.OpDataOut || d.bhs.ITT() != itt {
+				return fmt.Errorf("iscsitest: %v while waiting for solicited data", d.bhs.Opcode())
+			}
+			got += copy(buf[d.bhs.BufferOffset():], d.data)
+		}
+	}
+	return nil
+}
+
+// sendDataIn sends data in Data-In PDUs of the initiator's MaxRecvDataSegmentLength, the status
+// (GOOD, with residual as underflow) in the last (phase collapse, RFC 7143 §11.7).
+func (c *conn) sendDataIn(itt uint32, data []byte, residual int64) error {
+	n := len(data)
+	for off, sn := 0, uint32(0); ; sn++ {
+		seg := min(n-off, c.maxRecv)
+		last := off+seg >= n
+		var r pdu.BHS
+		var fl uint8
+		var resid uint32
+		sns := c.sns()
+		if last {
+			fl = pdu.FlagFinal | pdu.FlagStatus
+			if residual > 0 {
+				fl |= pdu.FlagUnderflow
+				resid = uint32(residual)
+			}
+			c.statSN++
+		} else {
+			sns.StatSN = 0 // reserved without S (§11.7.4)
+		}
+		pdu.EncodeDataIn(&r, fl, 0, seg, itt, pdu.ReservedTag, sns, sn, uint32(off), resid)
+		if err := c.write(&r, data[off:off+seg], false, false); err != nil {
+			return err
+		}
+		off += seg
+		if last {
+			return nil
+		}
+	}
 }
 
 func isRead(op byte) bool {
@@ -468,43 +483,9 @@ func (c *conn) login() error {
 		if err != nil {
 			return err
 		}
-		var out []login.KeyValue
-		for _, kv := range kvs {
-			first := kv.Value
-			if i := strings.IndexByte(first, ','); i >= 0 {
-				first = first[:i]
-			}
-			switch kv.Key {
-			case "AuthMethod":
-				out = append(out, login.KeyValue{Key: "AuthMethod", Value: "None"})
-			case "SessionType":
-				c.discovery = kv.Value == "Discovery"
-			case "InitiatorName", "InitiatorAlias":
-			case "TargetName":
-				if kv.Value != c.t.Name {
-					return fmt.Errorf("iscsitest: login to unknown target %q", kv.Value)
-				}
-			case "MaxRecvDataSegmentLength":
-				if n, err := strconv.Atoi(kv.Value); err == nil && n > 0 {
-					c.maxRecv = n
-				}
-			case "HeaderDigest", "DataDigest":
-				v := "None"
-				if c.t.opts.Digests && strings.Contains(kv.Value, "CRC32C") {
-					v = "CRC32C"
-				}
-				out = append(out, login.KeyValue{Key: kv.Key, Value: v})
-			case "MaxBurstLength", "FirstBurstLength":
-				n, _ := strconv.Atoi(first)
-				limit := &c.maxBurst
-				if kv.Key == "FirstBurstLength" {
-					limit = &c.firstBurst
-				}
-				*limit = min(max(n, 512), *limit)
-				out = append(out, login.KeyValue{Key: kv.Key, Value: strconv.Itoa(*limit)})
-			default:
-				out = append(out, login.KeyValue{Key: kv.Key, Value: first})
-			}
+		out, err := c.answerKeys(kvs)
+		if err != nil {
+			return err
 		}
 		if csg == pdu.StageOperational {
 			out = append(out, login.KeyValue{Key: "MaxRecvDataSegmentLength", Value: "262144"})
@@ -534,4 +515,48 @@ func (c *conn) login() error {
 			return nil
 		}
 	}
+}
+
+// answerKeys answers the keys of one Login Request (RFC 7143 §13): no authentication, digests
+// as Options.Digests allows, burst lengths no larger than ours, anything else echoed.
+func (c *conn) answerKeys(kvs []login.KeyValue) ([]login.KeyValue, error) {
+	var out []login.KeyValue
+	for _, kv := range kvs {
+		first := kv.Value
+		if i := strings.IndexByte(first, ','); i >= 0 {
+			first = first[:i]
+		}
+		switch kv.Key {
+		case "AuthMethod":
+			out = append(out, login.KeyValue{Key: "AuthMethod", Value: "None"})
+		case "SessionType":
+			c.discovery = kv.Value == "Discovery"
+		case "InitiatorName", "InitiatorAlias":
+		case "TargetName":
+			if kv.Value != c.t.Name {
+				return nil, fmt.Errorf("iscsitest: login to unknown target %q", kv.Value)
+			}
+		case "MaxRecvDataSegmentLength":
+			if n, err := strconv.Atoi(kv.Value); err == nil && n > 0 {
+				c.maxRecv = n
+			}
+		case "HeaderDigest", "DataDigest":
+			v := "None"
+			if c.t.opts.Digests && strings.Contains(kv.Value, "CRC32C") {
+				v = "CRC32C"
+			}
+			out = append(out, login.KeyValue{Key: kv.Key, Value: v})
+		case "MaxBurstLength", "FirstBurstLength":
+			n, _ := strconv.Atoi(first)
+			limit := &c.maxBurst
+			if kv.Key == "FirstBurstLength" {
+				limit = &c.firstBurst
+			}
+			*limit = min(max(n, 512), *limit)
+			out = append(out, login.KeyValue{Key: kv.Key, Value: strconv.Itoa(*limit)})
+		default:
+			out = append(out, login.KeyValue{Key: kv.Key, Value: first})
+		}
+	}
+	return out, nil
 }
