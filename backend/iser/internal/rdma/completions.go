@@ -25,17 +25,6 @@ import (
 func (c *Conn) pollLoop() {
 	defer close(c.pollDone)
 	batch := make([]Completion, C.ISB_MAX_BATCH)
-	wcs := unsafe.Slice(c.wcScratch, C.ISB_MAX_BATCH)
-	deliver := func(n int) {
-		for i := 0; i < n; i++ {
-			w := &wcs[i]
-			batch[i] = Completion{ID: uint64(w.wr_id), Status: int(w.status), Op: compOp(w.opcode),
-				ByteLen: uint32(w.byte_len), VendorErr: uint32(w.vendor_err)}
-		}
-		if c.cfg.OnCompletion != nil {
-			c.cfg.OnCompletion(batch[:n])
-		}
-	}
 	armed := true // setupQP armed it
 	lastBusy := time.Now()
 	lost := false // a test made us drop the last event (dropNextCQEvent): wait again without polling
@@ -47,7 +36,7 @@ func (c *Conn) pollLoop() {
 				return
 			}
 			if n > 0 {
-				deliver(n)
+				c.deliver(batch, n)
 				lastBusy = time.Now()
 				continue
 			}
@@ -63,42 +52,19 @@ func (c *Conn) pollLoop() {
 			}
 		}
 		lost = false
-		if sent := c.lastPost.Load(); sent > lastBusy.UnixNano() {
-			lastBusy = time.Unix(0, sent)
+		var park bool
+		if lastBusy, park = c.prepareWait(lastBusy); !park {
+			continue
 		}
-		if time.Since(lastBusy) < cqBusyWindow {
-			c.cpfd.f.SetReadDeadline(time.Now().Add(cqSafetyPoll))
-		} else {
-			c.cpfd.f.SetReadDeadline(time.Time{})
-			c.idleParked.Store(true)
-			if c.lastPost.Load() > lastBusy.UnixNano() { // a send raced with parking
-				c.idleParked.Store(false)
-				continue
-			}
-		}
-		var r C.int
-		err := c.cpfd.wait(func() bool {
-			r = C.isb_get_cq_event(c.cch)
-			return r != 0
-		})
-		c.idleParked.Store(false)
+		r, err := c.waitCQEvent()
 		if c.closing.Load() {
 			return
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			n := int(C.isb_poll_cq(c.cq, c.wcScratch, C.ISB_MAX_BATCH))
-			if n <= 0 {
-				continue // nothing waiting (or a poll error, which the next poll reports)
+			if c.safetyPoll(batch) {
+				lastBusy = time.Now()
+				armed = false
 			}
-			deliver(n)
-			lastBusy = time.Now()
-			// Completions with the CQ armed and no event: either the event is about to be queued
-			// (it follows the completion by microseconds) or it was lost. Count only the latter.
-			// Either way the CQ may be disarmed now: arm it again after draining.
-			if C.isb_get_cq_event(c.cch) == 0 {
-				counters.cqEventsMissed.Add(1)
-			}
-			armed = false
 			continue
 		}
 		if err != nil {
@@ -114,6 +80,67 @@ func (c *Conn) pollLoop() {
 		}
 		armed = false
 	}
+}
+
+// deliver hands the first n work completions of the scratch array to OnCompletion.
+func (c *Conn) deliver(batch []Completion, n int) {
+	wcs := unsafe.Slice(c.wcScratch, n)
+	for i := range wcs {
+		w := &wcs[i]
+		batch[i] = Completion{ID: uint64(w.wr_id), Status: int(w.status), Op: compOp(w.opcode),
+			ByteLen: uint32(w.byte_len), VendorErr: uint32(w.vendor_err)}
+	}
+	if c.cfg.OnCompletion != nil {
+		c.cfg.OnCompletion(batch[:n])
+	}
+}
+
+// prepareWait sets how long the poller may park on the completion channel: cqSafetyPoll while
+// the connection was busy within cqBusyWindow, else without a timer (idle). It returns the
+// updated time of last activity, and false when a send raced with parking (poll again).
+func (c *Conn) prepareWait(lastBusy time.Time) (time.Time, bool) {
+	if sent := c.lastPost.Load(); sent > lastBusy.UnixNano() {
+		lastBusy = time.Unix(0, sent)
+	}
+	if time.Since(lastBusy) < cqBusyWindow {
+		c.cpfd.f.SetReadDeadline(time.Now().Add(cqSafetyPoll))
+		return lastBusy, true
+	}
+	c.cpfd.f.SetReadDeadline(time.Time{})
+	c.idleParked.Store(true)
+	if c.lastPost.Load() > lastBusy.UnixNano() { // a send raced with parking
+		c.idleParked.Store(false)
+		return lastBusy, false
+	}
+	return lastBusy, true
+}
+
+// waitCQEvent parks until the completion channel has an event (r: isb_get_cq_event's result)
+// or the deadline prepareWait set passes (os.ErrDeadlineExceeded).
+func (c *Conn) waitCQEvent() (C.int, error) {
+	var r C.int
+	err := c.cpfd.wait(func() bool {
+		r = C.isb_get_cq_event(c.cch)
+		return r != 0
+	})
+	c.idleParked.Store(false)
+	return r, err
+}
+
+// safetyPoll polls after a wait timed out; it reports whether it delivered completions. Those
+// arrived with the CQ armed and no event: either the event is about to be queued (it follows the
+// completion by microseconds) or it was lost. Only the latter is counted. Either way the CQ may
+// be disarmed now: the caller arms it again after draining.
+func (c *Conn) safetyPoll(batch []Completion) bool {
+	n := int(C.isb_poll_cq(c.cq, c.wcScratch, C.ISB_MAX_BATCH))
+	if n <= 0 {
+		return false // nothing waiting (or a poll error, which the next poll reports)
+	}
+	c.deliver(batch, n)
+	if C.isb_get_cq_event(c.cch) == 0 {
+		counters.cqEventsMissed.Add(1)
+	}
+	return true
 }
 
 func compOp(op C.uint32_t) CompletionOp {

@@ -163,22 +163,10 @@ func (ic *ISERConn) Stats() ISERStats {
 
 // DialISER connects to portal ("host[:port]") and prepares the connection for login.
 func DialISER(ctx context.Context, portal string, o Options) (_ *ISERConn, err error) {
-	if o.QueueDepth <= 0 {
-		o.QueueDepth = 128
-	}
-	if o.Unexpected <= 0 {
-		o.Unexpected = 8
-	}
-	if o.MaxTransfer <= 0 {
-		o.MaxTransfer = DefaultMaxTransfer
-	}
-	host, portStr, err := net.SplitHostPort(transport.JoinHostPort(portal, 3260))
+	o.setDefaults()
+	host, port, err := splitPortal(portal)
 	if err != nil {
-		return nil, fmt.Errorf("iser: portal %q: %w", portal, err)
-	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil || port <= 0 || port > 65535 {
-		return nil, fmt.Errorf("iser: portal %q: bad port", portal)
+		return nil, err
 	}
 	p, err := poolFor(&o)
 	if err != nil {
@@ -188,8 +176,57 @@ func DialISER(ctx context.Context, portal string, o Options) (_ *ISERConn, err e
 	if err != nil {
 		return nil, err
 	}
+	ic := newISERConn(net.JoinHostPort(host, strconv.Itoa(port)), o, p, reg)
+	defer func() {
+		if err != nil {
+			ic.Close()
+		}
+	}()
+	if err = ic.connect(ctx, host, port); err != nil {
+		return nil, err
+	}
+	if err = ic.joinLive(); err != nil {
+		return nil, err
+	}
+	if err = ic.postInitialRecvs(); err != nil {
+		return nil, err
+	}
+	ic.posterStarted = true
+	go ic.poster()
+	return ic, nil
+}
+
+// setDefaults fills the options left zero.
+func (o *Options) setDefaults() {
+	if o.QueueDepth <= 0 {
+		o.QueueDepth = 128
+	}
+	if o.Unexpected <= 0 {
+		o.Unexpected = 8
+	}
+	if o.MaxTransfer <= 0 {
+		o.MaxTransfer = DefaultMaxTransfer
+	}
+}
+
+// splitPortal splits host[:port] (port 3260 when absent).
+func splitPortal(portal string) (host string, port int, err error) {
+	host, portStr, err := net.SplitHostPort(transport.JoinHostPort(portal, 3260))
+	if err != nil {
+		return "", 0, fmt.Errorf("iser: portal %q: %w", portal, err)
+	}
+	port, err = strconv.Atoi(portStr)
+	if err != nil || port <= 0 || port > 65535 {
+		return "", 0, fmt.Errorf("iser: portal %q: bad port", portal)
+	}
+	return host, port, nil
+}
+
+// newISERConn is a connection to remote, not yet connected, with its descriptor counts and
+// queues sized from o.
+func newISERConn(remote string, o Options, p *pool.Pool, reg *registrar) *ISERConn {
 	ic := &ISERConn{
-		remote: net.JoinHostPort(host, portStr), opts: o, pool: p, reg: reg,
+		remote: remote, opts: o, pool: p, reg: reg,
 		hook: newLoginHook(defaultRecvDataSegLength, defaultRecvDataSegLength, uint32(o.Unexpected)),
 		cur:  -1, dead: make(chan struct{}), bounces: map[uint32]*bounced{},
 	}
@@ -211,13 +248,14 @@ func DialISER(ctx context.Context, portal string, o Options) (_ *ISERConn, err e
 	for i := range ic.nsend {
 		ic.sendFree <- int32(i)
 	}
-	defer func() {
-		if err != nil {
-			ic.Close()
-		}
-	}()
+	return ic
+}
+
+// connect allocates and registers the descriptors, connects the queue pair (rdma-cm, with the
+// iSER private data) and attaches the pool's registrar to it.
+func (ic *ISERConn) connect(ctx context.Context, host string, port int) (err error) {
 	if ic.mem, err = AllocMem(ic.nrecv*ic.recvSize + ic.nsend*ic.sendSize); err != nil {
-		return nil, err
+		return err
 	}
 	ic.c, err = Dial(ctx, host, port, Config{
 		SendDepth:    ic.nsend,
@@ -226,21 +264,27 @@ func DialISER(ctx context.Context, portal string, o Options) (_ *ISERConn, err e
 		PrivateData:  CMPrivateData(),
 		OnCompletion: ic.onCompletion,
 		OnDisconnect: ic.onDisconnect,
-		AckTimeout:   o.AckTimeout,
+		AckTimeout:   ic.opts.AckTimeout,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("iser: connect to %s: %w", ic.remote, err)
+		return fmt.Errorf("iser: connect to %s: %w", ic.remote, err)
 	}
 	if ic.mr, err = ic.c.Register(ic.mem, AccessLocalWrite); err != nil {
-		return nil, fmt.Errorf("iser: register descriptors: %w", err)
+		return fmt.Errorf("iser: register descriptors: %w", err)
 	}
-	if err = reg.attach(ic.c); err != nil {
-		return nil, err
+	if err = ic.reg.attach(ic.c); err != nil {
+		return err
 	}
-	regs := []*registrar{reg}
+	regs := []*registrar{ic.reg}
 	ic.regs.Store(&regs)
-	// join the live set, picking up a pool SetPool installed since poolFor looked
+	return nil
+}
+
+// joinLive adds ic to the live set SetPool registers with, picking up a pool SetPool installed
+// since poolFor looked (lock order: liveMu, defaultPoolMu).
+func (ic *ISERConn) joinLive() (err error) {
 	liveMu.Lock()
+	defer liveMu.Unlock()
 	defaultPoolMu.Lock()
 	dp := defaultPool
 	defaultPoolMu.Unlock()
@@ -250,20 +294,19 @@ func DialISER(ctx context.Context, portal string, o Options) (_ *ISERConn, err e
 	if err == nil {
 		live[ic] = struct{}{}
 	}
-	liveMu.Unlock()
-	if err != nil {
-		return nil, err
-	}
+	return err
+}
+
+// postInitialRecvs posts every receive descriptor.
+func (ic *ISERConn) postInitialRecvs() error {
 	for i := range ic.nrecv {
 		ic.repost = append(ic.repost, RecvWR{ID: wrRecv | uint64(i), SGE: ic.mr.SGE(ic.recvBuf(int32(i)))})
 	}
-	if err = ic.c.PostRecv(ic.repost...); err != nil {
-		return nil, fmt.Errorf("iser: post receives: %w", err)
+	if err := ic.c.PostRecv(ic.repost...); err != nil {
+		return fmt.Errorf("iser: post receives: %w", err)
 	}
 	ic.repost = ic.repost[:0]
-	ic.posterStarted = true
-	go ic.poster()
-	return ic, nil
+	return nil
 }
 
 // fail records the first connection error and wakes every waiter.
