@@ -357,15 +357,11 @@ func (c *conn) receiveWriteData(p *wire, buf []byte) error {
 	itt, edtl := b.ITT(), len(buf)
 	got := copy(buf, p.data)
 	for final := b.Final(); !final; {
-		d, err := c.read()
+		n, f, err := c.readDataOut(itt, buf, "unsolicited")
 		if err != nil {
 			return err
 		}
-		if d.bhs.Opcode() != pdu.OpDataOut || d.bhs.ITT() != itt {
-			return fmt.Errorf("iscsitest: %v while waiting for unsolicited data", d.bhs.Opcode())
-		}
-		got += copy(buf[d.bhs.BufferOffset():], d.data)
-		final = d.bhs.Final()
+		got, final = got+n, f
 	}
 	for r2tSN := uint32(0); got < edtl; r2tSN++ {
 		n := min(edtl-got, c.maxBurst)
@@ -375,17 +371,27 @@ func (c *conn) receiveWriteData(p *wire, buf []byte) error {
 			return err
 		}
 		for want := got + n; got < want; {
-			d, err := c.read()
+			m, _, err := c.readDataOut(itt, buf, "solicited")
 			if err != nil {
 				return err
 			}
-			if d.bhs.Opcode() != pdu.OpDataOut || d.bhs.ITT() != itt {
-				return fmt.Errorf("iscsitest: %v while waiting for solicited data", d.bhs.Opcode())
-			}
-			got += copy(buf[d.bhs.BufferOffset():], d.data)
+			got += m
 		}
 	}
 	return nil
+}
+
+// readDataOut reads the next PDU, which must be a Data-Out of itt, into buf at its offset; it
+// returns the bytes copied and its F bit. kind ("solicited", "unsolicited") names the wait.
+func (c *conn) readDataOut(itt uint32, buf []byte, kind string) (int, bool, error) {
+	d, err := c.read()
+	if err != nil {
+		return 0, false, err
+	}
+	if d.bhs.Opcode() != pdu.OpDataOut || d.bhs.ITT() != itt {
+		return 0, false, fmt.Errorf("iscsitest: %v while waiting for %s data", d.bhs.Opcode(), kind)
+	}
+	return copy(buf[d.bhs.BufferOffset():], d.data), d.bhs.Final(), nil
 }
 
 // sendDataIn sends data in Data-In PDUs of the initiator's MaxRecvDataSegmentLength, the status
