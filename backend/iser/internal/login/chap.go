@@ -53,9 +53,9 @@ var ErrCHAP = errors.New("malformed CHAP value")
 // a text value allows; 1024 bytes is far above what any target uses.
 const maxCHAPBinary = 1024
 
-// DecodeCHAPBinary decodes a CHAP binary value: "0x"/"0X" + hex or "0b"/"0B" + base64 (RFC 7143
+// decodeCHAPBinary decodes a CHAP binary value: "0x"/"0X" + hex or "0b"/"0B" + base64 (RFC 7143
 // §6.1 binary-value encodings). It never panics.
-func DecodeCHAPBinary(s string) ([]byte, error) {
+func decodeCHAPBinary(s string) ([]byte, error) {
 	if len(s) < 3 {
 		return nil, fmt.Errorf("%w: %q is too short", ErrCHAP, truncate(s))
 	}
@@ -82,8 +82,8 @@ func DecodeCHAPBinary(s string) ([]byte, error) {
 	return b, nil
 }
 
-// DecodeCHAPIdentifier decodes CHAP_I: a number 0..255 (decimal, or 0x-hex).
-func DecodeCHAPIdentifier(s string) (byte, error) {
+// decodeCHAPIdentifier decodes CHAP_I: a number 0..255 (decimal, or 0x-hex).
+func decodeCHAPIdentifier(s string) (byte, error) {
 	base := 10
 	body := s
 	if len(s) > 2 && (s[:2] == "0x" || s[:2] == "0X") {
@@ -96,8 +96,8 @@ func DecodeCHAPIdentifier(s string) (byte, error) {
 	return byte(n), nil
 }
 
-// CHAPResponse computes MD5(id ‖ secret ‖ challenge) (RFC 1994 §4.1).
-func CHAPResponse(id byte, secret string, challenge []byte) [md5.Size]byte {
+// chapResponse computes MD5(id ‖ secret ‖ challenge) (RFC 1994 §4.1).
+func chapResponse(id byte, secret string, challenge []byte) [md5.Size]byte {
 	h := md5.New()
 	h.Write([]byte{id})
 	h.Write([]byte(secret))
@@ -107,8 +107,8 @@ func CHAPResponse(id byte, secret string, challenge []byte) [md5.Size]byte {
 	return out
 }
 
-// EncodeCHAPBinary encodes b as 0x-hex.
-func EncodeCHAPBinary(b []byte) string { return "0x" + hex.EncodeToString(b) }
+// encodeCHAPBinary encodes b as 0x-hex.
+func encodeCHAPBinary(b []byte) string { return "0x" + hex.EncodeToString(b) }
 
 // CHAPChallenge is what the target sent in its challenge message.
 type CHAPChallenge struct {
@@ -117,8 +117,8 @@ type CHAPChallenge struct {
 	Challenge []byte
 }
 
-// ParseCHAPChallenge extracts CHAP_A, CHAP_I and CHAP_C from the target's keys. It never panics.
-func ParseCHAPChallenge(kvs []KeyValue) (CHAPChallenge, error) {
+// parseCHAPChallenge extracts CHAP_A, CHAP_I and CHAP_C from the target's keys. It never panics.
+func parseCHAPChallenge(kvs []KeyValue) (CHAPChallenge, error) {
 	var c CHAPChallenge
 	var haveA, haveI, haveC bool
 	for _, kv := range kvs {
@@ -130,13 +130,13 @@ func ParseCHAPChallenge(kvs []KeyValue) (CHAPChallenge, error) {
 			}
 			c.Alg, haveA = n, true
 		case "CHAP_I":
-			id, err := DecodeCHAPIdentifier(kv.Value)
+			id, err := decodeCHAPIdentifier(kv.Value)
 			if err != nil {
 				return c, err
 			}
 			c.ID, haveI = id, true
 		case "CHAP_C":
-			b, err := DecodeCHAPBinary(kv.Value)
+			b, err := decodeCHAPBinary(kv.Value)
 			if err != nil {
 				return c, fmt.Errorf("CHAP_C: %w", err)
 			}
@@ -160,8 +160,8 @@ type CHAPTargetResponse struct {
 	Response []byte
 }
 
-// ParseCHAPTargetResponse extracts CHAP_N and CHAP_R. It never panics.
-func ParseCHAPTargetResponse(kvs []KeyValue) (CHAPTargetResponse, error) {
+// parseCHAPTargetResponse extracts CHAP_N and CHAP_R. It never panics.
+func parseCHAPTargetResponse(kvs []KeyValue) (CHAPTargetResponse, error) {
 	var r CHAPTargetResponse
 	var haveN, haveR bool
 	for _, kv := range kvs {
@@ -169,7 +169,7 @@ func ParseCHAPTargetResponse(kvs []KeyValue) (CHAPTargetResponse, error) {
 		case "CHAP_N":
 			r.Name, haveN = kv.Value, true
 		case "CHAP_R":
-			b, err := DecodeCHAPBinary(kv.Value)
+			b, err := decodeCHAPBinary(kv.Value)
 			if err != nil {
 				return r, fmt.Errorf("CHAP_R: %w", err)
 			}
@@ -182,9 +182,9 @@ func ParseCHAPTargetResponse(kvs []KeyValue) (CHAPTargetResponse, error) {
 	return r, nil
 }
 
-// VerifyCHAP checks a target's response in constant time.
-func VerifyCHAP(id byte, secret string, challenge, response []byte) bool {
-	want := CHAPResponse(id, secret, challenge)
+// verifyCHAP checks a target's response in constant time.
+func verifyCHAP(id byte, secret string, challenge, response []byte) bool {
+	want := chapResponse(id, secret, challenge)
 	return subtle.ConstantTimeCompare(want[:], response) == 1
 }
 

@@ -36,7 +36,7 @@ func (ct *chapTarget) respond(req *pdu.BHS, kvs []KeyValue, _ []byte) []wire {
 			ct.t.Errorf("CHAP_A offered %q", a)
 		}
 		return []wire{resp(req, false, false, 0, 0, []KeyValue{{"CHAP_A", ct.alg}, {"CHAP_I", "7"},
-			{"CHAP_C", EncodeCHAPBinary(ct.challenge)}}, 0, 0)}
+			{"CHAP_C", encodeCHAPBinary(ct.challenge)}}, 0, 0)}
 	}
 	r, _ := get(kvs, "CHAP_R")
 	if r != ct.wantResponse {
@@ -44,12 +44,12 @@ func (ct *chapTarget) respond(req *pdu.BHS, kvs []KeyValue, _ []byte) []wire {
 	}
 	var out []KeyValue
 	if c, ok := get(kvs, "CHAP_C"); ok {
-		ct.gotCHAPC, _ = DecodeCHAPBinary(c)
+		ct.gotCHAPC, _ = decodeCHAPBinary(c)
 		i, _ := get(kvs, "CHAP_I")
-		id, _ := DecodeCHAPIdentifier(i)
+		id, _ := decodeCHAPIdentifier(i)
 		ct.gotCHAPI = id
-		sum := CHAPResponse(id, ct.targetSecret, ct.gotCHAPC)
-		out = []KeyValue{{"CHAP_N", ct.targetUser}, {"CHAP_R", EncodeCHAPBinary(sum[:])}}
+		sum := chapResponse(id, ct.targetSecret, ct.gotCHAPC)
+		out = []KeyValue{{"CHAP_N", ct.targetUser}, {"CHAP_R", encodeCHAPBinary(sum[:])}}
 	}
 	return []wire{resp(req, true, false, 0, 1, out, 0, 0)}
 }
@@ -142,24 +142,24 @@ func TestCHAPValues(t *testing.T) {
 	for in, want := range map[string]string{
 		"0x0a0B": "0a0b", "0X1": "01", "0bAQID": "010203", "0BAQID": "010203",
 	} {
-		b, err := DecodeCHAPBinary(in)
+		b, err := decodeCHAPBinary(in)
 		if err != nil || hex.EncodeToString(b) != want {
-			t.Errorf("DecodeCHAPBinary(%q) = %x, %v", in, b, err)
+			t.Errorf("decodeCHAPBinary(%q) = %x, %v", in, b, err)
 		}
 	}
 	for _, bad := range []string{"", "0x", "12", "0xzz", "0b!!", "0c00"} {
-		if _, err := DecodeCHAPBinary(bad); !errors.Is(err, ErrCHAP) {
-			t.Errorf("DecodeCHAPBinary(%q) = %v", bad, err)
+		if _, err := decodeCHAPBinary(bad); !errors.Is(err, ErrCHAP) {
+			t.Errorf("decodeCHAPBinary(%q) = %v", bad, err)
 		}
 	}
 	for in, want := range map[string]byte{"0": 0, "255": 255, "0x1f": 31} {
-		if id, err := DecodeCHAPIdentifier(in); err != nil || id != want {
-			t.Errorf("DecodeCHAPIdentifier(%q) = %d %v", in, id, err)
+		if id, err := decodeCHAPIdentifier(in); err != nil || id != want {
+			t.Errorf("decodeCHAPIdentifier(%q) = %d %v", in, id, err)
 		}
 	}
 	for _, bad := range []string{"256", "-1", "x", ""} {
-		if _, err := DecodeCHAPIdentifier(bad); err == nil {
-			t.Errorf("DecodeCHAPIdentifier(%q) accepted", bad)
+		if _, err := decodeCHAPIdentifier(bad); err == nil {
+			t.Errorf("decodeCHAPIdentifier(%q) accepted", bad)
 		}
 	}
 	if s := (CHAP{User: "u", Secret: "topsecret", TargetSecret: "alsosecret"}).String(); strings.Contains(s, "secret\"") || strings.Contains(s, "topsecret") {

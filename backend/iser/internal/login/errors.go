@@ -45,7 +45,7 @@ func (e *Error) Error() string {
 		s += ": " + e.Reason
 	}
 	if e.Class != 0 || e.Detail != 0 {
-		s += fmt.Sprintf(" (status class %d detail %d: %s)", e.Class, e.Detail, StatusText(e.Class, e.Detail))
+		s += fmt.Sprintf(" (status class %d detail %d: %s)", e.Class, e.Detail, statusText(e.Class, e.Detail))
 	}
 	if e.Err != nil {
 		s += ": " + e.Err.Error()
@@ -77,8 +77,8 @@ func (e *RedirectError) Error() string {
 	return fmt.Sprintf("iSCSI target %s at %s moved %s to %s", e.Target, e.From, kind, e.Address)
 }
 
-// StatusText describes a Login Response status (RFC 7143 §11.13.5).
-func StatusText(class, detail uint8) string {
+// statusText describes a Login Response status (RFC 7143 §11.13.5).
+func statusText(class, detail uint8) string {
 	switch class {
 	case 0:
 		return "success"

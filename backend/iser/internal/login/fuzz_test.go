@@ -44,18 +44,18 @@ func FuzzCHAP(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if ch, err := ParseCHAPChallenge(kvs); err == nil {
+		if ch, err := parseCHAPChallenge(kvs); err == nil {
 			if ch.Alg != CHAPAlgMD5 || len(ch.Challenge) == 0 || len(ch.Challenge) > maxCHAPBinary {
 				t.Fatalf("accepted challenge %+v", ch)
 			}
-			_ = CHAPResponse(ch.ID, "s", ch.Challenge)
+			_ = chapResponse(ch.ID, "s", ch.Challenge)
 		}
-		if r, err := ParseCHAPTargetResponse(kvs); err == nil {
-			_ = VerifyCHAP(1, "s", []byte{1}, r.Response)
+		if r, err := parseCHAPTargetResponse(kvs); err == nil {
+			_ = verifyCHAP(1, "s", []byte{1}, r.Response)
 		}
 		for _, kv := range kvs {
-			_, _ = DecodeCHAPBinary(kv.Value)
-			_, _ = DecodeCHAPIdentifier(kv.Value)
+			_, _ = decodeCHAPBinary(kv.Value)
+			_, _ = decodeCHAPIdentifier(kv.Value)
 		}
 	})
 }

@@ -109,7 +109,7 @@ func (s *loginState) operational() error {
 			continue
 		}
 		v := s.ourValue(key, &p)
-		text = AppendPair(text, key, v)
+		text = appendPair(text, key, v)
 		if def.kind == kindDeclare {
 			s.applyDeclared(key, v, true)
 		} else {
@@ -117,7 +117,7 @@ func (s *loginState) operational() error {
 		}
 	}
 	for _, kv := range extra {
-		text = AppendPair(text, kv.Key, kv.Value)
+		text = appendPair(text, kv.Key, kv.Value)
 	}
 	r, err := s.exchange(pdu.StageOperational, pdu.StageFullFeature, true, text)
 	if err != nil {

@@ -12,15 +12,15 @@ import (
 // security runs the security stage (§6.3.2, §12).
 func (s *loginState) security() error {
 	var text []byte
-	text = AppendPair(text, "InitiatorName", s.cfg.InitiatorName)
+	text = appendPair(text, "InitiatorName", s.cfg.InitiatorName)
 	if s.cfg.InitiatorAlias != "" {
-		text = AppendPair(text, "InitiatorAlias", s.cfg.InitiatorAlias)
+		text = appendPair(text, "InitiatorAlias", s.cfg.InitiatorAlias)
 	}
 	if s.cfg.Discovery {
-		text = AppendPair(text, "SessionType", "Discovery")
+		text = appendPair(text, "SessionType", "Discovery")
 	} else {
-		text = AppendPair(text, "SessionType", "Normal")
-		text = AppendPair(text, "TargetName", s.cfg.TargetName)
+		text = appendPair(text, "SessionType", "Normal")
+		text = appendPair(text, "TargetName", s.cfg.TargetName)
 	}
 	auth := "None"
 	switch {
@@ -29,7 +29,7 @@ func (s *loginState) security() error {
 	case s.cfg.CHAP != nil:
 		auth = "CHAP,None"
 	}
-	text = AppendPair(text, "AuthMethod", auth)
+	text = appendPair(text, "AuthMethod", auth)
 	r, err := s.exchange(pdu.StageSecurity, pdu.StageOperational, true, text)
 	if err != nil {
 		return err
@@ -74,11 +74,11 @@ func (s *loginState) checkTransit(r *response, want uint8) error {
 
 func (s *loginState) chap() error {
 	c := s.cfg.CHAP
-	r, err := s.exchange(pdu.StageSecurity, pdu.StageOperational, false, AppendPair(nil, "CHAP_A", strconv.Itoa(CHAPAlgMD5)))
+	r, err := s.exchange(pdu.StageSecurity, pdu.StageOperational, false, appendPair(nil, "CHAP_A", strconv.Itoa(CHAPAlgMD5)))
 	if err != nil {
 		return err
 	}
-	ch, err := ParseCHAPChallenge(r.kvs)
+	ch, err := parseCHAPChallenge(r.kvs)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrProtocol, err)
 	}
@@ -86,10 +86,10 @@ func (s *loginState) chap() error {
 		return &Error{Target: s.cfg.TargetName, Portal: s.c.RemoteAddr(), Kind: ErrAuthFailed,
 			Reason: "target sent one of our own CHAP challenges back (reflection attack)"}
 	}
-	resp := CHAPResponse(ch.ID, c.Secret, ch.Challenge)
+	resp := chapResponse(ch.ID, c.Secret, ch.Challenge)
 	var text []byte
-	text = AppendPair(text, "CHAP_N", c.User)
-	text = AppendPair(text, "CHAP_R", EncodeCHAPBinary(resp[:]))
+	text = appendPair(text, "CHAP_N", c.User)
+	text = appendPair(text, "CHAP_R", encodeCHAPBinary(resp[:]))
 	var ourChallenge []byte
 	var ourID byte
 	if c.Mutual() {
@@ -102,8 +102,8 @@ func (s *loginState) chap() error {
 				break
 			}
 		}
-		text = AppendPair(text, "CHAP_I", strconv.Itoa(int(ourID)))
-		text = AppendPair(text, "CHAP_C", EncodeCHAPBinary(ourChallenge))
+		text = appendPair(text, "CHAP_I", strconv.Itoa(int(ourID)))
+		text = appendPair(text, "CHAP_C", encodeCHAPBinary(ourChallenge))
 	}
 	r, err = s.exchange(pdu.StageSecurity, pdu.StageOperational, true, text)
 	if err != nil {
@@ -111,7 +111,7 @@ func (s *loginState) chap() error {
 	}
 	s.declaratives(r)
 	if c.Mutual() {
-		tr, err := ParseCHAPTargetResponse(r.kvs)
+		tr, err := parseCHAPTargetResponse(r.kvs)
 		if err != nil {
 			return &Error{Target: s.cfg.TargetName, Portal: s.c.RemoteAddr(), Kind: ErrAuthFailed, Err: err}
 		}
@@ -119,7 +119,7 @@ func (s *loginState) chap() error {
 			return &Error{Target: s.cfg.TargetName, Portal: s.c.RemoteAddr(), Kind: ErrAuthFailed,
 				Reason: fmt.Sprintf("target authenticated as %q, expected %q", truncate(tr.Name), c.TargetUser)}
 		}
-		if !VerifyCHAP(ourID, c.TargetSecret, ourChallenge, tr.Response) {
+		if !verifyCHAP(ourID, c.TargetSecret, ourChallenge, tr.Response) {
 			return &Error{Target: s.cfg.TargetName, Portal: s.c.RemoteAddr(), Kind: ErrAuthFailed,
 				Reason: "target's CHAP response does not match the mutual secret"}
 		}

@@ -28,8 +28,8 @@ type KeyValue struct {
 	Key, Value string
 }
 
-// AppendPair appends "key=value\x00" to dst.
-func AppendPair(dst []byte, key, value string) []byte {
+// appendPair appends "key=value\x00" to dst.
+func appendPair(dst []byte, key, value string) []byte {
 	dst = append(dst, key...)
 	dst = append(dst, '=')
 	dst = append(dst, value...)
@@ -39,7 +39,7 @@ func AppendPair(dst []byte, key, value string) []byte {
 // EncodeText encodes pairs in order.
 func EncodeText(dst []byte, kvs []KeyValue) []byte {
 	for _, kv := range kvs {
-		dst = AppendPair(dst, kv.Key, kv.Value)
+		dst = appendPair(dst, kv.Key, kv.Value)
 	}
 	return dst
 }

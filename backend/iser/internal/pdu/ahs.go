@@ -14,10 +14,10 @@ const (
 // MaxAHSLength is the largest total AHS the 8-bit TotalAHSLength word count allows.
 const MaxAHSLength = 255 * 4
 
-// AppendExtendedCDB appends an Extended-CDB AHS (§11.2.2.3) carrying cdb[16:] to dst and returns
+// appendExtendedCDB appends an Extended-CDB AHS (§11.2.2.3) carrying cdb[16:] to dst and returns
 // the extended slice. cdb must be longer than 16 bytes; the first 16 go into the BHS. Appending
 // into a buffer with enough capacity does not allocate.
-func AppendExtendedCDB(dst, cdb []byte) []byte {
+func appendExtendedCDB(dst, cdb []byte) []byte {
 	rest := cdb[16:]
 	n := len(rest) + 1 // AHSLength counts the reserved byte
 	dst = append(dst, byte(n>>8), byte(n), AHSExtendedCDB, 0)

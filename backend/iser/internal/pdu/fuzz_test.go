@@ -45,7 +45,7 @@ func FuzzDecode(f *testing.F) {
 
 // FuzzNextAHS walks arbitrary AHS areas.
 func FuzzNextAHS(f *testing.F) {
-	f.Add(AppendExtendedCDB(nil, make([]byte, 20)))
+	f.Add(appendExtendedCDB(nil, make([]byte, 20)))
 	f.Add(AppendBidiReadLength(nil, 1))
 	f.Add([]byte{0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, ahs []byte) {

@@ -128,7 +128,7 @@ func TestAHS(t *testing.T) {
 	for i := range cdb {
 		cdb[i] = byte(i)
 	}
-	ahs := AppendExtendedCDB(nil, cdb)
+	ahs := appendExtendedCDB(nil, cdb)
 	ahs = AppendBidiReadLength(ahs, 4096)
 	if len(ahs)%4 != 0 {
 		t.Fatalf("AHS length %d", len(ahs))

@@ -66,7 +66,7 @@ func BenchmarkCommandKeysAndHeader(b *testing.B) {
 		if !ok {
 			b.Fatal("no keys")
 		}
-		h := Header{Flags: OpcodeControl | FlagRSV, ReadSTag: rkey, ReadVA: AddrOf(buf)}
+		h := Header{Flags: OpcodeControl | FlagRSV, ReadSTag: rkey, ReadVA: addrOf(buf)}
 		h.Encode(hdr[:])
 	}
 }

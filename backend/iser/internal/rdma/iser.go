@@ -254,7 +254,7 @@ func newISERConn(remote string, o Options, p *pool.Pool, reg *registrar) *ISERCo
 // connect allocates and registers the descriptors, connects the queue pair (rdma-cm, with the
 // iSER private data) and attaches the pool's registrar to it.
 func (ic *ISERConn) connect(ctx context.Context, host string, port int) (err error) {
-	if ic.mem, err = AllocMem(ic.nrecv*ic.recvSize + ic.nsend*ic.sendSize); err != nil {
+	if ic.mem, err = allocMem(ic.nrecv*ic.recvSize + ic.nsend*ic.sendSize); err != nil {
 		return err
 	}
 	ic.c, err = Dial(ctx, host, port, Config{
@@ -401,7 +401,7 @@ func (ic *ISERConn) Close() error {
 		}
 		ic.memMu.Lock()
 		if ic.mem != nil {
-			if e := FreeMem(ic.mem); e != nil && err == nil {
+			if e := freeMem(ic.mem); e != nil && err == nil {
 				err = e
 			}
 			ic.mem = nil

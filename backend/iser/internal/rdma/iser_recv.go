@@ -103,7 +103,7 @@ func (ic *ISERConn) ReadHeader(bhs *pdu.BHS) ([]byte, error) {
 		return nil, fmt.Errorf("iser: receive of %d bytes in a %d-byte descriptor", n, len(b))
 	}
 	b = b[:n]
-	if _, err := DecodeHeader(b); err != nil {
+	if _, err := decodeHeader(b); err != nil {
 		return nil, err
 	}
 	if n < HeaderLen+pdu.BHSLen {

@@ -72,7 +72,7 @@ func (ic *ISERConn) send(h *Header, bhs *pdu.BHS, ahs, data []byte) error {
 	if len(data) > 0 {
 		if lkey, _, ok := ic.keysFor(data); ok {
 			w.NSGE = 2
-			w.SGE[1] = SGE{Addr: AddrOf(data), Len: uint32(len(data)), LKey: lkey}
+			w.SGE[1] = SGE{Addr: addrOf(data), Len: uint32(len(data)), LKey: lkey}
 		} else if n+len(data) <= len(b) {
 			n += copy(b[n:], data)
 		} else {
@@ -152,12 +152,12 @@ func (ic *ISERConn) WriteCommand(bhs *pdu.BHS, ahs []byte, t *transport.Task) er
 		if t.Unsolicited < len(buf) {
 			h.Flags |= FlagWSV
 			h.WriteSTag = rkey
-			h.WriteVA = AddrOf(buf) + uint64(t.Unsolicited)
+			h.WriteVA = addrOf(buf) + uint64(t.Unsolicited)
 		}
 	case scsi.DirRead:
 		h.Flags |= FlagRSV
 		h.ReadSTag = rkey
-		h.ReadVA = AddrOf(buf)
+		h.ReadVA = addrOf(buf)
 	}
 	if err := ic.send(&h, bhs, ahs, imm); err != nil {
 		ic.dropBounce(t.ITT)

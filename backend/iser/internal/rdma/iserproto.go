@@ -61,10 +61,10 @@ func (h *Header) Encode(b []byte) {
 	binary.BigEndian.PutUint64(b[20:], h.ReadVA)
 }
 
-// DecodeHeader parses the iSER header of a received Send. Only iSCSI control-type PDUs are
+// decodeHeader parses the iSER header of a received Send. Only iSCSI control-type PDUs are
 // accepted: Hello/HelloReply are not part of the Linux-compatible CM private-data handshake. STags a
 // target might set are ignored: an initiator never RDMA-accesses target memory.
-func DecodeHeader(b []byte) (Header, error) {
+func decodeHeader(b []byte) (Header, error) {
 	if len(b) < HeaderLen {
 		return Header{}, fmt.Errorf("%w: %d bytes, need %d", ErrMalformedHeader, len(b), HeaderLen)
 	}

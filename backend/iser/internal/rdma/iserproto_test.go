@@ -29,7 +29,7 @@ func TestHeaderRoundTrip(t *testing.T) {
 			if !bytes.Equal(b, c.wire) {
 				t.Fatalf("encoded % x\nwant    % x", b, c.wire)
 			}
-			got, err := DecodeHeader(b)
+			got, err := decodeHeader(b)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -55,7 +55,7 @@ func TestDecodeHeaderRejects(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := DecodeHeader(c.b)
+			_, err := decodeHeader(c.b)
 			if !errors.Is(err, ErrMalformedHeader) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("err %v, want ErrMalformedHeader mentioning %q", err, c.want)
 			}
@@ -77,7 +77,7 @@ func FuzzDecodeHeader(f *testing.F) {
 	f.Add([]byte{0x10})
 	f.Add(append([]byte{0x20}, make([]byte, 40)...))
 	f.Fuzz(func(t *testing.T, in []byte) {
-		h, err := DecodeHeader(in)
+		h, err := decodeHeader(in)
 		if err != nil {
 			return
 		}

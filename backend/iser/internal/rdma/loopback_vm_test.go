@@ -39,7 +39,7 @@ func waitComp(t *testing.T, ch chan Completion, want CompletionOp) Completion {
 	select {
 	case c := <-ch:
 		if !c.OK() {
-			t.Fatalf("completion %d (op %d) failed: %s", c.ID, c.Op, StatusString(c.Status))
+			t.Fatalf("completion %d (op %d) failed: %s", c.ID, c.Op, statusString(c.Status))
 		}
 		if c.Op != want {
 			t.Fatalf("completion %d: op %d, want %d", c.ID, c.Op, want)
@@ -112,7 +112,7 @@ func TestLoopbackSendRecvReadWrite(t *testing.T) {
 			srvCh <- srvResult{err: err}
 			return
 		}
-		mem, err := AllocMem(memSize)
+		mem, err := allocMem(memSize)
 		if err != nil {
 			c.Close()
 			srvCh <- srvResult{err: err}
@@ -136,12 +136,12 @@ func TestLoopbackSendRecvReadWrite(t *testing.T) {
 	if srv.err != nil {
 		t.Fatalf("server: %v", srv.err)
 	}
-	cmem, err := AllocMem(memSize)
+	cmem, err := allocMem(memSize)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer FreeMem(cmem)
-	defer FreeMem(srv.mem)
+	defer freeMem(cmem)
+	defer freeMem(srv.mem)
 	cmr, err := cli.Register(cmem, AccessLocalWrite|AccessRemoteRead|AccessRemoteWrite)
 	if err != nil {
 		t.Fatalf("register: %v", err)
@@ -192,7 +192,7 @@ func TestLoopbackSendRecvReadWrite(t *testing.T) {
 		select {
 		case c := <-srvComp:
 			if !c.OK() {
-				t.Fatalf("server completion %d: %s", c.ID, StatusString(c.Status))
+				t.Fatalf("server completion %d: %s", c.ID, statusString(c.Status))
 			}
 			got[c.ID] = true
 		case <-time.After(20 * time.Second):
@@ -385,16 +385,16 @@ func TestLostCQEventRecovered(t *testing.T) {
 		t.Fatalf("accept: %v", err)
 	}
 	defer srv.Close()
-	cmem, err := AllocMem(4096)
+	cmem, err := allocMem(4096)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer FreeMem(cmem)
-	smem, err := AllocMem(4096)
+	defer freeMem(cmem)
+	smem, err := allocMem(4096)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer FreeMem(smem)
+	defer freeMem(smem)
 	cmr, err := cli.Register(cmem, AccessLocalWrite)
 	if err != nil {
 		t.Fatal(err)

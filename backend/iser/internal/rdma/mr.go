@@ -94,6 +94,6 @@ func (m *MR) Contains(b []byte) bool {
 	return a >= m.Addr && a+uint64(len(b)) <= m.Addr+uint64(m.Len)
 }
 
-// AddrOf returns the virtual address of b's first byte (what an iSER header carries when ZBVA is
+// addrOf returns the virtual address of b's first byte (what an iSER header carries when ZBVA is
 // not used).
-func AddrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
+func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }

@@ -107,7 +107,7 @@ const (
 // Completion is one work completion, copied out of the CQ.
 type Completion struct {
 	ID        uint64
-	Status    int // 0 = success (IBV_WC_SUCCESS); see StatusString
+	Status    int // 0 = success (IBV_WC_SUCCESS); see statusString
 	Op        CompletionOp
 	ByteLen   uint32
 	VendorErr uint32
@@ -133,8 +133,8 @@ var wcStatusNames = [...]string{
 	"general error", "tag matching error", "tag matching rendezvous",
 }
 
-// StatusString names an ibv_wc_status.
-func StatusString(s int) string {
+// statusString names an ibv_wc_status.
+func statusString(s int) string {
 	if s >= 0 && s < len(wcStatusNames) {
 		return wcStatusNames[s]
 	}
@@ -149,7 +149,7 @@ type CompletionError struct {
 }
 
 func (e *CompletionError) Error() string {
-	return fmt.Sprintf("work completion (op %d) failed: %s (vendor error %#x)", e.Op, StatusString(e.Status), e.VendorErr)
+	return fmt.Sprintf("work completion (op %d) failed: %s (vendor error %#x)", e.Op, statusString(e.Status), e.VendorErr)
 }
 
 // Unwrap makes every failed completion an ErrDisconnected: an RC queue pair that reports an error
