@@ -74,7 +74,7 @@ func TestProbeLimits(t *testing.T) {
 		check func(t *testing.T, l block.Limits, info Info)
 	}{
 		{"defaults", scsitest.Config{}, func(t *testing.T, l block.Limits, info Info) {
-			want := block.Limits{LogicalBlockSize: 512, PhysicalBlockSize: 512, MaxTransfer: DefaultMaxTransfer,
+			want := block.Limits{LogicalBlockSize: 512, PhysicalBlockSize: 512, MaxTransfer: defaultMaxTransfer,
 				CanFlush: true, CanWriteZeroes: true, CanFastZero: true, MaxWriteZeroes: defaultMaxWriteSameBlocks * 512, MultiConn: true}
 			if l != want {
 				t.Errorf("limits\n got %+v\nwant %+v", l, want)
@@ -106,7 +106,7 @@ func TestProbeLimits(t *testing.T) {
 		{"legacy target", scsitest.Config{NoReadCapacity16: true, No16ByteRW: true, NoModeSense: true, NoBlockLimitsVPD: true,
 			NoLBPVPD: true, NoRSOC: true, NoWriteSame: true},
 			func(t *testing.T, l block.Limits, info Info) {
-				if l.MaxTransfer != DefaultMaxTransfer || !l.VolatileCache || l.CanFUA || l.CanDiscard || !l.CanFastZero {
+				if l.MaxTransfer != defaultMaxTransfer || !l.VolatileCache || l.CanFUA || l.CanDiscard || !l.CanFastZero {
 					t.Errorf("limits %+v", l)
 				}
 				if info.WriteCacheKnown || info.WriteSame != "unknown" {

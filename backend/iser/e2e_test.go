@@ -16,7 +16,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/iser-blk/iser-blk/backend/iser/login"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/login"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/test/e2e/tgtd"
 )

@@ -8,9 +8,9 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/iser-blk/iser-blk/backend/iser/login"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/login"
+	"github.com/iser-blk/iser-blk/backend/iser/iscsitest"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi/scsitest"
-	"github.com/iser-blk/iser-blk/test/fakeiscsi"
 )
 
 // TestGarbageFromTheTarget: a target that answers a READ with a bad PDU (wrong ITT, data beyond
@@ -18,13 +18,13 @@ import (
 // session drop the connection; the device logs in again and re-issues the read, which then
 // returns the right data. No panic, and no byte of the bad PDU is left in the caller's buffer.
 func TestGarbageFromTheTarget(t *testing.T) {
-	for _, f := range []fakeiscsi.Fault{fakeiscsi.FaultWrongITT, fakeiscsi.FaultDataBeyondBuffer,
-		fakeiscsi.FaultBadHeaderDigest, fakeiscsi.FaultBadDataDigest, fakeiscsi.FaultWrongOpcode,
-		fakeiscsi.FaultWrongDataSN} {
+	for _, f := range []iscsitest.Fault{iscsitest.FaultWrongITT, iscsitest.FaultDataBeyondBuffer,
+		iscsitest.FaultBadHeaderDigest, iscsitest.FaultBadDataDigest, iscsitest.FaultWrongOpcode,
+		iscsitest.FaultWrongDataSN} {
 		t.Run(f.String(), func(t *testing.T) {
-			digests := f == fakeiscsi.FaultBadHeaderDigest || f == fakeiscsi.FaultBadDataDigest
+			digests := f == iscsitest.FaultBadHeaderDigest || f == iscsitest.FaultBadDataDigest
 			lun := scsitest.New(scsitest.Config{Blocks: 8192, MaxTransferBlocks: 64})
-			tg, err := fakeiscsi.Start(lun, fakeiscsi.Options{Digests: digests})
+			tg, err := iscsitest.Start(lun, iscsitest.Options{Digests: digests})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -34,7 +34,7 @@ func TestGarbageFromTheTarget(t *testing.T) {
 			if digests {
 				p := login.DefaultProposal()
 				p.HeaderDigest, p.DataDigest = login.DigestCRC32C, login.DigestCRC32C
-				opts.Proposal = &p
+				opts.proposal = &p
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -60,7 +60,7 @@ func TestGarbageFromTheTarget(t *testing.T) {
 				t.Fatalf("%d bad PDUs sent", tg.BadPDUs())
 			}
 			if !bytes.Equal(got, want) {
-				t.Fatalf("read after %v returned wrong data (poison bytes: %d)", f, bytes.Count(got, []byte{fakeiscsi.PoisonByte}))
+				t.Fatalf("read after %v returned wrong data (poison bytes: %d)", f, bytes.Count(got, []byte{iscsitest.PoisonByte}))
 			}
 			if tg.Logins() != logins+1 {
 				t.Fatalf("logins %d -> %d: the connection was not re-established once", logins, tg.Logins())
@@ -80,7 +80,7 @@ func TestGarbageFromTheTarget(t *testing.T) {
 // right data; no reconnect was needed.
 func TestStuckReadAbortedAndReissued(t *testing.T) {
 	lun := scsitest.New(scsitest.Config{Blocks: 8192})
-	tg, err := fakeiscsi.Start(lun, fakeiscsi.Options{})
+	tg, err := iscsitest.Start(lun, iscsitest.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestStuckReadAbortedAndReissued(t *testing.T) {
 	if err := d.WriteAt(ctx, want, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	tg.Inject(fakeiscsi.FaultHang)
+	tg.Inject(iscsitest.FaultHang)
 	got := make([]byte, len(want))
 	start := time.Now()
 	if err := d.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, want) {
@@ -120,12 +120,12 @@ func TestStuckReadAbortedAndReissued(t *testing.T) {
 // target (tgt reports only the address asked, so this uses the fake); Open adds a path to it.
 func TestPortalsFromDiscovery(t *testing.T) {
 	lun := scsitest.New(scsitest.Config{Blocks: 8192})
-	second, err := fakeiscsi.Start(lun, fakeiscsi.Options{})
+	second, err := iscsitest.Start(lun, iscsitest.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { second.Close() })
-	first, err := fakeiscsi.Start(lun, fakeiscsi.Options{Advertise: []string{"0.0.0.0:3260", "[::]:3260", second.Addr}})
+	first, err := iscsitest.Start(lun, iscsitest.Options{Advertise: []string{"0.0.0.0:3260", "[::]:3260", second.Addr}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,24 +12,20 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/iser-blk/iser-blk/backend/iser/discovery"
-	"github.com/iser-blk/iser-blk/backend/iser/login"
-	"github.com/iser-blk/iser-blk/backend/iser/rdma"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/discovery"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/login"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/rdma"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/session"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/transport"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
-	"github.com/iser-blk/iser-blk/backend/iser/session"
-	"github.com/iser-blk/iser-blk/backend/iser/transport"
 )
-
-// ErrTransportUnavailable is returned by Open when the URL's transport is not built in (iser://
-// in a binary built without RDMA support).
-var ErrTransportUnavailable = errors.New("transport not available")
 
 // maxSessions bounds Options.Sessions: more sessions than this only add login time.
 const maxSessions = 32
 
 // Open connects to the LUN named by url (iscsi://[user@]host[:port]/IQN/LUN or iser://...),
 // logs in opts.Sessions sessions, probes the LUN and returns the Device. Login errors keep their
-// login sentinels (login.ErrAuthFailed, login.ErrTargetNotFound, login.ErrPortalUnreachable...)
+// sentinels (ErrAuthFailed, ErrTargetNotFound, ErrPortalUnreachable...)
 // so a caller can tell them apart; a missing LUN is ErrLUNNotFound.
 func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 	t, err := ParseURL(url)
@@ -43,15 +39,51 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 	opts.Logger = log
 	dialer, err := transport.Lookup(t.Transport)
 	if err != nil {
-		if t.Transport == "iser" {
-			return nil, fmt.Errorf("iser: built without RDMA support (no iser transport): %w", ErrTransportUnavailable)
-		}
+		// Only a scheme ParseURL accepts gets here, and both are always registered (iser:// by a
+		// stub without RDMA support, whose dial fails with ErrNoRDMA): defensive.
 		return nil, fmt.Errorf("iser: %w: %w", ErrTransportUnavailable, err)
 	}
-	if opts.InitiatorName == "" {
-		return nil, fmt.Errorf("iser: no initiator name: %w", login.ErrConfig)
+	chap, n, err := loginSettings(t, opts)
+	if err != nil {
+		return nil, err
 	}
-	chap := opts.CHAP
+	portals, err := portalsOf(ctx, t, dialer, opts, chap, sessionLog)
+	if err != nil {
+		return nil, err
+	}
+	cfgs, names := sessionConfigs(t, portals, n, dialer, opts, chap, sessionLog)
+	opts.pathNames = names
+	sessions, errs := loginAll(ctx, cfgs)
+	closeAll := func() error { return closeSessions(sessions) }
+	if err := loginOutcome(errs, sessions, len(portals) > 1, names, log); err != nil {
+		closeAll()
+		if noRDMA(t.Transport, err) {
+			return nil, fmt.Errorf("%w: %w", ErrTransportUnavailable, err)
+		}
+		return nil, err
+	}
+	log.Debug("logged in", zap.Int("sessions", len(sessions)), zap.Int("portals", len(portals)))
+
+	execs := make([]scsi.Executor, len(sessions))
+	for i, s := range sessions {
+		execs[i] = s
+	}
+	d, err := NewDevice(ctx, execs, t.LUN, opts, closeAll)
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	d.info.URL = t.String()
+	return d, nil
+}
+
+// loginSettings checks what every session logs in with: the initiator name, the CHAP
+// credentials (the URL's user overrides Options.CHAP's) and the number of sessions per portal.
+func loginSettings(t Target, opts Options) (chap *login.CHAP, sessions int, err error) {
+	if opts.InitiatorName == "" {
+		return nil, 0, fmt.Errorf("iser: no initiator name: %w", login.ErrConfig)
+	}
+	chap = opts.CHAP
 	if t.User != "" {
 		c := login.CHAP{User: t.User}
 		if chap != nil {
@@ -61,16 +93,22 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 		chap = &c
 	}
 	if chap != nil && (chap.User == "" || chap.Secret == "") {
-		return nil, fmt.Errorf("iser: CHAP needs both a user name and a secret: %w", login.ErrConfig)
+		return nil, 0, fmt.Errorf("iser: CHAP needs both a user name and a secret: %w", login.ErrConfig)
 	}
 	n := opts.Sessions
 	if n <= 0 {
 		n = 1
 	}
 	if n > maxSessions {
-		return nil, fmt.Errorf("iser: %d sessions requested, at most %d: %w", n, maxSessions, login.ErrConfig)
+		return nil, 0, fmt.Errorf("iser: %d sessions requested, at most %d: %w", n, maxSessions, login.ErrConfig)
 	}
-	// Every portal (the URL's and the alternates, same IQN and LUN) gets n sessions.
+	return chap, n, nil
+}
+
+// portalsOf is every portal of t's IQN and LUN: the URL's, the alternates and, with
+// PortalsFromDiscovery, those SendTargets lists. A portal given twice is an error, unless it was
+// (also) discovered.
+func portalsOf(ctx context.Context, t Target, dialer transport.Dialer, opts Options, chap *login.CHAP, sessionLog *zap.Logger) ([]Target, error) {
 	portals := []Target{t}
 	alternates := opts.AlternateTargets
 	if opts.PortalsFromDiscovery {
@@ -100,6 +138,11 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 		}
 		portals = append(portals, at)
 	}
+	return portals, nil
+}
+
+// sessionConfigs is the configuration of n sessions to every portal, and each one's portal name.
+func sessionConfigs(t Target, portals []Target, n int, dialer transport.Dialer, opts Options, chap *login.CHAP, sessionLog *zap.Logger) ([]session.Config, []string) {
 	total := n * len(portals)
 	cfgs := make([]session.Config, total)
 	names := make([]string, total)
@@ -114,18 +157,21 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 			LoginTimeout:  opts.LoginTimeout,
 			Logger:        sessionLog,
 		}
-		if opts.Proposal != nil {
-			cfgs[i].Proposal = *opts.Proposal
+		if opts.proposal != nil {
+			cfgs[i].Proposal = *opts.proposal
 		}
 		names[i] = pt.Portal()
 	}
-	opts.pathNames = names
+	return cfgs, names
+}
 
-	// Log the sessions in concurrently; the first failure wins and the rest are closed.
-	sessions := make([]*session.Session, total)
-	errs := make([]error, total)
+// loginAll creates and logs in a session per configuration, concurrently. sessions[i] is nil
+// only when creating it failed; errs[i] is its creation or login error.
+func loginAll(ctx context.Context, cfgs []session.Config) (sessions []*session.Session, errs []error) {
+	sessions = make([]*session.Session, len(cfgs))
+	errs = make([]error, len(cfgs))
 	var wg sync.WaitGroup
-	for i := range total {
+	for i := range cfgs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -138,20 +184,27 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 		}()
 	}
 	wg.Wait()
-	closeAll := func() error {
-		var cerrs []error
-		for _, s := range sessions {
-			if s != nil {
-				if err := s.Close(); err != nil {
-					cerrs = append(cerrs, err)
-				}
+	return sessions, errs
+}
+
+// closeSessions closes every session that was created.
+func closeSessions(sessions []*session.Session) error {
+	var cerrs []error
+	for _, s := range sessions {
+		if s != nil {
+			if err := s.Close(); err != nil {
+				cerrs = append(cerrs, err)
 			}
 		}
-		return errors.Join(cerrs...)
 	}
-	// With several portals, one that is unreachable at start is only a path that is down: its
-	// maintainer keeps trying to log in. Any other failure (authentication, no such target,
-	// negotiation) is a configuration problem and fails Open, as does having no path at all.
+	return errors.Join(cerrs...)
+}
+
+// loginOutcome is the error that fails Open, or nil. With several portals, one that is
+// unreachable at start is only a path that is down: its maintainer keeps trying to log in. Any
+// other failure (authentication, no such target, negotiation) is a configuration problem and
+// fails Open (the first one wins), as does having no path at all.
+func loginOutcome(errs []error, sessions []*session.Session, multiPortal bool, names []string, log *zap.Logger) error {
 	loggedIn := 0
 	var firstErr error
 	for i, err := range errs {
@@ -159,7 +212,7 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 			loggedIn++
 			continue
 		}
-		if len(portals) > 1 && errors.Is(err, login.ErrPortalUnreachable) && sessions[i] != nil {
+		if multiPortal && errors.Is(err, login.ErrPortalUnreachable) && sessions[i] != nil {
 			log.Warn("path down at start; will keep logging in", zap.String("portal", names[i]), zap.Error(err))
 			continue
 		}
@@ -170,26 +223,7 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 	if firstErr == nil && loggedIn == 0 {
 		firstErr = errs[0]
 	}
-	if firstErr != nil {
-		closeAll()
-		if noRDMA(t.Transport, firstErr) {
-			return nil, fmt.Errorf("%w: %w", ErrTransportUnavailable, firstErr)
-		}
-		return nil, firstErr
-	}
-	log.Debug("logged in", zap.Int("sessions", total), zap.Int("portals", len(portals)))
-
-	execs := make([]scsi.Executor, total)
-	for i, s := range sessions {
-		execs[i] = s
-	}
-	d, err := NewDevice(ctx, execs, t.LUN, opts, closeAll)
-	if err != nil {
-		closeAll()
-		return nil, err
-	}
-	d.info.URL = t.String()
-	return d, nil
+	return firstErr
 }
 
 // discoverPortals runs SendTargets on t's portal and returns URLs of t's LUN on every other

@@ -5,7 +5,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/iser-blk/iser-blk/backend/iser/login"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/login"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 )
 
@@ -19,8 +19,8 @@ type Options struct {
 	// Sessions is the number of sessions to open (default 1); commands are spread over them by
 	// least outstanding commands.
 	Sessions int
-	// Proposal overrides the operational keys offered at login (nil: login.DefaultProposal).
-	Proposal *login.Proposal
+	// proposal overrides the operational keys offered at login (nil: login.DefaultProposal).
+	proposal *login.Proposal
 	// LoginTimeout bounds connecting and logging in, per session (default 15 s).
 	LoginTimeout time.Duration
 	// MaxTransfer caps the data of one SCSI command in bytes (0: the LUN's and transport's own

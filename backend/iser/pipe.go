@@ -7,19 +7,19 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/iser-blk/iser-blk/backend/iser/internal/session"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
-	"github.com/iser-blk/iser-blk/backend/iser/session"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/rawio"
 )
 
-// PipeSubmitter is implemented by an Executor that can start a read whose data it splices into a
+// pipeReadExecutor is implemented by an Executor that can start a read whose data it splices into a
 // pipe (session.Session over TCP): see session.Session.SubmitToPipe.
-type PipeSubmitter interface {
+type pipeReadExecutor interface {
 	SubmitToPipe(cmd *scsi.Command, n, pipeW int, resp *scsi.Response, done session.Completer) bool
 }
 
-var _ PipeSubmitter = (*session.Session)(nil)
+var _ pipeReadExecutor = (*session.Session)(nil)
 var _ block.PipeSubmitter = (*Device)(nil)
 
 // SubmitReadToPipe implements block.PipeSubmitter: like SubmitAt for a read, but the session's
@@ -41,7 +41,7 @@ func (d *Device) SubmitReadToPipe(ctx context.Context, pipe block.Pipe, n int, o
 	if pth == nil {
 		return false
 	}
-	sub, ok := pth.ex.(PipeSubmitter)
+	sub, ok := pth.ex.(pipeReadExecutor)
 	if !ok {
 		return false
 	}

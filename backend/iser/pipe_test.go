@@ -8,10 +8,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/iser-blk/iser-blk/backend/iser/internal/session"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/transport"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi/scsitest"
-	"github.com/iser-blk/iser-blk/backend/iser/session"
-	"github.com/iser-blk/iser-blk/backend/iser/transport"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/fdtest"
 )
@@ -133,7 +133,7 @@ func TestSubmitReadToPipeDeclines(t *testing.T) {
 		{"empty", 0, 0},
 		{"misaligned", 512, 100},
 		{"past the end", 512, 64 << 20},
-		{"over one command", DefaultMaxTransfer + 512, 0},
+		{"over one command", defaultMaxTransfer + 512, 0},
 	} {
 		if d.SubmitReadToPipe(ctx, p, tc.n, tc.off, done) {
 			t.Errorf("%s: submitted", tc.name)

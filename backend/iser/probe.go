@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/bits"
 	"slices"
 	"strings"
 
@@ -45,41 +44,104 @@ type Info struct {
 	Sessions         int
 }
 
-// probe runs the one-time identification of the LUN and fills d's geometry and limits.
+// probe runs the one-time identification of the LUN and fills d's geometry and limits: the SCSI
+// conversation (prober) gathers what the target reports, deriveLimits (limits.go) turns it into
+// limits without further I/O.
 func (d *Device) probe(ctx context.Context, opts Options) error {
-	r := &request{}
-	r.cmd.LUN = d.lun
-	ex := d.paths[0].ex
-	for _, p := range d.paths {
-		if p.up() { // with several portals, the first may be down at start
-			ex = p.ex
-			break
-		}
-	}
-	run := func() error { return d.retry.Execute(ctx, ex, &r.cmd, &r.resp) }
-	notFound := func(err error) error {
-		var se *scsi.SenseError
-		if errors.As(err, &se) && se.Key == scsi.KeyIllegalRequest && se.Code() == scsi.ASCLUNotSupported {
-			return fmt.Errorf("iser: LUN %d: %w%s: %w", d.info.LUN, ErrLUNNotFound, d.availableLUNs(ctx, ex), err)
-		}
-		return err
-	}
 	d.info.LUN, _ = scsi.DecodeLUN(d.lun)
 	d.info.Sessions = len(d.paths)
-
-	// INQUIRY first: it is answered even when a UNIT ATTENTION is pending and tells whether the
-	// LUN exists at all (SPC-5 §6.6.2: PERIPHERAL QUALIFIER 011b means no logical unit).
-	buf := make([]byte, 96)
-	r.cmd.Inquiry(buf)
-	if err := run(); err != nil {
-		return fmt.Errorf("iser: INQUIRY: %w", notFound(err))
+	pr := &prober{d: d, ctx: ctx, ex: d.probeExecutor(), r: &request{}}
+	pr.r.cmd.LUN = d.lun
+	rep, err := pr.converse(opts)
+	if err != nil {
+		return err
 	}
-	inq, err := scsi.ParseInquiry(received(buf, r))
+	lim, err := deriveLimits(rep, d.transferCap(opts), opts.ReadOnly)
+	if err != nil {
+		return err
+	}
+	d.apply(rep, lim)
+	return nil
+}
+
+// probeExecutor is the first path that is up (with several portals, the first may be down at
+// start), else the first.
+func (d *Device) probeExecutor() scsi.Executor {
+	for _, p := range d.paths {
+		if p.up() {
+			return p.ex
+		}
+	}
+	return d.paths[0].ex
+}
+
+// transferCap is the smallest cap on one command's data in bytes that Options and the paths'
+// transports set (0: none).
+func (d *Device) transferCap(opts Options) int64 {
+	capBytes := opts.MaxTransfer
+	for _, p := range d.paths {
+		if tl, ok := p.ex.(transferLimiter); ok {
+			if m := tl.MaxCommandData(); m > 0 && (capBytes == 0 || m < capBytes) {
+				capBytes = m
+			}
+		}
+	}
+	return capBytes
+}
+
+// prober is the identification conversation with the LUN over one executor: one request slot,
+// every command through the retry policy.
+type prober struct {
+	d   *Device
+	ctx context.Context
+	ex  scsi.Executor
+	r   *request
+}
+
+func (pr *prober) run() error { return pr.d.retry.Execute(pr.ctx, pr.ex, &pr.r.cmd, &pr.r.resp) }
+
+// notFound turns LOGICAL UNIT NOT SUPPORTED into ErrLUNNotFound, naming the LUNs there are.
+func (pr *prober) notFound(err error) error {
+	var se *scsi.SenseError
+	if errors.As(err, &se) && se.Key == scsi.KeyIllegalRequest && se.Code() == scsi.ASCLUNotSupported {
+		return fmt.Errorf("iser: LUN %d: %w%s: %w", pr.d.info.LUN, ErrLUNNotFound, pr.d.availableLUNs(pr.ctx, pr.ex), err)
+	}
+	return err
+}
+
+// converse asks the LUN, in order: who it is and whether it is ready, its VPD pages, its
+// capacity, its mode parameters and whether WRITE SAME(16) exists.
+func (pr *prober) converse(opts Options) (probeReport, error) {
+	var rep probeReport
+	if err := pr.identify(); err != nil {
+		return rep, err
+	}
+	pr.readVPD(&rep)
+	if err := pr.readCapacity(&rep); err != nil {
+		return rep, err
+	}
+	pr.modeSense(&rep)
+	pr.writeSameSupport(&rep)
+	return rep, nil
+}
+
+// identify runs INQUIRY and TEST UNIT READY. INQUIRY goes first: it is answered even when a UNIT
+// ATTENTION is pending and tells whether the LUN exists at all (SPC-5 §6.6.2: PERIPHERAL
+// QUALIFIER 011b means no logical unit). TEST UNIT READY then consumes pending UNIT ATTENTIONs
+// (the retry policy re-issues) and fails on a unit that is not ready (no medium, fenced).
+func (pr *prober) identify() error {
+	d := pr.d
+	buf := make([]byte, 96)
+	pr.r.cmd.Inquiry(buf)
+	if err := pr.run(); err != nil {
+		return fmt.Errorf("iser: INQUIRY: %w", pr.notFound(err))
+	}
+	inq, err := scsi.ParseInquiry(received(buf, pr.r))
 	if err != nil {
 		return fmt.Errorf("iser: %w", err)
 	}
 	if inq.Qualifier == 3 || (inq.Qualifier != 0 && inq.DeviceType == scsi.TypeNone) {
-		return fmt.Errorf("iser: LUN %d: %w%s", d.info.LUN, ErrLUNNotFound, d.availableLUNs(ctx, ex))
+		return fmt.Errorf("iser: LUN %d: %w%s", d.info.LUN, ErrLUNNotFound, d.availableLUNs(pr.ctx, pr.ex))
 	}
 	if inq.DeviceType != scsi.TypeDisk {
 		return fmt.Errorf("iser: LUN %d has peripheral device type 0x%02x: %w", d.info.LUN, inq.DeviceType, ErrNotDisk)
@@ -87,77 +149,81 @@ func (d *Device) probe(ctx context.Context, opts Options) error {
 	d.info.Vendor, d.info.Product, d.info.Revision = inq.Vendor, inq.Product, inq.Revision
 	d.alua = inq.TPGS != 0 // alua.go: paths are ranked by their port group's access state
 
-	// TEST UNIT READY consumes pending UNIT ATTENTIONs (the retry policy re-issues) and fails
-	// on a unit that is not ready (no medium, fenced).
-	r.cmd.TestUnitReady()
-	if err := run(); err != nil {
-		return fmt.Errorf("iser: TEST UNIT READY: %w", notFound(err))
+	pr.r.cmd.TestUnitReady()
+	if err := pr.run(); err != nil {
+		return fmt.Errorf("iser: TEST UNIT READY: %w", pr.notFound(err))
 	}
+	return nil
+}
 
+// readVPD reads the VPD pages the LUN lists (all optional: a failed page leaves its defaults):
+// unit serial number and device identification into d.info, Block Limits, Block Device
+// Characteristics and Logical Block Provisioning into rep.
+func (pr *prober) readVPD(rep *probeReport) {
+	d := pr.d
 	pages := []byte{scsi.VPDUnitSerialNumber, scsi.VPDDeviceIdentification}
-	if b, err := d.vpd(run, r, scsi.VPDSupportedPages, 256); err == nil {
+	if b, err := pr.vpd(scsi.VPDSupportedPages, 256); err == nil {
 		if p, err := scsi.ParseSupportedVPDPages(b); err == nil {
 			pages = p
 		}
 	}
 	if slices.Contains(pages, scsi.VPDUnitSerialNumber) {
-		if b, err := d.vpd(run, r, scsi.VPDUnitSerialNumber, 256); err == nil {
+		if b, err := pr.vpd(scsi.VPDUnitSerialNumber, 256); err == nil {
 			d.info.Serial, _ = scsi.ParseUnitSerial(b)
 		} else {
 			d.log.Debug("unit serial number VPD failed", zap.Error(err))
 		}
 	}
 	if slices.Contains(pages, scsi.VPDDeviceIdentification) {
-		if b, err := d.vpd(run, r, scsi.VPDDeviceIdentification, 1024); err == nil {
+		if b, err := pr.vpd(scsi.VPDDeviceIdentification, 1024); err == nil {
 			d.info.Designators, _ = scsi.ParseDeviceIdentification(b)
 			d.info.WWN = preferredDesignator(d.info.Designators)
 		} else {
 			d.log.Debug("device identification VPD failed", zap.Error(err))
 		}
 	}
-	var bl scsi.BlockLimits
 	if slices.Contains(pages, scsi.VPDBlockLimits) {
-		if b, err := d.vpd(run, r, scsi.VPDBlockLimits, 64); err == nil {
-			if bl, err = scsi.ParseBlockLimits(b); err != nil {
+		if b, err := pr.vpd(scsi.VPDBlockLimits, 64); err == nil {
+			if rep.blockLimits, err = scsi.ParseBlockLimits(b); err != nil {
 				d.log.Debug("block limits VPD undecodable", zap.Error(err))
 			}
 		} else {
 			d.log.Debug("block limits VPD failed", zap.Error(err))
 		}
 	}
-	var rotational bool
 	if slices.Contains(pages, scsi.VPDBlockCharacteristics) {
-		if b, err := d.vpd(run, r, scsi.VPDBlockCharacteristics, 64); err == nil {
+		if b, err := pr.vpd(scsi.VPDBlockCharacteristics, 64); err == nil {
 			if bc, err := scsi.ParseBlockCharacteristics(b); err == nil {
-				rotational = bc.Rotational()
+				rep.rotational = bc.Rotational()
 			}
 		}
 	}
-	var lbp scsi.LogicalBlockProvisioning
-	haveLBP := false
 	if slices.Contains(pages, scsi.VPDLogicalBlockProvisn) {
-		if b, err := d.vpd(run, r, scsi.VPDLogicalBlockProvisn, 64); err == nil {
-			lbp, err = scsi.ParseLogicalBlockProvisioning(b)
-			haveLBP = err == nil
+		if b, err := pr.vpd(scsi.VPDLogicalBlockProvisn, 64); err == nil {
+			rep.lbp, err = scsi.ParseLogicalBlockProvisioning(b)
+			rep.haveLBP = err == nil
 		}
 	}
+}
 
-	// READ CAPACITY(16), falling back to (10) for targets that predate it (SBC-4 §4.6).
+// readCapacity runs READ CAPACITY(16), falling back to (10) for targets that predate it (SBC-4
+// §4.6), and checks the answer.
+func (pr *prober) readCapacity(rep *probeReport) error {
 	capBuf := make([]byte, 32)
-	r.cmd.ReadCapacity16(capBuf)
+	pr.r.cmd.ReadCapacity16(capBuf)
 	var c scsi.Capacity
-	if err := run(); err == nil {
-		c, err = scsi.ParseReadCapacity16(received(capBuf, r))
+	if err := pr.run(); err == nil {
+		c, err = scsi.ParseReadCapacity16(received(capBuf, pr.r))
 		if err != nil {
 			return fmt.Errorf("iser: %w", err)
 		}
-		d.use16 = true
+		rep.use16 = true
 	} else {
 		if !errors.Is(err, block.ErrNotSupported) && !errors.Is(err, block.ErrInvalid) {
 			return fmt.Errorf("iser: %w", err)
 		}
-		r.cmd.ReadCapacity10(capBuf[:8])
-		if err := run(); err != nil {
+		pr.r.cmd.ReadCapacity10(capBuf[:8])
+		if err := pr.run(); err != nil {
 			return fmt.Errorf("iser: %w", err)
 		}
 		if c, err = scsi.ParseReadCapacity10(capBuf[:8]); err != nil {
@@ -170,176 +236,104 @@ func (d *Device) probe(ctx context.Context, opts Options) error {
 	if err := c.Validate(); err != nil {
 		return fmt.Errorf("iser: %w: %w", err, block.ErrIO)
 	}
-	d.bs = int64(c.BlockSize)
-	d.shift = uint(bits.TrailingZeros32(c.BlockSize))
-	d.blocks = c.Blocks()
-	d.size = int64(c.Bytes())
+	rep.capacity = c
+	return nil
+}
 
-	// MODE SENSE(10): WP and DPOFUA from the header, WCE from the caching page. A target
-	// without it gets the safe assumptions: writable (writes fail cleanly if not), no FUA
-	// (emulated), a volatile cache (flushes are sent).
-	var ms scsi.ModeSense
-	msOK := false
+// modeSense runs MODE SENSE(10): WP and DPOFUA from the header, WCE from the caching page. A
+// target without it gets the safe assumptions (see deriveLimits): writable (writes fail cleanly
+// if not), no FUA (emulated), a volatile cache (flushes are sent).
+func (pr *prober) modeSense(rep *probeReport) {
 	for _, page := range []byte{scsi.ModePageCaching, scsi.ModePageAll} {
 		mbuf := make([]byte, 255)
-		r.cmd.ModeSense10(page, 0, scsi.PCCurrent, true, mbuf)
-		if err := run(); err != nil {
-			d.log.Debug("MODE SENSE(10) failed", zap.Uint8("page", page), zap.Error(err))
+		pr.r.cmd.ModeSense10(page, 0, scsi.PCCurrent, true, mbuf)
+		if err := pr.run(); err != nil {
+			pr.d.log.Debug("MODE SENSE(10) failed", zap.Uint8("page", page), zap.Error(err))
 			continue
 		}
-		if ms, err = scsi.ParseModeSense10(received(mbuf, r)); err == nil {
-			msOK = true
-			break
+		ms, err := scsi.ParseModeSense10(received(mbuf, pr.r))
+		if err == nil {
+			rep.mode, rep.modeOK = ms, true
+			return
 		}
 	}
+}
 
-	// Does WRITE SAME(16) exist, and is NDOB honoured? (SPC-5 §6.34, one-command format.)
-	ws := wsUnknown
-	if haveLBP && lbp.LBPWS {
-		ws = wsYes
+// writeSameSupport asks whether WRITE SAME(16) exists and NDOB is honoured (REPORT SUPPORTED
+// OPERATION CODES, SPC-5 §6.34, one-command format); LBPWS already says yes.
+func (pr *prober) writeSameSupport(rep *probeReport) {
+	rep.writeSame = wsUnknown
+	if rep.haveLBP && rep.lbp.LBPWS {
+		rep.writeSame = wsYes
 	}
-	if !ms.WriteProtect {
-		rbuf := make([]byte, 4+16)
-		r.cmd.ReportSupportedOpcode(scsi.OpWriteSame16, nil, rbuf)
-		if err := run(); err == nil {
-			if o, err := scsi.ParseOpcodeSupport(received(rbuf, r)); err == nil {
-				switch {
-				case o.Supported():
-					ws = wsYes
-					d.ndob.Store(o.UsageBit(1, 0x01))
-				case o.Support == 1:
-					ws = wsNo
-				}
-			}
+	if rep.mode.WriteProtect {
+		return
+	}
+	rbuf := make([]byte, 4+16)
+	pr.r.cmd.ReportSupportedOpcode(scsi.OpWriteSame16, nil, rbuf)
+	if err := pr.run(); err != nil {
+		return
+	}
+	if o, err := scsi.ParseOpcodeSupport(received(rbuf, pr.r)); err == nil {
+		switch {
+		case o.Supported():
+			rep.writeSame = wsYes
+			rep.ndob = o.UsageBit(1, 0x01)
+		case o.Support == 1:
+			rep.writeSame = wsNo
 		}
 	}
-	d.ws.Store(ws)
+}
 
-	// Transfer limits, in blocks.
-	maxX := uint64(DefaultMaxTransfer) >> d.shift
-	if bl.MaxTransferLength != 0 {
-		// Some targets report their backstore's limit (LIO's RAM disk: 2 TiB). A command larger
-		// than maxSaneTransfer gains no throughput and ties up a huge slice of the caller's
-		// memory in one task, so the stated limit is honoured only below it.
-		maxX = min(uint64(bl.MaxTransferLength), uint64(maxSaneTransfer)>>d.shift)
-	}
-	capBytes := opts.MaxTransfer
-	for _, p := range d.paths {
-		if tl, ok := p.ex.(TransferLimiter); ok {
-			if m := tl.MaxCommandData(); m > 0 && (capBytes == 0 || m < capBytes) {
-				capBytes = m
-			}
-		}
-	}
-	if capBytes > 0 {
-		maxX = min(maxX, uint64(capBytes)>>d.shift)
-	}
-	if !d.use16 {
-		maxX = min(maxX, 0xFFFF)
-	}
-	maxX = min(maxX, 0xFFFFFFFF)
-	// Keep pieces aligned to physical blocks when that costs nothing.
-	if pb := uint64(1) << c.PhysBlockExponent; c.PhysBlockExponent <= 16 && maxX >= 2*pb {
-		maxX -= maxX % pb
-	}
-	if maxX == 0 {
-		return fmt.Errorf("iser: transfer cap %d bytes is smaller than a %d-byte block: %w", capBytes, d.bs, block.ErrInvalid)
-	}
-	d.maxXferBlocks = maxX
-
-	d.lbprz = c.LBPRZ || (haveLBP && lbp.LBPRZ != 0)
-	// A Block Limits page long enough to carry the UNMAP limits but with either at zero says
-	// UNMAP is not implemented after all (SBC-4 §6.6.4), whatever LBPU claims.
-	unmapLimitsZero := bl.Length >= 24 && (bl.MaxUnmapLBACount == 0 || bl.MaxUnmapDescriptorCount == 0)
-	d.lbpu = haveLBP && lbp.LBPU && !unmapLimitsZero
-	d.lbpws = haveLBP && lbp.LBPWS
-	d.maxUnmapBlocks = 0xFFFFFFFF
-	if bl.MaxUnmapLBACount != 0 {
-		d.maxUnmapBlocks = uint64(bl.MaxUnmapLBACount)
-	}
-	if !d.lbpu {
-		// Discard through WRITE SAME(16) with UNMAP follows WRITE SAME's limit.
-		d.maxUnmapBlocks = min(d.maxUnmapBlocks, wsLimit(bl))
-	}
-	d.maxWSBlocks = wsLimit(bl)
-	d.volatile = !msOK || !ms.CachingPage || ms.WCE
-
-	physBS := uint32(c.PhysicalBlockSize())
-	if c.PhysBlockExponent > 16 {
-		physBS = c.BlockSize
-	}
-	l := block.Limits{
-		LogicalBlockSize:  c.BlockSize,
-		PhysicalBlockSize: physBS,
-		MaxTransfer:       int64(d.maxXferBlocks) << d.shift,
-		OptimalTransfer:   int64(bl.OptimalTransferLength) << d.shift,
-		ReadOnly:          ms.WriteProtect || opts.ReadOnly,
-		VolatileCache:     d.volatile,
-		CanFlush:          true,
-		CanFUA:            ms.DPOFUA,
-		CanDiscard:        d.lbpu || d.lbpws,
-		CanWriteZeroes:    true,
-		CanFastZero:       ws != wsNo,
-		DiscardZeroes:     d.lbprz && (d.lbpu || d.lbpws),
-		Rotational:        rotational,
-		MultiConn:         true,
-	}
-	if l.CanDiscard {
-		l.MaxDiscard = int64(d.maxUnmapBlocks) << d.shift
-		if bl.OptimalUnmapGranularity > 1 {
-			l.DiscardAlignment = int64(bl.OptimalUnmapGranularity) << d.shift
-		}
-	}
-	if ws != wsNo {
-		l.MaxWriteZeroes = int64(d.maxWSBlocks) << d.shift
-	} else {
-		l.MaxWriteZeroes = l.MaxTransfer
-	}
-	if l.OptimalTransfer > l.MaxTransfer {
-		l.OptimalTransfer = l.MaxTransfer
-	}
-	d.limits = l
+// apply stores what the probe found and derived in d and d.info.
+func (d *Device) apply(rep probeReport, lim derivedLimits) {
+	c := rep.capacity
+	d.use16 = rep.use16
+	d.ndob.Store(rep.ndob)
+	d.ws.Store(rep.writeSame)
+	d.bs = int64(c.BlockSize)
+	d.shift = lim.shift
+	d.blocks = c.Blocks()
+	d.size = int64(c.Bytes())
+	d.maxXferBlocks = lim.maxXferBlocks
+	d.lbprz, d.lbpu, d.lbpws = lim.lbprz, lim.lbpu, lim.lbpws
+	d.maxUnmapBlocks, d.maxWSBlocks = lim.maxUnmapBlocks, lim.maxWSBlocks
+	d.volatile = lim.volatile
+	d.limits = lim.limits
+	l := lim.limits
 
 	d.info.Blocks = d.blocks
 	d.info.Capacity = d.size
 	d.info.LogicalBlockSize = c.BlockSize
-	d.info.PhysicalBlockSize = physBS
+	d.info.PhysicalBlockSize = l.PhysicalBlockSize
 	d.info.MaxTransfer = l.MaxTransfer
 	d.info.OptimalTransfer = l.OptimalTransfer
 	d.info.ThinProvisioned = c.LBPME
 	d.info.UnmapSupported = d.lbpu
 	d.info.WriteSameUnmap = d.lbpws
 	d.info.ZeroesAfterUnmap = d.lbprz
-	d.info.WriteSame = map[int32]string{wsUnknown: "unknown", wsYes: "yes", wsNo: "no"}[ws]
+	d.info.WriteSame = map[int32]string{wsUnknown: "unknown", wsYes: "yes", wsNo: "no"}[rep.writeSame]
 	d.info.WriteCache = d.volatile
-	d.info.WriteCacheKnown = msOK && ms.CachingPage
-	d.info.FUA = ms.DPOFUA
-	d.info.Rotational = rotational
-	d.info.ReadOnly = ms.WriteProtect // the LUN's own state, not Options.ReadOnly
+	d.info.WriteCacheKnown = rep.modeOK && rep.mode.CachingPage
+	d.info.FUA = rep.mode.DPOFUA
+	d.info.Rotational = rep.rotational
+	d.info.ReadOnly = rep.mode.WriteProtect // the LUN's own state, not Options.ReadOnly
 	d.log.Debug("probed LUN",
 		zap.String("vendor", d.info.Vendor), zap.String("product", d.info.Product),
 		zap.Uint64("blocks", d.blocks), zap.Uint32("block_size", c.BlockSize),
 		zap.Int64("max_transfer", l.MaxTransfer), zap.Bool("fua", l.CanFUA),
 		zap.Bool("write_cache", d.volatile), zap.Bool("read_only", l.ReadOnly),
 		zap.Bool("unmap", d.lbpu), zap.Bool("ws_unmap", d.lbpws), zap.String("write_same", d.info.WriteSame), zap.Bool("ndob", d.ndob.Load()))
-	return nil
-}
-
-func wsLimit(bl scsi.BlockLimits) uint64 {
-	if bl.MaxWriteSameLength == 0 {
-		return defaultMaxWriteSameBlocks
-	}
-	return min(bl.MaxWriteSameLength, 0xFFFFFFFF)
 }
 
 // vpd reads one VPD page into a fresh buffer of n bytes and returns what was transferred.
-func (d *Device) vpd(run func() error, r *request, page byte, n int) ([]byte, error) {
+func (pr *prober) vpd(page byte, n int) ([]byte, error) {
 	b := make([]byte, n)
-	r.cmd.InquiryVPD(page, b)
-	if err := run(); err != nil {
+	pr.r.cmd.InquiryVPD(page, b)
+	if err := pr.run(); err != nil {
 		return nil, err
 	}
-	return received(b, r), nil
+	return received(b, pr.r), nil
 }
 
 // preferredDesignator picks the logical unit's name for people, the way Linux picks a WWN:

@@ -37,10 +37,10 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 )
 
-// Recoverable is an Executor whose connection can be watched and re-established (a
+// recoverableExecutor is an Executor whose connection can be watched and re-established (a
 // *session.Session). The Device runs a maintainer goroutine for each one.
-type Recoverable interface {
-	Liveness
+type recoverableExecutor interface {
+	connectedExecutor
 	// Login (re)establishes the connection (reinstating the session after a loss).
 	Login(ctx context.Context) error
 	// Done is closed when the current connection ends (nil when there is none).
@@ -53,10 +53,10 @@ type Recoverable interface {
 	Drop(cause error)
 }
 
-// TaskManager is implemented by an Executor that can end stuck commands with task management
+// taskManager is implemented by an Executor that can end stuck commands with task management
 // functions (a *session.Session): the command watchdog tries them before dropping the
 // connection.
-type TaskManager interface {
+type taskManager interface {
 	// AbortOutstanding sends ABORT TASK for every outstanding command; the ones the target
 	// confirms fail with session.ErrTaskAborted (and are re-issued). An error means some were
 	// not confirmed.
@@ -222,25 +222,36 @@ func (d *Device) waitPath(ctx context.Context) error {
 		if d.closed.Load() {
 			return block.ErrClosed
 		}
-		var expire <-chan time.Time
-		if rt := d.rec.ReplacementTimeout; rt >= 0 {
-			left := time.Until(since.Add(rt))
-			if left <= 0 {
-				return fmt.Errorf("iser: no session to %s for %v (replacement timeout %v): %w",
-					d.info.URL, time.Since(since).Round(time.Millisecond), rt, block.ErrNoPath)
-			}
-			t := time.NewTimer(left)
-			defer t.Stop()
-			expire = t.C
-		}
-		select {
-		case <-ch:
-		case <-expire:
-		case <-d.bgDone():
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := d.awaitPathChange(ctx, ch, since); err != nil {
+			return err
 		}
 	}
+}
+
+// awaitPathChange waits, once, until the path state changes (ch), the replacement timeout
+// counted from since runs out, the device closes or ctx ends; only the last and an expired
+// timeout are errors. Its timer is stopped on return (a defer in waitPath's loop would keep
+// every iteration's timer until waitPath returned).
+func (d *Device) awaitPathChange(ctx context.Context, ch <-chan struct{}, since time.Time) error {
+	var expire <-chan time.Time
+	if rt := d.rec.ReplacementTimeout; rt >= 0 {
+		left := time.Until(since.Add(rt))
+		if left <= 0 {
+			return fmt.Errorf("iser: no session to %s for %v (replacement timeout %v): %w",
+				d.info.URL, time.Since(since).Round(time.Millisecond), rt, block.ErrNoPath)
+		}
+		t := time.NewTimer(left)
+		defer t.Stop()
+		expire = t.C
+	}
+	select {
+	case <-ch:
+	case <-expire:
+	case <-d.bgDone():
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
 }
 
 func (d *Device) bgDone() <-chan struct{} {
@@ -374,7 +385,7 @@ func (d *Device) watch(p *path, log *zap.Logger) {
 // returns false when it dropped the connection.
 func (d *Device) unstick(p *path, idle time.Duration, log *zap.Logger) bool {
 	n := p.outstanding.Load()
-	tm, _ := p.ex.(TaskManager)
+	tm, _ := p.ex.(taskManager)
 	step := int(p.escalation.Load())
 	if tm == nil {
 		step = escDrop

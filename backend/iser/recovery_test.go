@@ -13,13 +13,13 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/iser-blk/iser-blk/backend/iser/internal/session"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi/scsitest"
-	"github.com/iser-blk/iser-blk/backend/iser/session"
 	"github.com/iser-blk/iser-blk/block"
 )
 
-// fakeSession is a Recoverable executor over a scsitest LUN whose connection the test controls:
+// fakeSession is a recoverableExecutor over a scsitest LUN whose connection the test controls:
 // kill it (outstanding commands fail with a ConnError), refuse logins, make pings or commands hang.
 type fakeSession struct {
 	lun *scsitest.LUN
@@ -459,7 +459,7 @@ func TestCommandTimeoutEscalation(t *testing.T) {
 	}
 }
 
-// steadySession is a Recoverable executor that is always up (for the allocation test).
+// steadySession is a recoverableExecutor that is always up (for the allocation test).
 type steadySession struct {
 	*scsitest.LUN
 	done chan struct{}

@@ -7,19 +7,19 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/iser-blk/iser-blk/backend/iser/internal/session"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
-	"github.com/iser-blk/iser-blk/backend/iser/session"
 	"github.com/iser-blk/iser-blk/block"
 )
 
-// Submitter is implemented by an Executor that can start a command without waiting for it
+// asyncExecutor is implemented by an Executor that can start a command without waiting for it
 // (session.Session over TCP): see session.Session.Submit.
-type Submitter interface {
+type asyncExecutor interface {
 	Submit(cmd *scsi.Command, resp *scsi.Response, done session.Completer) bool
 	Kick()
 }
 
-var _ Submitter = (*session.Session)(nil)
+var _ asyncExecutor = (*session.Session)(nil)
 var _ block.Submitter = (*Device)(nil)
 
 // asyncReq is what a request started by SubmitAt carries besides its command.
@@ -62,7 +62,7 @@ func (d *Device) SubmitAt(ctx context.Context, p []byte, off int64, write bool, 
 	if pth == nil {
 		return false
 	}
-	sub, ok := pth.ex.(Submitter)
+	sub, ok := pth.ex.(asyncExecutor)
 	if !ok {
 		return false
 	}
@@ -119,7 +119,7 @@ func (a *asyncReq) length() int64 {
 // Kick implements block.Submitter: it sends the commands SubmitAt queued on every path.
 func (d *Device) Kick() {
 	for _, p := range d.paths {
-		if s, ok := p.ex.(Submitter); ok {
+		if s, ok := p.ex.(asyncExecutor); ok {
 			s.Kick()
 		}
 	}

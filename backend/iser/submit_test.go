@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/iser-blk/iser-blk/backend/iser/internal/session"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi/scsitest"
-	"github.com/iser-blk/iser-blk/backend/iser/session"
 	"github.com/iser-blk/iser-blk/block"
 )
 
@@ -105,7 +105,7 @@ func TestSubmitAt(t *testing.T) {
 		{"empty", nil, 0, false},
 		{"misaligned", make([]byte, 512), 100, false},
 		{"past the end", make([]byte, 512), 64 << 20, false},
-		{"over one command", make([]byte, DefaultMaxTransfer+512), 0, false},
+		{"over one command", make([]byte, defaultMaxTransfer+512), 0, false},
 	} {
 		if d.SubmitAt(ctx, tc.p, tc.off, tc.write, 0, done) {
 			t.Errorf("%s: submitted", tc.name)

@@ -44,7 +44,7 @@ var ErrBadURL = errors.New("invalid target URL")
 // the array controller, not a disk, so defaulting to it would be a trap.
 func ParseURL(s string) (Target, error) {
 	bad := func(format string, a ...any) (Target, error) {
-		return Target{}, fmt.Errorf("%w %q: %s", ErrBadURL, redactURL(s), fmt.Sprintf(format, a...))
+		return Target{}, fmt.Errorf("%w %q: %s", ErrBadURL, RedactURL(s), fmt.Sprintf(format, a...))
 	}
 	u, err := url.Parse(s)
 	if err != nil {
@@ -98,22 +98,28 @@ func ParseURL(s string) (Target, error) {
 	return t, nil
 }
 
-// redactURL drops anything after "user:" in the authority so that an error about a URL that
-// (wrongly) carries a password does not print it.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		if i := strings.Index(s, "@"); i >= 0 {
-			if j := strings.Index(s, "://"); j >= 0 && j < i {
-				return s[:j+3] + "REDACTED" + s[i:]
-			}
-		}
-		return s
+// RedactURL is raw without its user information (user name and any password), for showing a
+// target URL to anyone: logs, errors, the NBD export description. It is the one redaction of
+// target URLs in the program. A string that does not parse as a URL loses whatever lies between
+// "://" and the last "@" before the path.
+func RedactURL(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
+		u.User = nil
+		return u.String()
 	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "REDACTED")
+	j := strings.Index(raw, "://")
+	if j < 0 {
+		return raw
 	}
-	return u.String()
+	rest := raw[j+3:]
+	auth := rest
+	if k := strings.Index(rest, "/"); k >= 0 {
+		auth = rest[:k]
+	}
+	if i := strings.LastIndex(auth, "@"); i >= 0 {
+		return raw[:j+3] + rest[i+1:]
+	}
+	return raw
 }
 
 // validName accepts the characters RFC 7143 §4.2.7.1 allows in an iSCSI name (after

@@ -78,3 +78,19 @@ func FuzzParseURL(f *testing.F) {
 		}
 	})
 }
+
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"iscsi://alice@host:3260/iqn.x:y/1":         "iscsi://host:3260/iqn.x:y/1",
+		"iscsi://alice:pw@host:3260/iqn.x:y/1":      "iscsi://host:3260/iqn.x:y/1",
+		"mem://64MiB":                               "mem://64MiB",
+		"iscsi://alice:p%zz@host/iqn.x:y/1":         "iscsi://host/iqn.x:y/1", // not a valid URL
+		"iscsi://host/iqn.x:y/1":                    "iscsi://host/iqn.x:y/1",
+		"iser://[fe80::1%25eth0]:3260/iqn.x:y/1":    "iser://[fe80::1%25eth0]:3260/iqn.x:y/1",
+		"iscsi://u:a@b@host:3260/iqn.a@b.example/0": "iscsi://host:3260/iqn.a@b.example/0",
+	} {
+		if got := RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -9,8 +9,6 @@ import (
 	"strings"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
-	"github.com/iser-blk/iser-blk/backend/iser/discovery"
-	"github.com/iser-blk/iser-blk/backend/iser/transport"
 )
 
 func init() {
@@ -67,18 +65,7 @@ func runDiscover(ctx context.Context, args []string) int {
 	if err != nil {
 		return fail("discover", err)
 	}
-	dialer, err := transport.Lookup(scheme)
-	if err != nil {
-		return fail("discover", fmt.Errorf("%w: %w", iser.ErrTransportUnavailable, err))
-	}
-	targets, err := discovery.SendTargets(ctx, discovery.Config{
-		Portal:        portal,
-		Transport:     dialer,
-		InitiatorName: opts.InitiatorName,
-		CHAP:          opts.CHAP,
-		LoginTimeout:  opts.LoginTimeout,
-		Logger:        log,
-	})
+	targets, err := iser.Discover(ctx, scheme, portal, opts)
 	if err != nil {
 		return fail("discover", err)
 	}

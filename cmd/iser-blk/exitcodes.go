@@ -1,5 +1,14 @@
 package main
 
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+
+	"github.com/iser-blk/iser-blk/backend/iser"
+)
+
 // Exit codes, documented in the README. Scripts may rely on them.
 const (
 	exitOK          = 0 // success
@@ -10,3 +19,31 @@ const (
 	exitUnreachable = 5 // portal unreachable (refused, no route, timeout)
 	exitNoKernel    = 6 // the kernel lacks what the command needs (nbd, ublk, RDMA)
 )
+
+// exitCode maps an error to the documented exit codes (exitcodes.go).
+func exitCode(err error) int {
+	var ue *usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &ue), errors.Is(err, iser.ErrBadURL), errors.Is(err, iser.ErrLoginConfig):
+		return exitUsage
+	case errors.Is(err, iser.ErrAuthFailed), errors.Is(err, iser.ErrAuthorization):
+		return exitAuth
+	case errors.Is(err, iser.ErrTargetNotFound), errors.Is(err, iser.ErrTargetRemoved), errors.Is(err, iser.ErrLUNNotFound):
+		return exitNotFound
+	case errors.Is(err, iser.ErrTransportUnavailable), errors.Is(err, iser.ErrNoRDMA), errors.Is(err, syscall.ENODEV):
+		// A build without rdma-core, or no RDMA device: checked before "unreachable", which
+		// the login layer also reports for these dial failures.
+		return exitNoKernel
+	case errors.Is(err, iser.ErrPortalUnreachable):
+		return exitUnreachable
+	}
+	return exitFailure
+}
+
+// fail prints err for the user and returns its exit code.
+func fail(name string, err error) int {
+	fmt.Fprintf(os.Stderr, "iser-blk %s: %v\n", name, err)
+	return exitCode(err)
+}

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/dustin/go-humanize"
+	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 )
@@ -47,7 +48,9 @@ func runInfo(ctx context.Context, args []string) int {
 	}
 	info := d.Info()
 	if err := d.Close(); err != nil {
-		log.Debug("logout failed")
+		// The LUN's description is complete; a failed logout only leaves the target to time
+		// the session out, so it is reported (stderr), not made the command's failure.
+		log.Warn("logout failed", zap.Error(err))
 	}
 	if asJSON {
 		err = writeInfoJSON(os.Stdout, info)

@@ -25,3 +25,13 @@ func newLogger(debug bool) *zap.Logger {
 	}
 	return zap.New(zapcore.NewCore(enc, zapcore.Lock(os.Stderr), level))
 }
+
+// commandLogger is the logger of a one-shot command (info, discover): warnings and errors only,
+// unless --debug, so that the command's output is not buried in session chatter.
+func commandLogger(debug bool) *zap.Logger {
+	log := newLogger(debug)
+	if debug {
+		return log
+	}
+	return log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))
+}

@@ -2,7 +2,14 @@
 // on a socket, a kernel /dev/nbdX, or a ublk /dev/ublkbN.
 //
 // Each subcommand lives in its own file and registers itself from init(); main only dispatches,
-// sets up logging and turns SIGINT/SIGTERM into context cancellation.
+// sets up logging and turns SIGINT/SIGTERM into context cancellation. Shared pieces: target.go
+// (the target flags and their iser.Options), flagset.go (parsing, usage), exitcodes.go (the
+// error-to-exit-code mapping), exportflags.go and stack.go (the device stack serve and attach
+// build), shutdown.go (closeDevice: the one shutdown flush).
+//
+// Invariants: secrets never come from argv or a URL and are never logged; every command returns
+// one of the documented exit codes; a serving command exits 0 only when everything acknowledged
+// was flushed to the target (closeDevice).
 package main
 
 import (

@@ -13,7 +13,9 @@ import (
 // 127.0.0.1:6060, serves net/http/pprof on it for the life of the process (any subcommand).
 // It is for profiling under load (make bench, docs/bench/README.md) and deliberately not a flag:
 // nothing is listening unless an operator asks for it, and the profiles expose internals, so bind
-// it to loopback. Mutex and block profiles are sampled (1 in 100 events) only while it is on.
+// it to loopback. Only while it is on are mutex and block profiles sampled: the mutex profile
+// records 1 in 100 contention events, the block profile about one event per 100 µs spent blocked
+// (runtime.SetBlockProfileRate takes nanoseconds, not a fraction).
 const pprofEnv = "ISERBLK_PPROF"
 
 func startPprof() {

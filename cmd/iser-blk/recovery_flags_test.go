@@ -66,3 +66,17 @@ func TestRecoveryFlags(t *testing.T) {
 		})
 	}
 }
+
+// TestCommandTimeoutHelp: --command-timeout's help names the watchdog's escalation
+// (recovery.go's unstick, docs/reliability.md), not only the final drop.
+func TestCommandTimeoutHelp(t *testing.T) {
+	var tf targetFlags
+	fs := newFlagSet("serve", "", "")
+	tf.register(fs, true)
+	usage := fs.Lookup("command-timeout").Usage
+	for _, step := range []string{"ABORT TASK", "LOGICAL UNIT RESET", "drop", "re-issued"} {
+		if !strings.Contains(usage, step) {
+			t.Errorf("--command-timeout help %q does not mention %q", usage, step)
+		}
+	}
+}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"net"
 	"os"
@@ -85,13 +87,31 @@ func TestRemoveStaleSocket(t *testing.T) {
 	}
 }
 
-func TestRedactURL(t *testing.T) {
-	for in, want := range map[string]string{
-		"iscsi://alice@host:3260/iqn.x:y/1": "iscsi://host:3260/iqn.x:y/1",
-		"mem://64MiB":                       "mem://64MiB",
-	} {
-		if got := redactURL(in); got != want {
-			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+// TestUsagePrintedOnce: serve --help (and every other subcommand's) prints its usage once (the
+// flag package calls Usage itself on -h, and parseOrExit used to print it again), and so does a
+// bad flag, after the error.
+func TestUsagePrintedOnce(t *testing.T) {
+	var out bytes.Buffer
+	usageOutput = &out
+	defer func() { usageOutput = os.Stderr }()
+	for name, c := range commands {
+		if name == "version" { // takes no flags
+			continue
 		}
+		for _, tt := range []struct {
+			args []string
+			code int
+		}{{[]string{"--help"}, exitOK}, {[]string{"-h"}, exitOK}, {[]string{"--no-such-flag"}, exitUsage}} {
+			out.Reset()
+			if code := c.run(context.Background(), tt.args); code != tt.code {
+				t.Errorf("%s %v: exit %d, want %d", name, tt.args, code, tt.code)
+			}
+			if n := strings.Count(out.String(), "usage: iser-blk "+name+" "); n != 1 {
+				t.Errorf("%s %v: usage printed %d times:\n%s", name, tt.args, n, out.String())
+			}
+		}
+	}
+	if _, ok := commands["serve"]; !ok {
+		t.Fatal("serve is not registered")
 	}
 }

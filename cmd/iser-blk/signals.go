@@ -7,8 +7,9 @@ import (
 	"syscall"
 )
 
-// signalContext returns a context cancelled by the first SIGINT or SIGTERM. Commands that must
-// react to a second signal (abort a shutdown flush) call secondSignal.
+// signalContext returns a context cancelled by the first SIGINT or SIGTERM. The second one is
+// caught by closeDevice (shutdown.go), which listens for it itself while it flushes, to abort
+// the shutdown flush.
 func signalContext() (context.Context, func()) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }

@@ -1,26 +1,95 @@
 package main
 
-// The device stack every serving command builds: backend (iSCSI/iSER or mem://) → cache → the
-// frontend. This file owns the cache flags and the shutdown path that flushes the stack, because
-// "what happens to acknowledged data when the process stops" must be answered in one place.
+// The device stack every serving command builds: the registered buffer pool, the backend
+// (iSCSI/iSER or mem://) and the cache in front of it (--cache); the frontends (serve.go,
+// attach.go, attach_ublk.go) take it from there. shutdown.go takes it down.
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
-	"time"
+	"strings"
 
 	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
 
+	"github.com/iser-blk/iser-blk/backend/iser"
+	"github.com/iser-blk/iser-blk/backend/memdev"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/cache"
+	"github.com/iser-blk/iser-blk/frontend/nbd"
 	"github.com/iser-blk/iser-blk/pool"
 )
+
+// openStack builds what serve and attach share: the registered buffer pool (--buffer-memory,
+// mem bytes), the target (--target) and the cache (--cache) in front of it, staging its I/O in
+// the pool. The caller closes the device first (closeDevice) and the pool last.
+func openStack(ctx context.Context, tf *targetFlags, ef *exportFlags, log *zap.Logger) (dev block.Device, p *pool.Pool, mem int64, err error) {
+	if _, err := cache.ParseConfig(ef.cache.mode, ef.cache.size, ef.cache.dirty); err != nil {
+		return nil, nil, 0, usagef("%v", err) // before logging in, so a typo costs no session
+	}
+	if p, mem, err = newBufferPool(ef); err != nil {
+		return nil, nil, 0, err
+	}
+	defer func() {
+		if err != nil {
+			p.Close()
+		}
+	}()
+	// iSER connections register the pool's regions once and hand its buffers (NBD payloads,
+	// cache staging) to the target without a copy; without RDMA this does nothing.
+	if err = iser.UsePool(p); err != nil {
+		return nil, nil, 0, fmt.Errorf("registering the buffer pool for RDMA: %w", err)
+	}
+	target, err := openTarget(ctx, tf, ef, log)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	if dev, err = ef.cache.wrap(target, p, log); err != nil {
+		target.Close()
+		return nil, nil, 0, err
+	}
+	return dev, p, mem, nil
+}
+
+// openTarget opens --target as a block.Device. mem:// is an in-memory device for tests and
+// protocol benchmarks; everything else goes to the iSCSI/iSER backend.
+func openTarget(ctx context.Context, tf *targetFlags, ef *exportFlags, log *zap.Logger) (block.Device, error) {
+	if ef.target == "" {
+		return nil, usagef("--target is required")
+	}
+	if strings.HasPrefix(ef.target, "mem://") {
+		d, err := memdev.ParseURL(ef.target)
+		if err != nil {
+			return nil, usagef("%v", err)
+		}
+		return d, nil
+	}
+	t, err := iser.ParseURL(ef.target)
+	if err != nil {
+		return nil, err
+	}
+	opts, err := tf.options(t.User, log)
+	if err != nil {
+		return nil, err
+	}
+	opts.ReadOnly = ef.readOnly
+	opts.AlternateTargets = ef.alternates
+	return iser.Open(ctx, ef.target, opts)
+}
+
+// newBufferPool builds the registered-memory buffer pool from --buffer-memory.
+func newBufferPool(ef *exportFlags) (*pool.Pool, int64, error) {
+	mem, err := humanize.ParseBytes(ef.bufferMemory)
+	if err != nil || mem < 2*nbd.MaxPayload || mem > 1<<40 {
+		return nil, 0, usagef("--buffer-memory %q: need a size of at least %s", ef.bufferMemory, humanize.IBytes(2*nbd.MaxPayload))
+	}
+	p, err := pool.New(pool.Config{MaxBytes: int64(mem), HugePages: true})
+	if err != nil {
+		return nil, 0, fmt.Errorf("buffer pool: %w", err)
+	}
+	return p, int64(mem), nil
+}
 
 // cacheFlags are --cache, --cache-size and --cache-dirty.
 type cacheFlags struct {
@@ -51,97 +120,4 @@ func (cf *cacheFlags) wrap(dev block.Device, p *pool.Pool, log *zap.Logger) (blo
 	}
 	log.Info("cache", zap.String("mode", cf.mode), zap.String("size", humanize.IBytes(uint64(cfg.Size))))
 	return c, nil
-}
-
-// dirtyReporter is what the shutdown path needs from a cache: how much is still to write.
-type dirtyReporter interface {
-	DirtyBytes() int64
-}
-
-// closeDevice flushes and closes dev at shutdown and returns the exit code. While dirty data is
-// written back it logs a progress line (bytes left, rate) every second. A second SIGINT/SIGTERM
-// aborts the flush: the process then says loudly how much acknowledged data was NOT written and
-// exits non-zero. It never exits 0 with acknowledged-but-unflushed data.
-func closeDevice(dev block.Device, log *zap.Logger) int {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	aborted := make(chan struct{})
-	go func() {
-		select {
-		case s := <-sigs:
-			log.Error("second signal: aborting the shutdown flush", zap.String("signal", s.String()))
-			close(aborted)
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-
-	done := make(chan error, 1)
-	t0 := time.Now()
-	go func() { done <- dev.Flush(ctx) }()
-	var err error
-	if dr, ok := dev.(dirtyReporter); ok {
-		start := dr.DirtyBytes()
-		if start > 0 {
-			log.Info("flushing dirty data to the target", zap.String("dirty", humanize.IBytes(uint64(start))))
-		}
-		tick := time.NewTicker(time.Second)
-		last, lastT := start, t0
-	wait:
-		for {
-			select {
-			case err = <-done:
-				break wait
-			case now := <-tick.C:
-				left := dr.DirtyBytes()
-				rate := float64(last-left) / now.Sub(lastT).Seconds()
-				if rate < 0 {
-					rate = 0
-				}
-				log.Info("flush progress", zap.String("left", humanize.IBytes(uint64(left))),
-					zap.String("rate", humanize.IBytes(uint64(rate))+"/s"))
-				last, lastT = left, now
-			}
-		}
-		tick.Stop()
-	} else {
-		err = <-done
-	}
-
-	code := exitOK
-	switch {
-	case err == nil:
-		log.Info("device flushed", zap.Duration("took", time.Since(t0).Round(time.Millisecond)))
-	case errors.Is(err, block.ErrReadOnly):
-	default:
-		select {
-		case <-aborted:
-		default:
-		}
-		left := int64(-1)
-		if dr, ok := dev.(dirtyReporter); ok {
-			left = dr.DirtyBytes()
-		}
-		log.Error("FINAL FLUSH FAILED: data acknowledged to clients is NOT on the target",
-			zap.Int64("dirty_bytes_lost", left), zap.String("dirty", humanize.IBytes(uint64(max(left, 0)))), zap.Error(err))
-		code = exitFailure
-	}
-	if code == exitOK {
-		if err := dev.Close(); err != nil {
-			log.Error("closing the device failed", zap.Error(err))
-			code = exitFailure
-		}
-	} else if c, ok := dev.(*cache.Cache); ok {
-		// Do not let Close try (and wait for) another flush after the user aborted it: close
-		// with an already-cancelled context so the backend is logged out promptly.
-		cctx, ccancel := context.WithCancel(context.Background())
-		ccancel()
-		_ = c.CloseContext(cctx)
-	} else {
-		_ = dev.Close()
-	}
-	return code
 }

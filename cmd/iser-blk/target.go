@@ -1,28 +1,22 @@
 package main
 
-// Shared target handling for every subcommand that talks to a target (discover, info, serve,
-// attach): initiator name, CHAP credentials, session count, logging, flag parsing with
-// interspersed positional arguments, and the mapping from errors to exit codes.
+// The flags every subcommand that talks to a target shares (discover, info, serve, attach) and
+// how they become iser.Options: initiator name, CHAP credentials, session count, recovery.
+// Opening the target with them is stack.go's (openTarget); parsing is flagset.go's.
 //
 // CHAP secrets never come from argv (visible in ps and shell history) nor from the URL: they are
 // read from a file (--chap-secret-file, --target-secret-file) or the environment
 // (ISERBLK_CHAP_SECRET, ISERBLK_CHAP_SECRET_MUTUAL), and never logged.
 
 import (
-	"errors"
 	"flag"
-	"fmt"
-	"io"
 	"os"
 	"strings"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
-	"github.com/iser-blk/iser-blk/backend/iser/login"
-	"github.com/iser-blk/iser-blk/backend/iser/rdma"
 )
 
 // Environment variables holding CHAP secrets.
@@ -62,46 +56,12 @@ func (tf *targetFlags) register(fs *flag.FlagSet, withSessions bool) {
 		tf.recovery = def
 		fs.DurationVar(&tf.recovery.NOPInterval, "noop-interval", def.NOPInterval, "NOP-Out ping on a connection idle this long (0: no keepalive)")
 		fs.DurationVar(&tf.recovery.NOPTimeout, "noop-timeout", def.NOPTimeout, "a ping unanswered this long drops the connection")
-		fs.DurationVar(&tf.recovery.CommandTimeout, "command-timeout", def.CommandTimeout, "commands outstanding with none completing this long drop the connection; they are re-issued (0: never)")
+		fs.DurationVar(&tf.recovery.CommandTimeout, "command-timeout", def.CommandTimeout, "commands outstanding with none completing this long: ABORT TASK, then LOGICAL UNIT RESET, then drop\n"+
+			"the connection, one step per further timeout; ended commands are re-issued (0: never)")
 		fs.BoolVar(&tf.discoverPortals, "portals-from-discovery", false, "ask the target's portal for its other portals (SendTargets) and use them all (multipath)")
 		fs.DurationVar(&tf.recovery.ReplacementTimeout, "replacement-timeout", def.ReplacementTimeout, "how long I/O waits for a lost session before failing with EIO (0: at once; negative: forever); reconnecting goes on")
 	}
 }
-
-// defaultInitiatorName is stable per host, so target ACLs keep matching across runs.
-func defaultInitiatorName() string {
-	h, err := os.Hostname()
-	if err != nil || h == "" {
-		h = "localhost"
-	}
-	var b strings.Builder
-	for _, c := range strings.ToLower(h) {
-		switch {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '.':
-			b.WriteRune(c)
-		default:
-			b.WriteByte('-')
-		}
-	}
-	return "iqn.2025-01.io.iser-blk:" + b.String()
-}
-
-// commandLogger is the logger of a one-shot command (info, discover): warnings and errors only,
-// unless --debug, so that the command's output is not buried in session chatter.
-func commandLogger(debug bool) *zap.Logger {
-	log := newLogger(debug)
-	if debug {
-		return log
-	}
-	return log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))
-}
-
-// usageError is a command-line mistake (exit code 2).
-type usageError struct{ msg string }
-
-func (e *usageError) Error() string { return e.msg }
-
-func usagef(format string, a ...any) error { return &usageError{fmt.Sprintf(format, a...)} }
 
 // readSecret reads a secret from path, or from the environment variable env when path is "".
 // A trailing newline (editors add one) is dropped. ok is false when neither is set.
@@ -124,7 +84,7 @@ func readSecret(path, env string) (secret string, ok bool, err error) {
 }
 
 // chap builds the CHAP credentials: nil when no user is named (by flag or URL).
-func (tf *targetFlags) chap(urlUser string) (*login.CHAP, error) {
+func (tf *targetFlags) chap(urlUser string) (*iser.CHAP, error) {
 	user := tf.chapUser
 	if urlUser != "" {
 		if user != "" && user != urlUser {
@@ -145,7 +105,7 @@ func (tf *targetFlags) chap(urlUser string) (*login.CHAP, error) {
 	if !ok {
 		return nil, usagef("CHAP user %q needs a secret: --chap-secret-file or $%s", user, envCHAPSecret)
 	}
-	c := &login.CHAP{User: user, Secret: secret}
+	c := &iser.CHAP{User: user, Secret: secret}
 	mutual, ok, err := readSecret(tf.targetSecretFile, envCHAPSecretMutual)
 	if err != nil {
 		return nil, err
@@ -190,88 +150,4 @@ func (tf *targetFlags) options(urlUser string, log *zap.Logger) (iser.Options, e
 		opts.Recovery = &rec
 	}
 	return opts, nil
-}
-
-// newFlagSet returns a flag set whose --help prints the synopsis, description and flags.
-func newFlagSet(name, synopsis, description string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {
-		w := os.Stderr
-		fmt.Fprintf(w, "usage: iser-blk %s %s\n\n%s\n\nflags:\n", name, synopsis, description)
-		fs.SetOutput(w)
-		fs.PrintDefaults()
-		fs.SetOutput(io.Discard)
-	}
-	return fs
-}
-
-// parseArgs parses flags that may appear before, between or after positional arguments and
-// returns the positional ones. It returns flag.ErrHelp for -h/--help.
-func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
-			return nil, usagef("%v", err)
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return pos, nil
-		}
-		if rest[0] == "--" {
-			return append(pos, rest[1:]...), nil
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
-	}
-}
-
-// parseOrExit handles parseArgs' outcome for a subcommand: help exits 0, a usage error prints
-// the message and the usage and exits 2. done is false when the command should go on.
-func parseOrExit(fs *flag.FlagSet, args []string, nPos int) (pos []string, code int, done bool) {
-	pos, err := parseArgs(fs, args)
-	if errors.Is(err, flag.ErrHelp) {
-		fs.Usage()
-		return nil, exitOK, true
-	}
-	if err == nil && len(pos) != nPos {
-		err = usagef("expected %d argument(s), got %d", nPos, len(pos))
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "iser-blk %s: %v\n\n", fs.Name(), err)
-		fs.Usage()
-		return nil, exitUsage, true
-	}
-	return pos, 0, false
-}
-
-// exitCode maps an error to the documented exit codes (exitcodes.go).
-func exitCode(err error) int {
-	var ue *usageError
-	switch {
-	case err == nil:
-		return exitOK
-	case errors.As(err, &ue), errors.Is(err, iser.ErrBadURL), errors.Is(err, login.ErrConfig):
-		return exitUsage
-	case errors.Is(err, login.ErrAuthFailed), errors.Is(err, login.ErrAuthorization):
-		return exitAuth
-	case errors.Is(err, login.ErrTargetNotFound), errors.Is(err, login.ErrTargetRemoved), errors.Is(err, iser.ErrLUNNotFound):
-		return exitNotFound
-	case errors.Is(err, iser.ErrTransportUnavailable), errors.Is(err, rdma.ErrNoRDMA), errors.Is(err, syscall.ENODEV):
-		// A build without rdma-core, or no RDMA device: checked before "unreachable", which
-		// the login layer also reports for these dial failures.
-		return exitNoKernel
-	case errors.Is(err, login.ErrPortalUnreachable):
-		return exitUnreachable
-	}
-	return exitFailure
-}
-
-// fail prints err for the user and returns its exit code.
-func fail(name string, err error) int {
-	fmt.Fprintf(os.Stderr, "iser-blk %s: %v\n", name, err)
-	return exitCode(err)
 }

@@ -13,8 +13,6 @@ import (
 	"testing"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
-	"github.com/iser-blk/iser-blk/backend/iser/login"
-	"github.com/iser-blk/iser-blk/backend/iser/rdma"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 )
 
@@ -73,19 +71,19 @@ func TestCHAPFromFlagsAndEnv(t *testing.T) {
 		tf      targetFlags
 		urlUser string
 		env     map[string]string
-		want    *login.CHAP
+		want    *iser.CHAP
 		wantErr string
 	}{
 		{"none", targetFlags{}, "", nil, nil, ""},
 		{"env ignored without a user", targetFlags{}, "", map[string]string{envCHAPSecret: "x"}, nil, ""},
-		{"file", targetFlags{chapUser: "u", chapSecretFile: secret}, "", nil, &login.CHAP{User: "u", Secret: "initiator-secret"}, ""},
-		{"url user + env", targetFlags{}, "alice", map[string]string{envCHAPSecret: "from-env"}, &login.CHAP{User: "alice", Secret: "from-env"}, ""},
+		{"file", targetFlags{chapUser: "u", chapSecretFile: secret}, "", nil, &iser.CHAP{User: "u", Secret: "initiator-secret"}, ""},
+		{"url user + env", targetFlags{}, "alice", map[string]string{envCHAPSecret: "from-env"}, &iser.CHAP{User: "alice", Secret: "from-env"}, ""},
 		{"file beats env", targetFlags{chapSecretFile: secret}, "alice", map[string]string{envCHAPSecret: "from-env"},
-			&login.CHAP{User: "alice", Secret: "initiator-secret"}, ""},
+			&iser.CHAP{User: "alice", Secret: "initiator-secret"}, ""},
 		{"mutual", targetFlags{chapUser: "u", chapSecretFile: secret, targetUser: "tgt", targetSecretFile: tsecret}, "", nil,
-			&login.CHAP{User: "u", Secret: "initiator-secret", TargetUser: "tgt", TargetSecret: "target-secret"}, ""},
+			&iser.CHAP{User: "u", Secret: "initiator-secret", TargetUser: "tgt", TargetSecret: "target-secret"}, ""},
 		{"mutual from env", targetFlags{chapUser: "u"}, "", map[string]string{envCHAPSecret: "a", envCHAPSecretMutual: "b"},
-			&login.CHAP{User: "u", Secret: "a", TargetSecret: "b"}, ""},
+			&iser.CHAP{User: "u", Secret: "a", TargetSecret: "b"}, ""},
 		{"user without secret", targetFlags{chapUser: "u"}, "", nil, nil, "needs a secret"},
 		{"secret without user", targetFlags{chapSecretFile: secret}, "", nil, nil, "no CHAP user"},
 		{"empty file", targetFlags{chapUser: "u", chapSecretFile: empty}, "", nil, nil, "is empty"},
@@ -119,7 +117,7 @@ func TestCHAPFromFlagsAndEnv(t *testing.T) {
 
 func TestExitCode(t *testing.T) {
 	loginErr := func(kind error) error {
-		return fmt.Errorf("open: %w", &login.Error{Target: "iqn.x:y", Portal: "h:3260", Kind: kind})
+		return fmt.Errorf("open: %w", &iser.LoginError{Target: "iqn.x:y", Portal: "h:3260", Kind: kind})
 	}
 	tests := []struct {
 		err  error
@@ -128,14 +126,14 @@ func TestExitCode(t *testing.T) {
 		{nil, exitOK},
 		{usagef("bad"), exitUsage},
 		{fmt.Errorf("x: %w", iser.ErrBadURL), exitUsage},
-		{loginErr(login.ErrAuthFailed), exitAuth},
-		{loginErr(login.ErrAuthorization), exitAuth},
-		{loginErr(login.ErrTargetNotFound), exitNotFound},
+		{loginErr(iser.ErrAuthFailed), exitAuth},
+		{loginErr(iser.ErrAuthorization), exitAuth},
+		{loginErr(iser.ErrTargetNotFound), exitNotFound},
 		{fmt.Errorf("iser: LUN 3: %w", iser.ErrLUNNotFound), exitNotFound},
-		{loginErr(login.ErrPortalUnreachable), exitUnreachable},
+		{loginErr(iser.ErrPortalUnreachable), exitUnreachable},
 		{fmt.Errorf("%w", iser.ErrTransportUnavailable), exitNoKernel},
-		{&login.Error{Kind: login.ErrPortalUnreachable, Err: rdma.ErrNoRDMA}, exitNoKernel},
-		{&login.Error{Kind: login.ErrPortalUnreachable, Err: fmt.Errorf("rdma_create_event_channel: %w", syscall.ENODEV)}, exitNoKernel},
+		{&iser.LoginError{Kind: iser.ErrPortalUnreachable, Err: iser.ErrNoRDMA}, exitNoKernel},
+		{&iser.LoginError{Kind: iser.ErrPortalUnreachable, Err: fmt.Errorf("rdma_create_event_channel: %w", syscall.ENODEV)}, exitNoKernel},
 		{fmt.Errorf("iser: %w", iser.ErrNotDisk), exitFailure},
 		{&scsi.SenseError{Command: "READ(16)", Sense: scsi.Sense{Key: scsi.KeyMediumError}}, exitFailure},
 	}
@@ -180,8 +178,11 @@ func TestDiscoveryPortal(t *testing.T) {
 }
 
 func TestDefaultInitiatorName(t *testing.T) {
-	n := defaultInitiatorName()
-	if !strings.HasPrefix(n, "iqn.2025-01.io.iser-blk:") || n != defaultInitiatorName() {
+	if n, want := defaultInitiatorName(), initiatorNameFromFile(openISCSIInitiatorNameFile); want != "" && n != want {
+		t.Fatalf("default %q, but open-iscsi's file names %q", n, want)
+	}
+	n := hostInitiatorName()
+	if !strings.HasPrefix(n, "iqn.2025-01.io.iser-blk:") || n != hostInitiatorName() {
 		t.Fatalf("%q", n)
 	}
 	for _, c := range strings.TrimPrefix(n, "iqn.2025-01.io.iser-blk:") {

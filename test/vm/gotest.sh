@@ -27,7 +27,7 @@ root=$(cd "$here/../.." && pwd -P)
 cd "$root"
 GO=${GO:-go}
 VM_CACHE=${VM_CACHE:-/var/tmp/iser-blk-vm}
-# a 2 GiB guest for the Go tests: tests that start tgt's iSER target (backend/iser/rdma) need it,
+# a 2 GiB guest for the Go tests: tests that start tgt's iSER target (backend/iser/internal/rdma) need it,
 # because tgtd pins a 1 GiB buffer pool (see guest/tgt-target.sh)
 export VM_MEM=${VM_MEM:-2048}
 # every package runs in this one guest, each binary bounded by -test.timeout; the guest as a whole

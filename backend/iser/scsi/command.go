@@ -2,6 +2,13 @@
 // back (status, fixed and descriptor sense) into typed errors that satisfy the block package's
 // sentinels. It knows nothing about iSCSI: a Command goes to an Executor, which an iSCSI session
 // implements over TCP or iSER.
+//
+// It stays public (not under backend/iser/internal) because its types are part of the backend's
+// API: iser.NewDevice takes []scsi.Executor (the seam that lets frontends, the cache and the e2e
+// suites run the real device layer over scsitest's in-memory LUN), Options.Retry is a
+// *scsi.RetryPolicy, and callers match command failures with errors.As(err, *scsi.SenseError).
+//
+// Invariant: every failure it decodes satisfies a block sentinel (errors.Is).
 package scsi
 
 import "context"

@@ -21,11 +21,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/iser-blk/iser-blk/backend/iser/iscsitest"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi/scsitest"
 	"github.com/iser-blk/iser-blk/test/e2e/gateway"
 	"github.com/iser-blk/iser-blk/test/e2e/netns"
 	"github.com/iser-blk/iser-blk/test/e2e/tgtd"
-	"github.com/iser-blk/iser-blk/test/fakeiscsi"
 )
 
 // startServe runs the gateway in front of tg's LUN.
@@ -338,7 +338,7 @@ func TestGatewayTwoPortalsFailover(t *testing.T) {
 // pattern of every byte) gets the right data; the server keeps serving and exits 0.
 func TestGatewayGarbageFromTheTarget(t *testing.T) {
 	lun := scsitest.New(scsitest.Config{Blocks: 8192})
-	tg, err := fakeiscsi.Start(lun, fakeiscsi.Options{})
+	tg, err := iscsitest.Start(lun, iscsitest.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,8 +349,8 @@ func TestGatewayGarbageFromTheTarget(t *testing.T) {
 	if out, err := exec.CommandContext(ctx, "qemu-io", "-f", "raw", "-c", "write -P 0x5a 0 64k", srv.URI).CombinedOutput(); err != nil || strings.Contains(string(out), "failed") {
 		t.Fatalf("qemu-io write: %v %s", err, out)
 	}
-	for _, f := range []fakeiscsi.Fault{fakeiscsi.FaultWrongITT, fakeiscsi.FaultDataBeyondBuffer, fakeiscsi.FaultWrongOpcode,
-		fakeiscsi.FaultWrongDataSN, fakeiscsi.FaultHang} {
+	for _, f := range []iscsitest.Fault{iscsitest.FaultWrongITT, iscsitest.FaultDataBeyondBuffer, iscsitest.FaultWrongOpcode,
+		iscsitest.FaultWrongDataSN, iscsitest.FaultHang} {
 		logins := tg.Logins()
 		tg.Inject(f)
 		out, err := exec.CommandContext(ctx, "qemu-io", "-f", "raw", "-c", "read -P 0x5a 0 64k", srv.URI).CombinedOutput()
@@ -358,7 +358,7 @@ func TestGatewayGarbageFromTheTarget(t *testing.T) {
 			t.Fatalf("read answered with %v: %v\n%s", f, err, out)
 		}
 		wantLogins := logins + 1
-		if f == fakeiscsi.FaultHang {
+		if f == iscsitest.FaultHang {
 			wantLogins = logins // ABORT TASK ends it; the connection stays
 		}
 		if tg.Logins() != wantLogins {

@@ -1,0 +1,179 @@
+package session
+
+import (
+	"bytes"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/iser-blk/iser-blk/backend/iser/internal/pdu"
+	"github.com/iser-blk/iser-blk/backend/iser/scsi"
+)
+
+// completion is a Completer that records its call.
+type completion struct {
+	ch chan error
+}
+
+func newCompletion() *completion { return &completion{ch: make(chan error, 1)} }
+
+func (c *completion) Complete(err error) {
+	select {
+	case c.ch <- err:
+	default:
+		panic("Complete called twice")
+	}
+}
+
+func (c *completion) wait(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-c.ch:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("submitted command never completed")
+		return nil
+	}
+}
+
+func TestSubmit(t *testing.T) {
+	keys := map[string]string{"ImmediateData": "Yes", "InitialR2T": "Yes", "MaxRecvDataSegmentLength": "8192",
+		"FirstBurstLength": "65536"}
+	d := &pipeDialer{}
+	f := newFake(t, d, "fake:3260", keys)
+	dt := newDataTarget(t, keys, 1<<20)
+	f.serve(dt.handle)
+	s := newTestSession(t, d, nil)
+	mustLogin(t, s)
+
+	const n = 16
+	bufs := make([][]byte, n)
+	cmds := make([]scsi.Command, n)
+	resps := make([]scsi.Response, n)
+	dones := make([]*completion, n)
+	for i := range n {
+		bufs[i] = bytes.Repeat([]byte{byte(i + 1)}, 4096)
+		rw16(&cmds[i], true, int64(i)*8192, bufs[i])
+		dones[i] = newCompletion()
+		if !s.Submit(&cmds[i], &resps[i], dones[i]) {
+			t.Fatalf("write %d not submitted", i)
+		}
+	}
+	// A concurrent Execute flushes what Submit queued along with its own command.
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var cmd scsi.Command
+		var resp scsi.Response
+		buf := bytes.Repeat([]byte{0xEE}, 20480) // solicited data: Execute's own path
+		rw16(&cmd, true, 512<<10, buf[:20480])
+		if err := s.Execute(t.Context(), &cmd, &resp); err != nil || resp.Status != scsi.StatusGood {
+			t.Errorf("execute: %v %v", err, resp.Status)
+		}
+	}()
+	s.Kick()
+	for i := range n {
+		if err := dones[i].wait(t); err != nil || resps[i].Status != scsi.StatusGood {
+			t.Fatalf("write %d: %v, status %v", i, err, resps[i].Status)
+		}
+	}
+	wg.Wait()
+	for i := range n {
+		got := make([]byte, 4096)
+		rw16(&cmds[i], false, int64(i)*8192, got)
+		dones[i] = newCompletion()
+		if !s.Submit(&cmds[i], &resps[i], dones[i]) {
+			t.Fatalf("read %d not submitted", i)
+		}
+		s.Kick()
+		if err := dones[i].wait(t); err != nil || resps[i].Status != scsi.StatusGood {
+			t.Fatalf("read %d: %v, status %v", i, err, resps[i].Status)
+		}
+		if !bytes.Equal(got, bufs[i]) {
+			t.Fatalf("read %d returned other bytes than written", i)
+		}
+	}
+
+	// A write whose data does not all fit in the command PDU is left to Execute.
+	var cmd scsi.Command
+	var resp scsi.Response
+	rw16(&cmd, true, 0, make([]byte, 16384))
+	if s.Submit(&cmd, &resp, newCompletion()) {
+		t.Fatal("a write needing Data-Out PDUs was submitted")
+	}
+}
+
+// TestSubmitWindowAndSlots: Submit never waits: it declines once the CmdSN window (64 commands
+// of the fake target) is used up by commands not sent yet, and Kick then gets them all answered.
+func TestSubmitWindowAndSlots(t *testing.T) {
+	keys := map[string]string{"ImmediateData": "Yes"}
+	d := &pipeDialer{}
+	f := newFake(t, d, "fake:3260", keys)
+	dt := newDataTarget(t, keys, 1<<20)
+	f.serve(dt.handle)
+	s := newTestSession(t, d, nil)
+	mustLogin(t, s)
+	var dones []*completion
+	resps := make([]scsi.Response, 200)
+	cmds := make([]scsi.Command, 200)
+	for i := range cmds {
+		rw16(&cmds[i], false, int64(i)*512, make([]byte, 512))
+		c := newCompletion()
+		if !s.Submit(&cmds[i], &resps[i], c) {
+			break
+		}
+		dones = append(dones, c)
+	}
+	if len(dones) != 64 {
+		t.Fatalf("%d commands submitted into a window of 64", len(dones))
+	}
+	s.Kick()
+	for i, c := range dones {
+		if err := c.wait(t); err != nil || resps[i].Status != scsi.StatusGood {
+			t.Fatalf("command %d: %v %v", i, err, resps[i].Status)
+		}
+	}
+}
+
+// TestSubmitConnectionLoss: submitted commands whose connection dies complete with a ConnError.
+func TestSubmitConnectionLoss(t *testing.T) {
+	keys := map[string]string{"ImmediateData": "Yes"}
+	d := &pipeDialer{}
+	f := newFake(t, d, "fake:3260", keys)
+	got := make(chan struct{})
+	f.serve(func(f *fakeTarget, p wirePDU) error {
+		if p.bhs.Opcode() == pdu.OpSCSICommand {
+			close(got)
+			f.nc.Close() // the target dies with the commands outstanding
+			return errStopServing
+		}
+		return nil
+	})
+	s := newTestSession(t, d, nil)
+	mustLogin(t, s)
+	var dones []*completion
+	var resps [4]scsi.Response
+	var cmds [4]scsi.Command
+	for i := range cmds {
+		rw16(&cmds[i], i%2 == 0, int64(i)*4096, make([]byte, 4096))
+		c := newCompletion()
+		if !s.Submit(&cmds[i], &resps[i], c) {
+			t.Fatalf("command %d not submitted", i)
+		}
+		dones = append(dones, c)
+	}
+	s.Kick()
+	<-got
+	for i, c := range dones {
+		var ce *ConnError
+		if err := c.wait(t); !errors.As(err, &ce) {
+			t.Fatalf("command %d ended with %v, want a ConnError", i, err)
+		}
+	}
+	var resp scsi.Response
+	if s.Submit(tur(), &resp, newCompletion()) {
+		t.Fatal("submitted on a dead connection")
+	}
+}

@@ -1,0 +1,124 @@
+package main
+
+// The shutdown path that flushes the stack: "what happens to acknowledged data when the process
+// stops" is answered here, in one place, for every frontend.
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"go.uber.org/zap"
+
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/cache"
+)
+
+// dirtyReporter is what the shutdown path needs from a cache: how much is still to write.
+type dirtyReporter interface {
+	DirtyBytes() int64
+}
+
+// closeDevice flushes and closes dev at shutdown and returns the exit code. While dirty data is
+// written back it logs a progress line (bytes left, rate) every second. A second SIGINT/SIGTERM
+// aborts the flush: the process then says loudly how much acknowledged data was NOT written and
+// exits non-zero. It never exits 0 with acknowledged-but-unflushed data.
+func closeDevice(dev block.Device, log *zap.Logger) int {
+	ctx, stop := abortOnSignal(log)
+	defer stop()
+	t0 := time.Now()
+	err := flushWithProgress(ctx, dev, log)
+	switch {
+	case err == nil:
+		log.Info("device flushed", zap.Duration("took", time.Since(t0).Round(time.Millisecond)))
+	case errors.Is(err, block.ErrReadOnly):
+		// nothing can have been written: nothing to flush
+	default:
+		reportUnflushed(dev, err, log)
+		closeAbandoned(dev)
+		return exitFailure
+	}
+	if err := dev.Close(); err != nil {
+		log.Error("closing the device failed", zap.Error(err))
+		return exitFailure
+	}
+	return exitOK
+}
+
+// abortOnSignal returns a context that a second SIGINT/SIGTERM (the first cancelled the
+// command's own context) cancels, to abort the shutdown flush; stop releases the signals.
+func abortOnSignal(log *zap.Logger) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case s := <-sigs:
+			log.Error("second signal: aborting the shutdown flush", zap.String("signal", s.String()))
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		cancel()
+	}
+}
+
+// flushWithProgress runs dev.Flush(ctx), logging every second how much dirty data is left and
+// the rate it drains at when dev is a cache that can say.
+func flushWithProgress(ctx context.Context, dev block.Device, log *zap.Logger) error {
+	done := make(chan error, 1)
+	go func() { done <- dev.Flush(ctx) }()
+	dr, ok := dev.(dirtyReporter)
+	if !ok {
+		return <-done
+	}
+	start := dr.DirtyBytes()
+	if start > 0 {
+		log.Info("flushing dirty data to the target", zap.String("dirty", humanize.IBytes(uint64(start))))
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	last, lastT := start, time.Now()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case now := <-tick.C:
+			left := dr.DirtyBytes()
+			rate := max(float64(last-left)/now.Sub(lastT).Seconds(), 0)
+			log.Info("flush progress", zap.String("left", humanize.IBytes(uint64(left))),
+				zap.String("rate", humanize.IBytes(uint64(rate))+"/s"))
+			last, lastT = left, now
+		}
+	}
+}
+
+// reportUnflushed says loudly that the final flush failed and how much acknowledged data is
+// therefore not on the target (-1: unknown, dev is no cache).
+func reportUnflushed(dev block.Device, err error, log *zap.Logger) {
+	left := int64(-1)
+	if dr, ok := dev.(dirtyReporter); ok {
+		left = dr.DirtyBytes()
+	}
+	log.Error("FINAL FLUSH FAILED: data acknowledged to clients is NOT on the target",
+		zap.Int64("dirty_bytes_lost", left), zap.String("dirty", humanize.IBytes(uint64(max(left, 0)))), zap.Error(err))
+}
+
+// closeAbandoned closes dev after a failed or aborted flush. A cache must not try (and wait for)
+// another flush after the user aborted one: it is closed with an already-cancelled context, so
+// the backend is logged out promptly.
+func closeAbandoned(dev block.Device) {
+	if c, ok := dev.(*cache.Cache); ok {
+		cctx, ccancel := context.WithCancel(context.Background())
+		ccancel()
+		_ = c.CloseContext(cctx)
+		return
+	}
+	_ = dev.Close()
+}
