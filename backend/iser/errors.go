@@ -49,20 +49,25 @@ type CHAP = login.CHAP
 // Error mapping: what a request returns wraps exactly one block sentinel.
 
 // opError wraps a failure of op on [off, +n) so that it names the request and satisfies exactly
-// one block sentinel: SCSI errors and sentinel-carrying errors keep theirs, context errors stay
-// context errors, anything else (a transport failure) becomes ErrIO.
+// one block sentinel: SCSI errors and sentinel-carrying errors keep theirs; a context error (the
+// caller's context ended the wait for a path, a replay turn or the command) becomes
+// block.ContextError's ErrCanceled or ErrTimeout and still matches the context error itself;
+// anything else (a transport failure) becomes ErrIO. Only failed requests come here, so the
+// allocations are off the hot path.
 func opError(op string, off, n int64, err error) error {
-	if err == nil {
+	switch {
+	case err == nil:
 		return nil
-	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || hasSentinel(err) {
+	case hasSentinel(err):
 		return fmt.Errorf("iser: %s [%d, +%d): %w", op, off, n, err)
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("iser: %s [%d, +%d): %w", op, off, n, block.ContextError(err))
 	}
 	return fmt.Errorf("iser: %s [%d, +%d): %w: %w", op, off, n, block.ErrIO, err)
 }
 
 var sentinels = []error{block.ErrIO, block.ErrInvalid, block.ErrReadOnly, block.ErrNoSpace,
-	block.ErrNotSupported, block.ErrMedium, block.ErrTimeout, block.ErrClosed, block.ErrNoPath}
+	block.ErrNotSupported, block.ErrMedium, block.ErrTimeout, block.ErrCanceled, block.ErrClosed, block.ErrNoPath}
 
 func hasSentinel(err error) bool {
 	for _, s := range sentinels {

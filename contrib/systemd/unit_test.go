@@ -1,6 +1,3 @@
-// Package systemd holds the systemd unit and its example configuration; this test checks the
-// unit with systemd's own verifier. systemd-analyze is installed on the dev hosts and in CI, so
-// its absence fails the test rather than skipping it.
 package systemd
 
 import (
