@@ -38,7 +38,10 @@ type Options struct {
 	// DrainTimeout bounds how long Shutdown or Detach lets in-flight requests run before
 	// cancelling their context so they fail and the kernel's STOP_DEV can finish (default 30 s).
 	DrainTimeout time.Duration
-	Logger       *zap.Logger
+	// Recovery decides what the driver does with the device when this process dies (see
+	// recovery.go); the zero value removes it, as before.
+	Recovery RecoveryMode
+	Logger   *zap.Logger
 }
 
 // Server exports a block.Device as /dev/ublkbN.
@@ -81,10 +84,11 @@ func Start(ctx context.Context, dev block.Device, opts Options) (s *Server, err 
 	if err != nil {
 		return nil, err
 	}
-	ctrl, err := openControl(opts.ControlPath)
+	ctrl, feat, err := openControl(opts.ControlPath)
 	if err != nil {
 		return nil, err
 	}
+	cfg.flags = recoveryFlags(opts.Recovery, feat, cfg.log)
 	s = &Server{dev: dev, lim: cfg.lim, log: cfg.log, drain: cfg.drain, ctrl: ctrl, charFd: -1,
 		pool: opts.Pool, failed: make(chan struct{})}
 	s.ioCtx, s.ioCancel = context.WithCancel(context.WithoutCancel(ctx))
@@ -118,6 +122,7 @@ type startConfig struct {
 	maxIO         int // the largest request, before ADD_DEV may lower it
 	lim           block.Limits
 	drain         time.Duration
+	flags         uint64 // UBLK_F_USER_RECOVERY* asked for at ADD_DEV
 	log           *zap.Logger
 }
 
@@ -155,44 +160,50 @@ func configure(dev block.Device, opts Options) (startConfig, error) {
 }
 
 // openControl opens the control device and checks that the driver takes ioctl-encoded commands,
-// the only kind this package sends.
-func openControl(path string) (*Control, error) {
+// the only kind this package sends. It returns the driver's feature bits.
+func openControl(path string) (*Control, uint64, error) {
 	ctrl, err := OpenControl(path)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	feat, err := ctrl.Features()
 	if err != nil {
 		ctrl.Close()
-		return nil, fmt.Errorf("ublk: %w (kernel older than 6.5?)", err)
+		return nil, 0, fmt.Errorf("ublk: %w (kernel older than 6.5?)", err)
 	}
 	if feat&FeatCmdIoctlEncode == 0 {
 		ctrl.Close()
-		return nil, fmt.Errorf("%w: the driver lacks ioctl-encoded commands (features %#x)", ErrNoKernel, feat)
+		return nil, 0, fmt.Errorf("%w: the driver lacks ioctl-encoded commands (features %#x)", ErrNoKernel, feat)
 	}
-	return ctrl, nil
+	return ctrl, feat, nil
 }
 
 // addDev creates the device (ADD_DEV); on success s.info holds what the driver granted and the
 // loggers name the device.
 func (s *Server) addDev(cfg startConfig) error {
-	// No USER_RECOVERY: if this process dies the driver fails outstanding and new I/O and
-	// removes the disk rather than queueing I/O for a server that may never come back.
+	// Without USER_RECOVERY (RecoveryNone), if this process dies the driver fails outstanding
+	// and new I/O and removes the disk rather than queueing I/O for a server that may never come
+	// back; with it the device waits for RunRecover (recovery.go).
 	s.info = DevInfo{
 		NrHWQueues:    uint16(cfg.queues),
 		QueueDepth:    uint16(cfg.depth),
 		MaxIOBufBytes: uint32(cfg.maxIO),
 		DevID:         ^uint32(0),
-		Flags:         FeatCmdIoctlEncode,
+		Flags:         FeatCmdIoctlEncode | cfg.flags,
 	}
 	if err := s.ctrl.AddDev(&s.info); err != nil {
 		return err
 	}
+	s.nameDevice()
+	return nil
+}
+
+// nameDevice makes the loggers name the device.
+func (s *Server) nameDevice() {
 	s.log = s.log.With(zap.Uint32("ublk", s.info.DevID))
 	s.reqLog = s.log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 		return zapcore.NewSamplerWithOptions(c, time.Second, 10, 100)
 	}))
-	return nil
 }
 
 // setParams settles the request size (ADD_DEV may have granted less than asked) and sends the
