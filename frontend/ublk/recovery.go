@@ -89,8 +89,8 @@ func RunRecover(ctx context.Context, dev block.Device, id uint32, opts Options, 
 }
 
 // Recover takes over device id, whose server died: it checks that the device waits for a server
-// and matches dev, then START_USER_RECOVERY, starts the queues, END_USER_RECOVERY. On failure the
-// device is left waiting for the next attempt, never deleted.
+// and matches dev, then START_USER_RECOVERY, Options.OnCreated, starts the queues,
+// END_USER_RECOVERY. On failure the device is left waiting for the next attempt, never deleted.
 func Recover(ctx context.Context, dev block.Device, id uint32, opts Options) (s *Server, err error) {
 	cfg, err := configure(dev, opts)
 	if err != nil {
@@ -117,6 +117,11 @@ func Recover(ctx context.Context, dev block.Device, id uint32, opts Options) (s 
 			s.release()
 		}
 	}()
+	if opts.OnCreated != nil {
+		if err := opts.OnCreated(id); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.startQueues(ctx); err != nil {
 		return nil, err
 	}

@@ -41,7 +41,10 @@ type Options struct {
 	// Recovery decides what the driver does with the device when this process dies (see
 	// recovery.go); the zero value removes it, as before.
 	Recovery RecoveryMode
-	Logger   *zap.Logger
+	// OnCreated, if set, runs once ADD_DEV has given the device its id and before the disk can
+	// take a request (the caller records its state there); an error tears the device down.
+	OnCreated func(id uint32) error
+	Logger    *zap.Logger
 }
 
 // Server exports a block.Device as /dev/ublkbN.
@@ -105,6 +108,11 @@ func Start(ctx context.Context, dev block.Device, opts Options) (s *Server, err 
 	}()
 	if err := s.setParams(cfg.maxIO); err != nil {
 		return nil, err
+	}
+	if opts.OnCreated != nil {
+		if err := opts.OnCreated(s.info.DevID); err != nil {
+			return nil, err
+		}
 	}
 	if err := s.startQueues(ctx); err != nil {
 		return nil, err
