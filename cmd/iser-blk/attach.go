@@ -106,7 +106,12 @@ func runAttach(ctx context.Context, args []string) int {
 // kernel drops every connection, then detaches, drains and closes dev (closeDevice). It returns
 // the exit code.
 func attachNBD(ctx context.Context, dev block.Device, ef *exportFlags, af *attachFlags, p *pool.Pool, mem int64, log *zap.Logger) int {
-	srv, err := newExportServer(dev, ef, p, mem, log)
+	tk, err := prepareTakeover(&af.takeover, statefile.KindNBD, ef.target, ef.cache.mode, dev, log)
+	if err != nil {
+		closeDevice(dev, log)
+		return failTakeover(err)
+	}
+	srv, err := newExportServer(tk.serving(dev), ef, p, mem, log)
 	if err != nil {
 		dev.Close()
 		return fail("attach", err)
@@ -120,24 +125,27 @@ func attachNBD(ctx context.Context, dev block.Device, ef *exportFlags, af *attac
 	if nbdDev == "auto" {
 		nbdDev = ""
 	}
-	a, err := nbd.Attach(srv, nbd.AttachOptions{
+	a, err := attachOrReattach(srv, nbd.AttachOptions{
 		Device:          nbdDev,
 		Connections:     connections,
 		Timeout:         af.timeout,
 		DeadConnTimeout: af.deadConnTimeout,
 		ForceIoctl:      af.forceIoctl,
 		Logger:          log,
-	})
+	}, tk)
 	if err != nil {
 		closeDevice(dev, log)
 		if errors.Is(err, nbd.ErrNoKernelNBD) {
 			fmt.Fprintf(os.Stderr, "iser-blk attach: %v\n", err)
 			return exitNoKernel
 		}
-		return fail("attach", err)
+		return failTakeover(err)
 	}
 	fmt.Println(a.Path())
 	code := waitAndDetach(ctx, a, srv, log)
+	if code == exitOK {
+		tk.forgetIfSet()
+	}
 	if c := closeDevice(dev, log); c != exitOK {
 		code = c
 	}

@@ -116,6 +116,21 @@ func (t *takeover) serveDevice(dev block.Device) block.Device {
 	return fence(dev, why)
 }
 
+// serving is serveDevice for a takeover, dev itself without one (no --name, or no predecessor).
+func (t *takeover) serving(dev block.Device) block.Device {
+	if t == nil || t.prev == nil {
+		return dev
+	}
+	return t.serveDevice(dev)
+}
+
+// forgetIfSet is forget when attach has a --name.
+func (t *takeover) forgetIfSet() {
+	if t != nil {
+		t.forget()
+	}
+}
+
 // redactURL drops credentials from a target URL, which goes into the state file.
 func redactURL(s string) string {
 	u, err := url.Parse(s)

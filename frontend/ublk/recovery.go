@@ -56,8 +56,14 @@ var (
 	ErrMismatch = errors.New("the ublk device does not match the LUN")
 )
 
-// recoveryWait bounds how long RunRecover waits for a dying server to let go of the device.
+// recoveryWait bounds how long RunRecover waits for the driver to release a dead server's
+// /dev/ublkcN (START_USER_RECOVERY answers EBUSY until then).
 const recoveryWait = 10 * time.Second
+
+// orphanWait bounds how long RunRecover waits for a device whose server is dead to be quiesced.
+// When every tag of a queue was in flight at the death, no cancelable command is left to tell the
+// driver, and only its request timeout (ublk_timeout, 30 s by default) quiesces the device.
+const orphanWait = 45 * time.Second
 
 // recoveryFlags is what ADD_DEV asks for under mode, given the driver's features.
 func recoveryFlags(mode RecoveryMode, feat uint64, log *zap.Logger) uint64 {
@@ -154,9 +160,10 @@ func (s *Server) adopt(id uint32) error {
 }
 
 // waitForOrphan returns the device's info once it waits for a server. A device that is still
-// live while the pid that served it is exiting gets recoveryWait to become quiesced.
+// live while the pid that served it is gone gets orphanWait to become quiesced.
 func (s *Server) waitForOrphan(id uint32) (DevInfo, error) {
-	deadline := time.Now().Add(recoveryWait)
+	deadline := time.Now().Add(orphanWait)
+	logged := false
 	for {
 		info, err := s.ctrl.DevInfo(id)
 		if errors.Is(err, unix.ENODEV) {
@@ -176,7 +183,11 @@ func (s *Server) waitForOrphan(id uint32) (DevInfo, error) {
 		case info.State == devStateDead:
 			return info, fmt.Errorf("%w: /dev/ublkb%d was never started (state dead)", ErrNotWaiting, id)
 		case time.Now().After(deadline):
-			return info, fmt.Errorf("%w: /dev/ublkb%d is still %s after %v", ErrNotWaiting, id, info.StateName(), recoveryWait)
+			return info, fmt.Errorf("%w: /dev/ublkb%d is still %s after %v", ErrNotWaiting, id, info.StateName(), orphanWait)
+		case !logged:
+			logged = true
+			s.log.Info("waiting for the kernel to quiesce the device of the dead server (at most its request timeout)",
+				zap.Int32("dead_pid", info.UblksrvPID), zap.String("state", info.StateName()))
 		}
 		time.Sleep(50 * time.Millisecond) // the driver's quiesce work runs after the old server's exit
 	}

@@ -40,6 +40,9 @@ func logKernelRecoveryFeatures(t *testing.T) {
 	}
 }
 
+// Depth 64 with fio at QD16: a queue whose every tag is in flight when the server dies is
+// quiesced only at the driver's request timeout (see orphanWait), which the test would wait for.
+
 // TestVMRestartKill9 is acceptance 1: ext4 on /dev/ublkbN under fio verify, the gateway killed
 // with -9 three times and started again at once; same device, fio without an error, no kernel
 // I/O error, fsck clean.
@@ -53,7 +56,7 @@ func testRestartKill9(t *testing.T, cacheMode string) {
 	logKernelRecoveryFeatures(t)
 	target := lioTarget(t)
 	args := []string{"--cache", cacheMode, "--name", "gw-" + cacheMode, "--run-dir", t.TempDir()}
-	p := startServer(t, target, 2, 16, args...)
+	p := startServer(t, target, 2, 64, args...)
 	defer watchdog(t, p, 6*time.Minute)()
 	run(t, "dmesg", "-C")
 	run(t, "mkfs.ext4", "-q", "-F", p.path)
@@ -69,7 +72,7 @@ func testRestartKill9(t *testing.T, cacheMode string) {
 		p.cmd.Process.Kill()
 		<-p.exited
 		t0 := time.Now()
-		next := startServer(t, target, 2, 16, args...)
+		next := startServer(t, target, 2, 64, args...)
 		if next.path != p.path {
 			t.Fatalf("restart %d: device %s, want %s", i+1, next.path, p.path)
 		}
@@ -143,7 +146,7 @@ func TestVMRestartWriteBackDirty(t *testing.T) {
 	requireCLI(t)
 	target := lioTarget(t)
 	args := []string{"--cache", "writeback", "--name", "gw-wb", "--run-dir", t.TempDir()}
-	p := startServer(t, target, 2, 16, args...)
+	p := startServer(t, target, 2, 64, args...)
 	defer watchdog(t, p, 5*time.Minute)()
 	// 1 MiB flushed before the kill, at 200 MiB (fio below stays in the first 64 MiB).
 	want := make([]byte, 1<<20)
@@ -159,7 +162,7 @@ func TestVMRestartWriteBackDirty(t *testing.T) {
 	waitWrites(t, filepath.Base(p.path), 1000)
 	p.cmd.Process.Kill()
 	<-p.exited
-	next := startServer(t, target, 2, 16, args...)
+	next := startServer(t, target, 2, 64, args...)
 	if next.path != p.path {
 		t.Fatalf("successor created %s, want the same %s", next.path, p.path)
 	}
@@ -195,7 +198,7 @@ func TestVMRestartWriteBackDirty(t *testing.T) {
 		t.Fatal("fio hangs on the fenced device")
 	}
 	next.terminate(t, 60*time.Second)
-	fresh := startServer(t, target, 2, 16, args...)
+	fresh := startServer(t, target, 2, 64, args...)
 	if strings.Contains(fresh.stderr.String(), "NOT resuming") {
 		t.Fatal("a fresh attach after the detach is still fenced")
 	}
