@@ -388,15 +388,11 @@ func netlinkConnect(srv *Server, index int, remotes []*os.File, opts AttachOptio
 }
 
 func netlinkDisconnect(index int) error {
-	g, err := openGenl()
+	g, fam, err := openNBDFamily()
 	if err != nil {
 		return err
 	}
 	defer g.close()
-	fam, err := g.familyID(nbdGenlName)
-	if err != nil {
-		return err
-	}
 	var e attrEncoder
 	e.u32(nbdAttrIndex, uint32(index))
 	if _, err := g.request(fam, nbdCmdDisconnect, nbdGenlVersion, e.b); err != nil {

@@ -90,15 +90,11 @@ func checkBackend(index int, want string) error {
 // kernel answers ENOSPC while no connection is dead yet (the old server's sockets may close a
 // moment after it died), so that is retried briefly.
 func netlinkReconfigure(srv *Server, index int, remotes []*os.File, opts AttachOptions) error {
-	g, err := openGenl()
+	g, fam, err := openNBDFamily()
 	if err != nil {
 		return err
 	}
 	defer g.close()
-	fam, err := g.familyID(nbdGenlName)
-	if err != nil {
-		return err
-	}
 	fds := make([]int, len(remotes))
 	for i, f := range remotes {
 		fds[i] = int(f.Fd())
@@ -129,4 +125,18 @@ func netlinkReconfigure(srv *Server, index int, remotes []*os.File, opts AttachO
 		return fmt.Errorf("nbd: NBD_CMD_RECONFIGURE: %w", err)
 	}
 	return nil
+}
+
+// openNBDFamily opens a generic netlink socket and resolves the nbd family's id.
+func openNBDFamily() (*genlConn, uint16, error) {
+	g, err := openGenl()
+	if err != nil {
+		return nil, 0, err
+	}
+	fam, err := g.familyID(nbdGenlName)
+	if err != nil {
+		g.close()
+		return nil, 0, err
+	}
+	return g, fam, nil
 }

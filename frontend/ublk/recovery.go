@@ -98,21 +98,14 @@ func RunRecover(ctx context.Context, dev block.Device, id uint32, opts Options, 
 // and matches dev, then START_USER_RECOVERY, Options.OnCreated, starts the queues,
 // END_USER_RECOVERY. On failure the device is left waiting for the next attempt, never deleted.
 func Recover(ctx context.Context, dev block.Device, id uint32, opts Options) (s *Server, err error) {
-	cfg, err := configure(dev, opts)
-	if err != nil {
-		return nil, err
-	}
-	ctrl, feat, err := openControl(opts.ControlPath)
+	s, _, feat, err := newServer(ctx, dev, opts)
 	if err != nil {
 		return nil, err
 	}
 	if feat&FeatUserRecovery == 0 {
-		ctrl.Close()
+		s.release()
 		return nil, fmt.Errorf("%w: the kernel's ublk driver lacks it (features %#x)", ErrNoRecovery, feat)
 	}
-	s = &Server{dev: dev, lim: cfg.lim, log: cfg.log, drain: cfg.drain, ctrl: ctrl, charFd: -1,
-		pool: opts.Pool, failed: make(chan struct{})}
-	s.ioCtx, s.ioCancel = context.WithCancel(context.WithoutCancel(ctx))
 	if err := s.adopt(id); err != nil {
 		s.release()
 		return nil, err

@@ -83,20 +83,13 @@ type Server struct {
 // has a FETCH_REQ parked for every tag; START_DEV, which adds the disk. A failure after ADD_DEV
 // tears down whatever exists, so nothing is left in the kernel.
 func Start(ctx context.Context, dev block.Device, opts Options) (s *Server, err error) {
-	cfg, err := configure(dev, opts)
-	if err != nil {
-		return nil, err
-	}
-	ctrl, feat, err := openControl(opts.ControlPath)
+	s, cfg, feat, err := newServer(ctx, dev, opts)
 	if err != nil {
 		return nil, err
 	}
 	cfg.flags = recoveryFlags(opts.Recovery, feat, cfg.log)
-	s = &Server{dev: dev, lim: cfg.lim, log: cfg.log, drain: cfg.drain, ctrl: ctrl, charFd: -1,
-		pool: opts.Pool, failed: make(chan struct{})}
-	s.ioCtx, s.ioCancel = context.WithCancel(context.WithoutCancel(ctx))
 	if err := s.addDev(cfg); err != nil {
-		ctrl.Close()
+		s.ctrl.Close()
 		s.ioCancel()
 		return nil, err
 	}
@@ -122,6 +115,23 @@ func Start(ctx context.Context, dev block.Device, opts Options) (s *Server, err 
 	}
 	s.logStarted()
 	return s, nil
+}
+
+// newServer settles the configuration and opens the control device: the first steps of Start
+// and Recover. It also returns the driver's feature bits.
+func newServer(ctx context.Context, dev block.Device, opts Options) (*Server, startConfig, uint64, error) {
+	cfg, err := configure(dev, opts)
+	if err != nil {
+		return nil, cfg, 0, err
+	}
+	ctrl, feat, err := openControl(opts.ControlPath)
+	if err != nil {
+		return nil, cfg, 0, err
+	}
+	s := &Server{dev: dev, lim: cfg.lim, log: cfg.log, drain: cfg.drain, ctrl: ctrl, charFd: -1,
+		pool: opts.Pool, failed: make(chan struct{})}
+	s.ioCtx, s.ioCancel = context.WithCancel(context.WithoutCancel(ctx))
+	return s, cfg, feat, nil
 }
 
 // startConfig is what Start derives from the Device and Options before it touches the kernel.
