@@ -14,13 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/iser-blk/iser-blk/internal/syncbuf"
 	"github.com/iser-blk/iser-blk/test/vm/vmtest"
 )
 
 // gateway is one `iser-blk attach` process of TestVMReattachKill9.
 type gateway struct {
 	cmd    *exec.Cmd
-	stderr *bytes.Buffer
+	stderr *syncbuf.Buffer
 	exited chan error
 	dev    string
 }
@@ -32,7 +33,7 @@ func startGateway(t *testing.T, args ...string) *gateway {
 	if bin == "" {
 		t.Fatal("ISERBLK_BIN is not set (test/vm/run.sh go-test builds the CLI)")
 	}
-	g := &gateway{cmd: exec.Command(bin, append([]string{"attach"}, args...)...), stderr: &bytes.Buffer{}, exited: make(chan error, 1)}
+	g := &gateway{cmd: exec.Command(bin, append([]string{"attach"}, args...)...), stderr: &syncbuf.Buffer{}, exited: make(chan error, 1)}
 	g.cmd.Stderr = g.stderr
 	stdout, err := g.cmd.StdoutPipe()
 	if err != nil {
@@ -63,6 +64,18 @@ func startGateway(t *testing.T, args ...string) *gateway {
 		t.Fatalf("attach exited without a device: %v\n%s", <-g.exited, g.stderr.String())
 	}
 	return g
+}
+
+// waitLog waits until the gateway's log (copied by another goroutine) contains msg.
+func (g *gateway) waitLog(t *testing.T, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(g.stderr.String(), msg) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q in the gateway's log:\n%s", msg, g.stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond) // polling the log, not synchronising
+	}
 }
 
 // TestVMReattachKill9 is acceptance 2 (kernel NBD, cache off, 4 connections): ext4 under fio
@@ -103,9 +116,10 @@ func TestVMReattachKill9(t *testing.T) {
 		<-g.exited
 		t0 := time.Now()
 		next := startGateway(t, args...)
-		if next.dev != g.dev || !strings.Contains(next.stderr.String(), "nbd device reattached") {
-			t.Fatalf("restart %d: device %q, log:\n%s", i+1, next.dev, next.stderr.String())
+		if next.dev != g.dev {
+			t.Fatalf("restart %d: device %q, want %q; log:\n%s", i+1, next.dev, g.dev, next.stderr.String())
 		}
+		next.waitLog(t, "nbd device reattached")
 		t.Logf("restart %d: %s has new connections %v after kill -9", i+1, next.dev, time.Since(t0))
 		g = next
 	}
