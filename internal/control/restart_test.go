@@ -27,17 +27,7 @@ func serveRestarting(t *testing.T, dir, name string, g *restartingGateway) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := Listen(c, g, Options{Lifecycle: g.lm})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve() }()
-	t.Cleanup(func() {
-		s.Close()
-		<-done
-		c.Release()
-	})
+	serveHandler(t, c, g, Options{Lifecycle: g.lm})
 }
 
 func TestRestartAnswersThenReexecs(t *testing.T) {
