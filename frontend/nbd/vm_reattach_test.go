@@ -5,12 +5,14 @@ package nbd
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -160,5 +162,52 @@ func waitMoreWrites(t *testing.T, base string, n int64) {
 			t.Fatalf("%s: fewer than %d writes in 2 min", base, n)
 		}
 		time.Sleep(20 * time.Millisecond) // polling a counter, not synchronising
+	}
+}
+
+// TestVMReattachWriteBackDirty is acceptance 3 for kernel NBD: after kill -9 of a write-back
+// gateway under writes, the gateway started again reattaches the device but answers every request
+// with EIO (within 2 s), and its log says why.
+func TestVMReattachWriteBackDirty(t *testing.T) {
+	requireNBD(t)
+	lio := vmtest.StartLIO(t, vmtest.LIOOptions{File: true, SizeMiB: 128, NoISER: true})
+	args := []string{"--target", lio.URL("iscsi"), "--nbd", "/dev/nbd4", "--connections", "2",
+		"--cache", "writeback", "--name", "gw-nbd-wb", "--run-dir", t.TempDir()}
+	g := startGateway(t, args...)
+	dd := exec.Command("dd", "if=/dev/urandom", "of="+g.dev, "bs=4k", "count=100000", "oflag=direct")
+	if err := dd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dd.Process.Kill() })
+	waitMoreWrites(t, filepath.Base(g.dev), 500)
+	g.cmd.Process.Kill()
+	<-g.exited
+	next := startGateway(t, args...)
+	if next.dev != g.dev {
+		t.Fatalf("successor attached %s, want %s", next.dev, g.dev)
+	}
+	t0 := time.Now()
+	readErr := make(chan error, 1)
+	go func() {
+		f, err := os.OpenFile(next.dev, os.O_RDONLY|syscall.O_DIRECT, 0)
+		if err == nil {
+			_, err = f.ReadAt(alignedBuf(4096), 1<<20)
+			f.Close()
+		}
+		readErr <- err
+	}()
+	select {
+	case err := <-readErr:
+		if !errors.Is(err, syscall.EIO) {
+			t.Fatalf("read on the fenced device: %v, want EIO", err)
+		}
+		t.Logf("read failed with EIO %v after the successor announced the device", time.Since(t0))
+	case <-time.After(2 * time.Second):
+		t.Fatal("a read on the fenced device did not fail within 2 s")
+	}
+	next.waitLog(t, "NOT resuming the device")
+	next.cmd.Process.Signal(os.Interrupt)
+	if err := <-next.exited; err != nil {
+		t.Fatalf("detach of the fenced device: %v\n%s", err, next.stderr.String())
 	}
 }
