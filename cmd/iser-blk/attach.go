@@ -17,6 +17,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
+	"github.com/iser-blk/iser-blk/internal/statefile"
 	"github.com/iser-blk/iser-blk/pool"
 )
 
@@ -33,6 +34,7 @@ type attachFlags struct {
 	forceIoctl      bool
 	useUblk         bool
 	uo              ublkOptions
+	takeover        takeoverFlags
 }
 
 func (af *attachFlags) register(fs *flag.FlagSet) {
@@ -45,6 +47,7 @@ func (af *attachFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&af.uo.Queues, "queues", 0, "ublk: hardware queues (0: CPUs, at most 4)")
 	fs.IntVar(&af.uo.Depth, "depth", 0, "ublk: requests in flight per queue (0: 64)")
 	fs.IntVar(&af.uo.MaxIO, "max-io", 0, "ublk: largest request in bytes (0: 512 KiB, capped by the device)")
+	af.takeover.register(fs)
 }
 
 // check rejects contradictory flags before anything is opened.
@@ -86,6 +89,10 @@ func runAttach(ctx context.Context, args []string) int {
 	defer p.Close()
 	if af.useUblk {
 		af.uo.Pool = p // registered for RDMA before the target was opened: tag buffers need no bounce
+		if af.uo.Takeover, err = prepareTakeover(&af.takeover, statefile.KindUblk, ef.target, ef.cache.mode, dev, log); err != nil {
+			closeDevice(dev, log)
+			return failTakeover(err)
+		}
 		code := attachUblk(ctx, dev, af.uo, log)
 		if c := closeDevice(dev, log); code == exitOK {
 			code = c
@@ -99,7 +106,12 @@ func runAttach(ctx context.Context, args []string) int {
 // kernel drops every connection, then detaches, drains and closes dev (closeDevice). It returns
 // the exit code.
 func attachNBD(ctx context.Context, dev block.Device, ef *exportFlags, af *attachFlags, p *pool.Pool, mem int64, log *zap.Logger) int {
-	srv, err := newExportServer(dev, ef, p, mem, log)
+	tk, err := prepareTakeover(&af.takeover, statefile.KindNBD, ef.target, ef.cache.mode, dev, log)
+	if err != nil {
+		closeDevice(dev, log)
+		return failTakeover(err)
+	}
+	srv, err := newExportServer(tk.serving(dev), ef, p, mem, log)
 	if err != nil {
 		dev.Close()
 		return fail("attach", err)
@@ -113,24 +125,27 @@ func attachNBD(ctx context.Context, dev block.Device, ef *exportFlags, af *attac
 	if nbdDev == "auto" {
 		nbdDev = ""
 	}
-	a, err := nbd.Attach(srv, nbd.AttachOptions{
+	a, err := attachOrReattach(srv, nbd.AttachOptions{
 		Device:          nbdDev,
 		Connections:     connections,
 		Timeout:         af.timeout,
 		DeadConnTimeout: af.deadConnTimeout,
 		ForceIoctl:      af.forceIoctl,
 		Logger:          log,
-	})
+	}, tk)
 	if err != nil {
 		closeDevice(dev, log)
 		if errors.Is(err, nbd.ErrNoKernelNBD) {
 			fmt.Fprintf(os.Stderr, "iser-blk attach: %v\n", err)
 			return exitNoKernel
 		}
-		return fail("attach", err)
+		return failTakeover(err)
 	}
 	fmt.Println(a.Path())
 	code := waitAndDetach(ctx, a, srv, log)
+	if code == exitOK {
+		tk.forgetIfSet()
+	}
 	if c := closeDevice(dev, log); c != exitOK {
 		code = c
 	}

@@ -24,6 +24,8 @@ type ublkOptions struct {
 	// target was opened: every tag's buffer comes from it, so the kernel's copy of a request lands
 	// in registered memory and iSER moves it without a bounce. nil: anonymous memory.
 	Pool *pool.Pool
+	// Takeover is attach --name's state (takeover.go); nil without --name.
+	Takeover *takeover
 }
 
 // ublkPoolShare is the part of the stack's pool the per-tag buffers may hold for the device's
@@ -48,11 +50,15 @@ func attachUblk(ctx context.Context, dev block.Device, opts ublkOptions, log *za
 	if opts.Pool != nil {
 		uopts.Pool = opts.Pool // not a nil *pool.Pool in a non-nil interface
 	}
-	err = ublk.Run(ctx, dev, uopts, func(path string) { fmt.Println(path) })
+	err = runUblk(ctx, dev, uopts, opts.Takeover, func(path string) { fmt.Println(path) })
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.Is(err, ublk.ErrNoKernel):
+	case errors.Is(err, errNoResume):
+		log.Error("ublk takeover refused", zap.Error(err))
+		fmt.Fprintf(os.Stderr, "iser-blk: %v\n", err)
+		return exitNoResume
+	case errors.Is(err, ublk.ErrNoKernel), errors.Is(err, ublk.ErrNoRecovery):
 		log.Error("ublk is not available", zap.Error(err))
 		fmt.Fprintf(os.Stderr, "iser-blk: %v\n", err)
 		return exitNoKernel

@@ -18,6 +18,7 @@ const (
 	exitNotFound    = 4 // target or LUN not found
 	exitUnreachable = 5 // portal unreachable (refused, no route, timeout)
 	exitNoKernel    = 6 // the kernel lacks what the command needs (nbd, ublk, RDMA)
+	exitNoResume    = 7 // attach --name: the device cannot be taken over (state file, device state)
 )
 
 // exitCode maps an error to the documented exit codes (exitcodes.go).

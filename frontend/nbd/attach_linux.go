@@ -60,6 +60,9 @@ type AttachOptions struct {
 	// DeadConnTimeout is how long the kernel queues I/O when every connection is dead, waiting
 	// for a reconfigure, before failing it.
 	DeadConnTimeout time.Duration
+	// BackendID names what the device serves (NBD_ATTR_BACKEND_IDENTIFIER, shown in
+	// /sys/block/nbdN/backend); Reattach finds the device by it. Default "iser-blk:EXPORT".
+	BackendID string
 	// ForceIoctl skips netlink (tests of the fallback path).
 	ForceIoctl bool
 	Logger     *zap.Logger
@@ -343,7 +346,7 @@ func connectAttrs(srv *Server, index int, fds []int, opts AttachOptions) []byte 
 			s.nested(nbdSockItem, func(it *attrEncoder) { it.u32(nbdSockFD, uint32(fd)) })
 		}
 	})
-	e.str(nbdAttrBackendID, "iser-blk:"+srv.opts.ExportName)
+	e.str(nbdAttrBackendID, backendID(srv, opts))
 	return e.b
 }
 
@@ -385,15 +388,11 @@ func netlinkConnect(srv *Server, index int, remotes []*os.File, opts AttachOptio
 }
 
 func netlinkDisconnect(index int) error {
-	g, err := openGenl()
+	g, fam, err := openNBDFamily()
 	if err != nil {
 		return err
 	}
 	defer g.close()
-	fam, err := g.familyID(nbdGenlName)
-	if err != nil {
-		return err
-	}
 	var e attrEncoder
 	e.u32(nbdAttrIndex, uint32(index))
 	if _, err := g.request(fam, nbdCmdDisconnect, nbdGenlVersion, e.b); err != nil {

@@ -32,8 +32,9 @@ const (
 	nbdGenlName    = "nbd"
 	nbdGenlVersion = 1
 
-	nbdCmdConnect    = 1
-	nbdCmdDisconnect = 2
+	nbdCmdConnect     = 1
+	nbdCmdDisconnect  = 2
+	nbdCmdReconfigure = 3 // new sockets for a configured device whose connections died
 
 	nbdAttrIndex           = 1  // u32
 	nbdAttrSizeBytes       = 2  // u64

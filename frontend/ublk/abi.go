@@ -28,6 +28,10 @@ var (
 	cmdSetParams   = iowr(0x08, sizeofCtrlCmd)
 	cmdGetParams   = ior(0x09, sizeofCtrlCmd)
 	cmdGetFeatures = ior(0x13, sizeofCtrlCmd)
+	// UBLK_U_CMD_START_USER_RECOVERY / END_USER_RECOVERY: hand a device whose server died
+	// (UBLK_S_DEV_QUIESCED or FAIL_IO) to a new one.
+	cmdStartUserRecovery = iowr(0x10, sizeofCtrlCmd)
+	cmdEndUserRecovery   = iowr(0x11, sizeofCtrlCmd)
 )
 
 // I/O commands on /dev/ublkcN (UBLK_U_IO_*).
@@ -59,8 +63,10 @@ const (
 
 // Device states (UBLK_S_DEV_*).
 const (
-	devStateDead = 0
-	devStateLive = 1
+	devStateDead     = 0
+	devStateLive     = 1
+	devStateQuiesced = 2 // USER_RECOVERY: the server died, I/O waits in the kernel for a new one
+	devStateFailIO   = 3 // USER_RECOVERY_FAIL_IO: the server died, I/O fails until a new one
 )
 
 // Request operations in ublksrv_io_desc.op_flags bits 0-7 (UBLK_IO_OP_*).
@@ -202,9 +208,9 @@ func (i DevInfo) StateName() string {
 		return "dead"
 	case devStateLive:
 		return "live"
-	case 2:
+	case devStateQuiesced:
 		return "quiesced"
-	case 3:
+	case devStateFailIO:
 		return "fail_io"
 	}
 	return "unknown"

@@ -76,6 +76,7 @@ var ctrlNames = map[uint32]string{
 	cmdGetDevInfo: "GET_DEV_INFO", cmdAddDev: "ADD_DEV", cmdDelDev: "DEL_DEV",
 	cmdStartDev: "START_DEV", cmdStopDev: "STOP_DEV", cmdSetParams: "SET_PARAMS",
 	cmdGetParams: "GET_PARAMS", cmdGetFeatures: "GET_FEATURES",
+	cmdStartUserRecovery: "START_USER_RECOVERY", cmdEndUserRecovery: "END_USER_RECOVERY",
 }
 
 // do runs one control command. payload (may be nil) is the buffer cmd.Addr points at; it is kept

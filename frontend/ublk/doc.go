@@ -54,4 +54,9 @@
 // the all-tags-taken case; the disk node was gone by then. /dev/ublkcN and the control-side
 // device stay (state dead) until someone sends DEL_DEV. A live but hung server is never timed out
 // (privileged ublk resets the timer), so a hung backend must time out its own requests.
+//
+// That is for a device created without recovery (Options.Recovery zero, the default). A
+// recoverable device (RecoveryReissue) is instead quiesced at the death: the disk stays, the
+// requests the server had taken are requeued, new ones wait, and Recover hands the device to a
+// new server (recovery.go). Invariant: Recover never deletes a device, whatever fails.
 package ublk

@@ -38,7 +38,13 @@ type Options struct {
 	// DrainTimeout bounds how long Shutdown or Detach lets in-flight requests run before
 	// cancelling their context so they fail and the kernel's STOP_DEV can finish (default 30 s).
 	DrainTimeout time.Duration
-	Logger       *zap.Logger
+	// Recovery decides what the driver does with the device when this process dies (see
+	// recovery.go); the zero value removes it, as before.
+	Recovery RecoveryMode
+	// OnCreated, if set, runs once ADD_DEV has given the device its id and before the disk can
+	// take a request (the caller records its state there); an error tears the device down.
+	OnCreated func(id uint32) error
+	Logger    *zap.Logger
 }
 
 // Server exports a block.Device as /dev/ublkbN.
@@ -77,19 +83,13 @@ type Server struct {
 // has a FETCH_REQ parked for every tag; START_DEV, which adds the disk. A failure after ADD_DEV
 // tears down whatever exists, so nothing is left in the kernel.
 func Start(ctx context.Context, dev block.Device, opts Options) (s *Server, err error) {
-	cfg, err := configure(dev, opts)
+	s, cfg, feat, err := newServer(ctx, dev, opts)
 	if err != nil {
 		return nil, err
 	}
-	ctrl, err := openControl(opts.ControlPath)
-	if err != nil {
-		return nil, err
-	}
-	s = &Server{dev: dev, lim: cfg.lim, log: cfg.log, drain: cfg.drain, ctrl: ctrl, charFd: -1,
-		pool: opts.Pool, failed: make(chan struct{})}
-	s.ioCtx, s.ioCancel = context.WithCancel(context.WithoutCancel(ctx))
+	cfg.flags = recoveryFlags(opts.Recovery, feat, cfg.log)
 	if err := s.addDev(cfg); err != nil {
-		ctrl.Close()
+		s.ctrl.Close()
 		s.ioCancel()
 		return nil, err
 	}
@@ -102,6 +102,11 @@ func Start(ctx context.Context, dev block.Device, opts Options) (s *Server, err 
 	if err := s.setParams(cfg.maxIO); err != nil {
 		return nil, err
 	}
+	if opts.OnCreated != nil {
+		if err := opts.OnCreated(s.info.DevID); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.startQueues(ctx); err != nil {
 		return nil, err
 	}
@@ -112,12 +117,30 @@ func Start(ctx context.Context, dev block.Device, opts Options) (s *Server, err 
 	return s, nil
 }
 
+// newServer settles the configuration and opens the control device: the first steps of Start
+// and Recover. It also returns the driver's feature bits.
+func newServer(ctx context.Context, dev block.Device, opts Options) (*Server, startConfig, uint64, error) {
+	cfg, err := configure(dev, opts)
+	if err != nil {
+		return nil, cfg, 0, err
+	}
+	ctrl, feat, err := openControl(opts.ControlPath)
+	if err != nil {
+		return nil, cfg, 0, err
+	}
+	s := &Server{dev: dev, lim: cfg.lim, log: cfg.log, drain: cfg.drain, ctrl: ctrl, charFd: -1,
+		pool: opts.Pool, failed: make(chan struct{})}
+	s.ioCtx, s.ioCancel = context.WithCancel(context.WithoutCancel(ctx))
+	return s, cfg, feat, nil
+}
+
 // startConfig is what Start derives from the Device and Options before it touches the kernel.
 type startConfig struct {
 	queues, depth int
 	maxIO         int // the largest request, before ADD_DEV may lower it
 	lim           block.Limits
 	drain         time.Duration
+	flags         uint64 // UBLK_F_USER_RECOVERY* asked for at ADD_DEV
 	log           *zap.Logger
 }
 
@@ -155,44 +178,50 @@ func configure(dev block.Device, opts Options) (startConfig, error) {
 }
 
 // openControl opens the control device and checks that the driver takes ioctl-encoded commands,
-// the only kind this package sends.
-func openControl(path string) (*Control, error) {
+// the only kind this package sends. It returns the driver's feature bits.
+func openControl(path string) (*Control, uint64, error) {
 	ctrl, err := OpenControl(path)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	feat, err := ctrl.Features()
 	if err != nil {
 		ctrl.Close()
-		return nil, fmt.Errorf("ublk: %w (kernel older than 6.5?)", err)
+		return nil, 0, fmt.Errorf("ublk: %w (kernel older than 6.5?)", err)
 	}
 	if feat&FeatCmdIoctlEncode == 0 {
 		ctrl.Close()
-		return nil, fmt.Errorf("%w: the driver lacks ioctl-encoded commands (features %#x)", ErrNoKernel, feat)
+		return nil, 0, fmt.Errorf("%w: the driver lacks ioctl-encoded commands (features %#x)", ErrNoKernel, feat)
 	}
-	return ctrl, nil
+	return ctrl, feat, nil
 }
 
 // addDev creates the device (ADD_DEV); on success s.info holds what the driver granted and the
 // loggers name the device.
 func (s *Server) addDev(cfg startConfig) error {
-	// No USER_RECOVERY: if this process dies the driver fails outstanding and new I/O and
-	// removes the disk rather than queueing I/O for a server that may never come back.
+	// Without USER_RECOVERY (RecoveryNone), if this process dies the driver fails outstanding
+	// and new I/O and removes the disk rather than queueing I/O for a server that may never come
+	// back; with it the device waits for RunRecover (recovery.go).
 	s.info = DevInfo{
 		NrHWQueues:    uint16(cfg.queues),
 		QueueDepth:    uint16(cfg.depth),
 		MaxIOBufBytes: uint32(cfg.maxIO),
 		DevID:         ^uint32(0),
-		Flags:         FeatCmdIoctlEncode,
+		Flags:         FeatCmdIoctlEncode | cfg.flags,
 	}
 	if err := s.ctrl.AddDev(&s.info); err != nil {
 		return err
 	}
+	s.nameDevice()
+	return nil
+}
+
+// nameDevice makes the loggers name the device.
+func (s *Server) nameDevice() {
 	s.log = s.log.With(zap.Uint32("ublk", s.info.DevID))
 	s.reqLog = s.log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 		return zapcore.NewSamplerWithOptions(c, time.Second, 10, 100)
 	}))
-	return nil
 }
 
 // setParams settles the request size (ADD_DEV may have granted less than asked) and sends the

@@ -80,6 +80,22 @@ func (s *Server) stopDisk() error {
 // teardown stops the queues, releases the character device, deletes the device and frees the
 // buffers. With stopped false the disk was never started (Start failed).
 func (s *Server) teardown(stopped bool) {
+	s.stopQueues()
+	if !stopped {
+		// START_DEV may have got as far as adding the disk.
+		_ = s.ctrl.StopDev(s.info.DevID)
+	}
+	if err := s.ctrl.DelDev(s.info.DevID); err != nil {
+		s.log.Warn("ublk DEL_DEV failed", zap.Error(err))
+	} else {
+		s.log.Info("ublk device deleted")
+	}
+	s.release()
+}
+
+// stopQueues ends every queue and closes /dev/ublkcN. On a recoverable device whose disk is still
+// there this hands the device back to the kernel to wait for the next server.
+func (s *Server) stopQueues() {
 	s.stopping.Store(true)
 	for _, q := range s.queues {
 		q.stop()
@@ -91,19 +107,15 @@ func (s *Server) teardown(stopped bool) {
 			s.log.Warn("ublk queue ended with an error", zap.Uint16("queue", q.id), zap.Error(q.err))
 		}
 	}
+	s.queues = nil
 	if s.charFd >= 0 {
 		unix.Close(s.charFd)
 		s.charFd = -1
 	}
-	if !stopped {
-		// START_DEV may have got as far as adding the disk.
-		_ = s.ctrl.StopDev(s.info.DevID)
-	}
-	if err := s.ctrl.DelDev(s.info.DevID); err != nil {
-		s.log.Warn("ublk DEL_DEV failed", zap.Error(err))
-	} else {
-		s.log.Info("ublk device deleted")
-	}
+}
+
+// release closes the control device, cancels the requests' context and frees the buffers.
+func (s *Server) release() {
 	s.ctrl.Close()
 	s.ioCancel()
 	for _, b := range s.bufs {

@@ -130,7 +130,13 @@ func serveInProcess(t *testing.T, dir, name string, g *fakeGateway, opts Options
 	if opts.Lifecycle == nil {
 		opts.Lifecycle = g.lm
 	}
-	s, err := Listen(c, g, opts)
+	return serveHandler(t, c, g, opts)
+}
+
+// serveHandler serves h under claim c in this process until the test ends.
+func serveHandler(t *testing.T, c *Claim, h Handler, opts Options) *Server {
+	t.Helper()
+	s, err := Listen(c, h, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

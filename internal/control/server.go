@@ -29,9 +29,13 @@ type Handler interface {
 	Detach(ctx context.Context, req Request) (DetachResult, error)
 }
 
-// Restarter is a Handler that also implements OpRestart (issue 17).
+// Restarter is a Handler that also implements OpRestart (issue 17). Restart prepares a planned
+// restart — stop taking requests, finish those in flight, write back every dirty byte, record a
+// clean state — and returns the step that replaces the process image (re-exec, same PID), which
+// the server runs once the client has its answer; that step returns only if it failed. An error
+// from Restart leaves the gateway serving.
 type Restarter interface {
-	Restart(ctx context.Context, req Request) error
+	Restart(ctx context.Context, req Request) (reexec func() error, err error)
 }
 
 // Options configure a Server.
@@ -206,10 +210,15 @@ func (s *Server) dispatch(w *replyWriter, req Request) bool {
 		if !ok {
 			return w.error(&Error{Code: CodeUnsupported, Message: "restart is not implemented by this gateway"})
 		}
-		if err := r.Restart(context.Background(), req); err != nil {
+		reexec, err := r.Restart(context.Background(), req)
+		if err != nil {
 			return w.error(err)
 		}
-		return w.write(Reply{Type: ReplyDone, Result: &DetachResult{PID: os.Getpid()}})
+		ok = w.write(Reply{Type: ReplyDone, Result: &DetachResult{PID: os.Getpid()}})
+		if err = reexec(); err != nil {
+			s.opts.Log.Error("restart: re-executing the gateway failed", zap.Error(err))
+		}
+		return ok
 	}
 	return w.error(&Error{Code: CodeUnknownOp, Message: req.Op}) // DecodeRequest lets none through
 }

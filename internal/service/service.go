@@ -22,6 +22,9 @@ import (
 	"github.com/iser-blk/iser-blk/internal/status"
 )
 
+// RestartFunc is the gateway's planned restart (see control.Restarter).
+type RestartFunc func(ctx context.Context, req control.Request) (reexec func() error, err error)
+
 // DetachFunc is the gateway's detach (see control.Handler.Detach).
 type DetachFunc func(ctx context.Context, req control.Request) (control.DetachResult, error)
 
@@ -36,7 +39,10 @@ type Options struct {
 	MetricsListen string
 	// Detach is called for a control-socket detach; nil answers "unsupported".
 	Detach DetachFunc
-	Log    *zap.Logger
+	// Restart is called for a control-socket restart (control.Restarter); nil answers
+	// "unsupported".
+	Restart RestartFunc
+	Log     *zap.Logger
 }
 
 // Service is a running gateway's operations side.
@@ -70,7 +76,7 @@ func Start(opts Options) (_ *Service, err error) {
 	if s.claim, err = control.ClaimName(control.RunDir(opts.RunDir), opts.Identity.Name); err != nil {
 		return nil, err
 	}
-	h := handler{status: s.Status, detach: opts.Detach}
+	h := handler{status: s.Status, detach: opts.Detach, restart: opts.Restart}
 	if s.control, err = control.Listen(s.claim, h, control.Options{Log: opts.Log, Lifecycle: s.Lifecycle}); err != nil {
 		return nil, err
 	}
@@ -139,8 +145,16 @@ func (s *Service) Close() error {
 
 // handler adapts the registry and the gateway's detach to control.Handler.
 type handler struct {
-	status *status.Registry
-	detach DetachFunc
+	status  *status.Registry
+	detach  DetachFunc
+	restart RestartFunc
+}
+
+func (h handler) Restart(ctx context.Context, req control.Request) (func() error, error) {
+	if h.restart == nil {
+		return nil, &control.Error{Code: control.CodeUnsupported, Message: "this gateway cannot be restarted through the control socket"}
+	}
+	return h.restart(ctx, req)
 }
 
 func (h handler) Status() status.Status { return h.status.Snapshot() }

@@ -1,0 +1,151 @@
+package main
+
+// Taking over a device across a restart of the gateway (issue 17). With --name, attach keeps
+// RUNDIR/NAME.json (internal/statefile) for as long as its device exists; started again with
+// the same name after the old process died, it finds the device the file names and serves it
+// again instead of creating another. When the dead gateway's write-back cache could have held
+// acknowledged writes, the device is taken over but fenced: every request fails with EIO.
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+
+	"go.uber.org/zap"
+
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/cache"
+	"github.com/iser-blk/iser-blk/internal/control"
+	"github.com/iser-blk/iser-blk/internal/statefile"
+)
+
+// errNoResume marks a device that cannot be taken over (exitNoResume): the state file is
+// unreadable or names another LUN, or the device is not waiting for a server.
+var errNoResume = errors.New("cannot take the device over")
+
+// takeoverFlags are --name and --run-dir on attach.
+// TODO(merge): the service wiring registers --name/--run-dir for every gateway; when it lands,
+// drop register and fill name/runDir from its flags.
+type takeoverFlags struct {
+	name   string
+	runDir string
+}
+
+func (tf *takeoverFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&tf.name, "name", "", "gateway name: its state file RUNDIR/NAME.json lets the same attach, started again, take the device over")
+	fs.StringVar(&tf.runDir, "run-dir", "", "run directory (default $"+control.RunDirEnv+" or "+control.DefaultRunDir+")")
+}
+
+// takeover is what one attach knows about its predecessor: where its state goes, the LUN it
+// serves, and the state a dead predecessor left (nil: none, create a device).
+type takeover struct {
+	path      string
+	name      string
+	lun       statefile.Identity
+	cacheMode string
+	prev      *statefile.State
+	log       *zap.Logger
+}
+
+// prepareTakeover reads NAME.json for attach --name. A missing file means a fresh device; an
+// unreadable, corrupt or foreign one, or one for another kind of device, stops the attach
+// (errNoResume) so that a second device never appears by surprise.
+func prepareTakeover(tf *takeoverFlags, kind, target, cacheMode string, dev block.Device, log *zap.Logger) (*takeover, error) {
+	if tf.name == "" {
+		return nil, nil
+	}
+	mode, err := cache.ParseMode(cacheMode) // "wb", "none", ...: the state file spells it one way
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	cacheMode = mode.String()
+	if err := control.ValidateName(tf.name); err != nil {
+		return nil, usagef("--name: %v", err)
+	}
+	dir := control.RunDir(tf.runDir)
+	if err := control.EnsureRunDir(dir); err != nil {
+		return nil, err
+	}
+	t := &takeover{path: statefile.Path(dir, tf.name), name: tf.name, cacheMode: cacheMode,
+		lun: statefile.Identity{Target: redactURL(target), Size: dev.Size(), BlockSize: dev.BlockSize()},
+		log: log.With(zap.String("state_file", statefile.Path(dir, tf.name)))}
+	prev, err := statefile.Read(t.path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return t, nil
+	case err != nil:
+		return nil, fmt.Errorf("%w: %w; if no device is waiting for gateway %q, remove the file", errNoResume, err, tf.name)
+	case prev.Kind != kind:
+		return nil, fmt.Errorf("%w: %s names a %s device, this attach makes a %s one", errNoResume, t.path, prev.Kind, kind)
+	}
+	if err := prev.CheckIdentity(t.lun); err != nil {
+		return nil, fmt.Errorf("%w: %w", errNoResume, err)
+	}
+	t.prev = &prev
+	return t, nil
+}
+
+// record writes the state of a device this gateway now serves: Dirty exactly with a write-back
+// cache, written before the device takes its first request.
+func (t *takeover) record(kind string, devID int) error {
+	st := statefile.Fresh(t.name, kind, devID, t.lun, t.cacheMode, os.Getpid())
+	if t.prev != nil && t.prev.Dirty {
+		st.Dirty = true // a fenced device stays fenced for the next successor too
+	}
+	return statefile.Write(t.path, st)
+}
+
+// forget removes the state file once the device is gone.
+func (t *takeover) forget() {
+	if err := statefile.Remove(t.path); err != nil {
+		t.log.Warn("could not remove the state file", zap.Error(err))
+	}
+}
+
+// serveDevice is dev, or dev fenced when the predecessor's state is not resumable; the log says
+// why and what the operator does next.
+func (t *takeover) serveDevice(dev block.Device) block.Device {
+	ok, why := t.prev.Resumable()
+	if ok {
+		return dev
+	}
+	t.log.Error("NOT resuming the device: every I/O on it fails with EIO", zap.String("why", why))
+	return fence(dev, why)
+}
+
+// serving is serveDevice for a takeover, dev itself without one (no --name, or no predecessor).
+func (t *takeover) serving(dev block.Device) block.Device {
+	if t == nil || t.prev == nil {
+		return dev
+	}
+	return t.serveDevice(dev)
+}
+
+// forgetIfSet is forget when attach has a --name.
+func (t *takeover) forgetIfSet() {
+	if t != nil {
+		t.forget()
+	}
+}
+
+// redactURL drops credentials from a target URL, which goes into the state file.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return s
+	}
+	u.User = nil
+	return u.String()
+}
+
+// failTakeover reports a takeover refused before any device was touched.
+func failTakeover(err error) int {
+	if errors.Is(err, errNoResume) {
+		fmt.Fprintf(os.Stderr, "iser-blk attach: %v\n", err)
+		return exitNoResume
+	}
+	return fail("attach", err)
+}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/iser-blk/iser-blk/backend/memdev"
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/statefile"
+)
+
+func memDevice(t *testing.T, size int64) block.Device {
+	t.Helper()
+	d, err := memdev.New(size, memdev.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+const testTarget = "iscsi://user@192.0.2.1/iqn.2026-01.test:t1/1"
+
+func TestPrepareTakeoverFreshThenResume(t *testing.T) {
+	dir := t.TempDir()
+	dev := memDevice(t, 1<<20)
+	tf := &takeoverFlags{name: "gw1", runDir: dir}
+	tk, err := prepareTakeover(tf, statefile.KindUblk, testTarget, "wt", dev, zap.NewNop())
+	if err != nil || tk == nil || tk.prev != nil {
+		t.Fatalf("fresh: %+v, %v", tk, err)
+	}
+	if strings.Contains(tk.lun.Target, "user") {
+		t.Fatalf("credentials in the state file's identity: %s", tk.lun.Target)
+	}
+	if err := tk.record(statefile.KindUblk, 5); err != nil {
+		t.Fatal(err)
+	}
+	again, err := prepareTakeover(tf, statefile.KindUblk, testTarget, "writethrough", dev, zap.NewNop())
+	if err != nil || again.prev == nil || again.prev.DevID != 5 || again.prev.Dirty {
+		t.Fatalf("successor: %+v, %v", again, err)
+	}
+	if got := again.serveDevice(dev); got != dev {
+		t.Fatal("a write-through device was fenced")
+	}
+	again.forget()
+	if _, err := os.Stat(statefile.Path(dir, "gw1")); !os.IsNotExist(err) {
+		t.Fatalf("state file survived forget: %v", err)
+	}
+}
+
+func TestPrepareTakeoverRefuses(t *testing.T) {
+	dir := t.TempDir()
+	dev := memDevice(t, 1<<20)
+	tf := &takeoverFlags{name: "gw", runDir: dir}
+	tk, err := prepareTakeover(tf, statefile.KindUblk, testTarget, "off", dev, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tk.record(statefile.KindUblk, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := prepareTakeover(tf, statefile.KindNBD, testTarget, "off", dev, zap.NewNop()); !errors.Is(err, errNoResume) {
+		t.Errorf("other kind: %v", err)
+	}
+	if _, err := prepareTakeover(tf, statefile.KindUblk, "iscsi://192.0.2.1/iqn.other/1", "off", dev, zap.NewNop()); !errors.Is(err, errNoResume) || !errors.Is(err, statefile.ErrForeign) {
+		t.Errorf("other LUN: %v", err)
+	}
+	if _, err := prepareTakeover(tf, statefile.KindUblk, testTarget, "off", memDevice(t, 2<<20), zap.NewNop()); !errors.Is(err, statefile.ErrForeign) {
+		t.Errorf("other size: %v", err)
+	}
+	if err := os.WriteFile(statefile.Path(dir, "gw"), []byte("{torn"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = prepareTakeover(tf, statefile.KindUblk, testTarget, "off", dev, zap.NewNop())
+	if !errors.Is(err, errNoResume) || !errors.Is(err, statefile.ErrCorrupt) {
+		t.Errorf("corrupt: %v", err)
+	}
+	if code := failTakeover(err); code != exitNoResume {
+		t.Errorf("exit code %d, want %d", code, exitNoResume)
+	}
+	if _, err := prepareTakeover(&takeoverFlags{name: "../x", runDir: dir}, statefile.KindUblk, testTarget, "off", dev, zap.NewNop()); exitCode(err) != exitUsage {
+		t.Errorf("bad name: %v", err)
+	}
+}
+
+func TestDirtyWriteBackIsFenced(t *testing.T) {
+	dir := t.TempDir()
+	dev := memDevice(t, 1<<20)
+	tf := &takeoverFlags{name: "wb", runDir: dir}
+	tk, err := prepareTakeover(tf, statefile.KindUblk, testTarget, "writeback", dev, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tk.record(statefile.KindUblk, 2); err != nil {
+		t.Fatal(err)
+	}
+	// The gateway dies here without a planned shutdown; its successor runs with the cache off.
+	next, err := prepareTakeover(tf, statefile.KindUblk, testTarget, "off", dev, zap.NewNop())
+	if err != nil || !next.prev.Dirty {
+		t.Fatalf("successor: %+v, %v", next, err)
+	}
+	fenced := next.serveDevice(dev)
+	ctx := context.Background()
+	buf := make([]byte, 4096)
+	for name, err := range map[string]error{
+		"read":  fenced.ReadAt(ctx, buf, 0),
+		"write": fenced.WriteAt(ctx, buf, 0, 0),
+		"flush": fenced.Flush(ctx),
+		"trim":  fenced.Discard(ctx, 0, 4096),
+		"zero":  fenced.WriteZeroes(ctx, 0, 4096, 0),
+	} {
+		if block.Errno(err) != syscall.EIO || !strings.Contains(err.Error(), "fsck") {
+			t.Errorf("%s on a fenced device: %v", name, err)
+		}
+	}
+	if fenced.Size() != dev.Size() {
+		t.Fatal("fenced device lost its geometry")
+	}
+	if err := next.record(statefile.KindUblk, 2); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := statefile.Read(next.path); !st.Dirty {
+		t.Fatal("a fenced device's state became clean: the next successor would resume it")
+	}
+}

@@ -1,0 +1,142 @@
+package nbd
+
+// Reattach: a kernel nbd device configured through netlink outlives the process that served it.
+// When that process dies its sockets close, the kernel marks every connection dead and queues the
+// device's I/O for up to the dead-connection timeout (NBD_ATTR_DEAD_CONN_TIMEOUT); requests that
+// were in flight are requeued when their request timeout fires. A successor gives the device new
+// sockets with NBD_CMD_RECONFIGURE (include/uapi/linux/nbd-netlink.h), which the kernel accepts
+// only for a configured device whose backend identifier matches and only in place of dead
+// connections.
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Errors of Reattach.
+var (
+	// ErrNoDevice: the device is not configured (its backend file is absent).
+	ErrNoDevice = errors.New("nbd: the device is not configured")
+	// ErrNotWaiting: the device serves another backend, or its connections are alive.
+	ErrNotWaiting = errors.New("nbd: the device is not waiting for this gateway")
+)
+
+// backendID is the identifier the device is configured with.
+func backendID(srv *Server, opts AttachOptions) string {
+	if opts.BackendID != "" {
+		return opts.BackendID
+	}
+	return "iser-blk:" + srv.opts.ExportName
+}
+
+// Reattach gives opts.Device, whose server died, fresh connections to srv.
+func Reattach(srv *Server, opts AttachOptions) (*Attachment, error) {
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if opts.Connections <= 0 {
+		opts.Connections = 1
+	}
+	index, err := parseDeviceIndex(opts.Device)
+	if err != nil || index < 0 {
+		return nil, fmt.Errorf("nbd: reattach needs a device node (%q): %v", opts.Device, err)
+	}
+	if err := checkBackend(index, backendID(srv, opts)); err != nil {
+		return nil, err
+	}
+	locals, remotes, err := socketPairs(opts.Connections)
+	if err != nil {
+		return nil, err
+	}
+	a := &Attachment{srv: srv, index: index, viaNetlink: true, log: opts.Logger, done: make(chan struct{})}
+	a.serve(locals)
+	err = netlinkReconfigure(srv, index, remotes, opts)
+	for _, f := range remotes {
+		f.Close()
+	}
+	if err != nil {
+		for _, c := range locals {
+			c.Close()
+		}
+		<-a.done
+		return nil, err
+	}
+	a.log.Info("nbd device reattached: the kernel has new connections", zap.String("device", a.Path()), zap.Int("connections", len(locals)))
+	return a, nil
+}
+
+// checkBackend reads /sys/block/nbdN/backend, which exists while the device is configured.
+func checkBackend(index int, want string) error {
+	b, err := os.ReadFile(fmt.Sprintf("/sys/block/nbd%d/backend", index))
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%w: /dev/nbd%d", ErrNoDevice, index)
+	}
+	if err != nil {
+		return fmt.Errorf("nbd: %w", err)
+	}
+	if got := strings.TrimSpace(string(b)); got != want {
+		return fmt.Errorf("%w: /dev/nbd%d serves %q, not %q", ErrNotWaiting, index, got, want)
+	}
+	return nil
+}
+
+// netlinkReconfigure sends NBD_CMD_RECONFIGURE with the kernel's ends of the socket pairs. The
+// kernel answers ENOSPC while no connection is dead yet (the old server's sockets may close a
+// moment after it died), so that is retried briefly.
+func netlinkReconfigure(srv *Server, index int, remotes []*os.File, opts AttachOptions) error {
+	g, fam, err := openNBDFamily()
+	if err != nil {
+		return err
+	}
+	defer g.close()
+	fds := make([]int, len(remotes))
+	for i, f := range remotes {
+		fds[i] = int(f.Fd())
+	}
+	var e attrEncoder
+	e.u32(nbdAttrIndex, uint32(index))
+	e.u64(nbdAttrDeadConnTimeout, uint64(opts.DeadConnTimeout/time.Second))
+	e.nested(nbdAttrSockets, func(s *attrEncoder) {
+		for _, fd := range fds {
+			s.nested(nbdSockItem, func(it *attrEncoder) { it.u32(nbdSockFD, uint32(fd)) })
+		}
+	})
+	e.str(nbdAttrBackendID, backendID(srv, opts))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err = g.request(fam, nbdCmdReconfigure, nbdGenlVersion, e.b)
+		if !errors.Is(err, syscall.ENOSPC) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	switch {
+	case errors.Is(err, syscall.ENOSPC):
+		return fmt.Errorf("%w: /dev/nbd%d has no dead connection to replace (is another gateway serving it?)", ErrNotWaiting, index)
+	case errors.Is(err, syscall.EINVAL):
+		return fmt.Errorf("%w: the kernel refused NBD_CMD_RECONFIGURE for /dev/nbd%d (not configured, or another backend)", ErrNotWaiting, index)
+	case err != nil:
+		return fmt.Errorf("nbd: NBD_CMD_RECONFIGURE: %w", err)
+	}
+	return nil
+}
+
+// openNBDFamily opens a generic netlink socket and resolves the nbd family's id.
+func openNBDFamily() (*genlConn, uint16, error) {
+	g, err := openGenl()
+	if err != nil {
+		return nil, 0, err
+	}
+	fam, err := g.familyID(nbdGenlName)
+	if err != nil {
+		g.close()
+		return nil, 0, err
+	}
+	return g, fam, nil
+}

@@ -1,0 +1,213 @@
+//go:build vm
+
+package nbd
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/iser-blk/iser-blk/internal/syncbuf"
+	"github.com/iser-blk/iser-blk/test/vm/vmtest"
+)
+
+// gateway is one `iser-blk attach` process of TestVMReattachKill9.
+type gateway struct {
+	cmd    *exec.Cmd
+	stderr *syncbuf.Buffer
+	exited chan error
+	dev    string
+}
+
+// startGateway runs attach with args and waits for the device path.
+func startGateway(t *testing.T, args ...string) *gateway {
+	t.Helper()
+	bin := os.Getenv("ISERBLK_BIN")
+	if bin == "" {
+		t.Fatal("ISERBLK_BIN is not set (test/vm/run.sh go-test builds the CLI)")
+	}
+	g := &gateway{cmd: exec.Command(bin, append([]string{"attach"}, args...)...), stderr: &syncbuf.Buffer{}, exited: make(chan error, 1)}
+	g.cmd.Stderr = g.stderr
+	stdout, err := g.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(stdout).ReadString('\n')
+		line <- strings.TrimSpace(s)
+		io.Copy(io.Discard, stdout)
+		g.exited <- g.cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		if g.cmd.ProcessState == nil {
+			g.cmd.Process.Kill()
+			<-g.exited
+		}
+	})
+	select {
+	case g.dev = <-line:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("attach printed no device within 2 min")
+	}
+	if g.dev == "" {
+		t.Fatalf("attach exited without a device: %v\n%s", <-g.exited, g.stderr.String())
+	}
+	return g
+}
+
+// waitLog waits until the gateway's log (copied by another goroutine) contains msg.
+func (g *gateway) waitLog(t *testing.T, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(g.stderr.String(), msg) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q in the gateway's log:\n%s", msg, g.stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond) // polling the log, not synchronising
+	}
+}
+
+// TestVMReattachKill9 is acceptance 2 (kernel NBD, cache off, 4 connections): ext4 under fio
+// verify, the gateway killed with -9 three times and started again at once: the same /dev/nbdX
+// gets fresh sockets (NBD_CMD_RECONFIGURE), fio ends without an error, fsck is clean.
+func TestVMReattachKill9(t *testing.T) {
+	requireNBD(t)
+	lio := vmtest.StartLIO(t, vmtest.LIOOptions{File: true, SizeMiB: 256, NoISER: true})
+	args := []string{"--target", lio.URL("iscsi"), "--nbd", "/dev/nbd3", "--connections", "4",
+		"--cache", "off", "--name", "gw-nbd", "--run-dir", t.TempDir()}
+	g := startGateway(t, args...)
+	if got := sysBlock(t, g.dev, "backend"); !strings.HasPrefix(got, "iser-blk:gw-nbd:") {
+		t.Fatalf("backend identifier %q does not name the gateway", got)
+	}
+	exec.Command("dmesg", "-C").Run()
+	mnt := t.TempDir()
+	for _, c := range [][]string{{"mkfs.ext4", "-q", "-F", g.dev}, {"mount", g.dev, mnt}} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", c, err, out)
+		}
+	}
+	defer exec.Command("umount", "-l", mnt).Run()
+	fio := exec.Command("fio", "--name=verify", "--filename="+filepath.Join(mnt, "verify.dat"), "--size=32M",
+		"--rw=randwrite", "--bs=4k", "--ioengine=libaio", "--direct=1", "--iodepth=16", "--verify=crc32c",
+		"--do_verify=1", "--verify_fatal=1")
+	var fioOut bytes.Buffer
+	fio.Stdout, fio.Stderr = &fioOut, &fioOut
+	if err := fio.Start(); err != nil {
+		t.Fatal(err)
+	}
+	fioDone := make(chan error, 1)
+	go func() { fioDone <- fio.Wait() }()
+	t.Cleanup(func() { fio.Process.Kill() })
+	base := filepath.Base(g.dev)
+	for i := range 3 {
+		waitMoreWrites(t, base, 200+int64(time.Now().UnixNano()%800))
+		g.cmd.Process.Kill()
+		<-g.exited
+		t0 := time.Now()
+		next := startGateway(t, args...)
+		if next.dev != g.dev {
+			t.Fatalf("restart %d: device %q, want %q; log:\n%s", i+1, next.dev, g.dev, next.stderr.String())
+		}
+		next.waitLog(t, "nbd device reattached")
+		t.Logf("restart %d: %s has new connections %v after kill -9", i+1, next.dev, time.Since(t0))
+		g = next
+	}
+	select {
+	case err := <-fioDone:
+		if err != nil {
+			t.Fatalf("fio: %v\n%s", err, fioOut.String())
+		}
+	case <-time.After(4 * time.Minute):
+		t.Fatal("fio still running 4 min after the last restart")
+	}
+	if out, _ := exec.Command("sh", "-c", "dmesg | grep -i 'I/O error' | grep "+base).CombinedOutput(); len(bytes.TrimSpace(out)) != 0 {
+		t.Fatalf("kernel I/O errors for %s:\n%s", base, out)
+	}
+	for _, c := range [][]string{{"umount", mnt}, {"fsck.ext4", "-fn", g.dev}} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", c, err, out)
+		}
+	}
+	g.cmd.Process.Signal(os.Interrupt)
+	if err := <-g.exited; err != nil {
+		t.Fatalf("detach: %v\n%s", err, g.stderr.String())
+	}
+}
+
+// waitMoreWrites waits until the disk has completed n more writes than now.
+func waitMoreWrites(t *testing.T, base string, n int64) {
+	t.Helper()
+	writes := func() int64 {
+		f := strings.Fields(sysBlock(t, "/dev/"+base, "stat"))
+		w, _ := strconv.ParseInt(f[4], 10, 64)
+		return w
+	}
+	target := writes() + n
+	deadline := time.Now().Add(2 * time.Minute)
+	for writes() < target {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: fewer than %d writes in 2 min", base, n)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a counter, not synchronising
+	}
+}
+
+// TestVMReattachWriteBackDirty is acceptance 3 for kernel NBD: after kill -9 of a write-back
+// gateway under writes, the gateway started again reattaches the device but answers every request
+// with EIO (within 2 s), and its log says why.
+func TestVMReattachWriteBackDirty(t *testing.T) {
+	requireNBD(t)
+	lio := vmtest.StartLIO(t, vmtest.LIOOptions{File: true, SizeMiB: 128, NoISER: true})
+	args := []string{"--target", lio.URL("iscsi"), "--nbd", "/dev/nbd4", "--connections", "2",
+		"--cache", "writeback", "--name", "gw-nbd-wb", "--run-dir", t.TempDir()}
+	g := startGateway(t, args...)
+	dd := exec.Command("dd", "if=/dev/urandom", "of="+g.dev, "bs=4k", "count=100000", "oflag=direct")
+	if err := dd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dd.Process.Kill() })
+	waitMoreWrites(t, filepath.Base(g.dev), 500)
+	g.cmd.Process.Kill()
+	<-g.exited
+	next := startGateway(t, args...)
+	if next.dev != g.dev {
+		t.Fatalf("successor attached %s, want %s", next.dev, g.dev)
+	}
+	t0 := time.Now()
+	readErr := make(chan error, 1)
+	go func() {
+		f, err := os.OpenFile(next.dev, os.O_RDONLY|syscall.O_DIRECT, 0)
+		if err == nil {
+			_, err = f.ReadAt(alignedBuf(4096), 1<<20)
+			f.Close()
+		}
+		readErr <- err
+	}()
+	select {
+	case err := <-readErr:
+		if !errors.Is(err, syscall.EIO) {
+			t.Fatalf("read on the fenced device: %v, want EIO", err)
+		}
+		t.Logf("read failed with EIO %v after the successor announced the device", time.Since(t0))
+	case <-time.After(2 * time.Second):
+		t.Fatal("a read on the fenced device did not fail within 2 s")
+	}
+	next.waitLog(t, "NOT resuming the device")
+	next.cmd.Process.Signal(os.Interrupt)
+	if err := <-next.exited; err != nil {
+		t.Fatalf("detach of the fenced device: %v\n%s", err, next.stderr.String())
+	}
+}

@@ -1,0 +1,80 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+)
+
+// restartingGateway is a fakeGateway that offers OpRestart.
+type restartingGateway struct {
+	*fakeGateway
+	flushErr error
+	reexeced chan struct{}
+}
+
+func (g *restartingGateway) Restart(context.Context, Request) (func() error, error) {
+	if g.flushErr != nil {
+		return nil, g.flushErr
+	}
+	return func() error { close(g.reexeced); return nil }, nil
+}
+
+func serveRestarting(t *testing.T, dir, name string, g *restartingGateway) {
+	t.Helper()
+	c, err := ClaimName(dir, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveHandler(t, c, g, Options{Lifecycle: g.lm})
+}
+
+func TestRestartAnswersThenReexecs(t *testing.T) {
+	dir := testRunDir(t)
+	g := &restartingGateway{fakeGateway: newFakeGateway("gw"), reexeced: make(chan struct{})}
+	serveRestarting(t, dir, "gw", g)
+	c, err := Dial(context.Background(), dir, "gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Restart(context.Background())
+	if err != nil || res.PID != os.Getpid() {
+		t.Fatalf("restart: %+v, %v", res, err)
+	}
+	<-g.reexeced // the re-exec step runs after the answer (a hang here fails the test by timeout)
+}
+
+func TestRestartFailedFlushKeepsServing(t *testing.T) {
+	dir := testRunDir(t)
+	g := &restartingGateway{fakeGateway: newFakeGateway("gw"), flushErr: errors.New("write-back failed: target gone"), reexeced: make(chan struct{})}
+	serveRestarting(t, dir, "gw", g)
+	c, err := Dial(context.Background(), dir, "gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Restart(context.Background()); err == nil || ExitCode(err) != 1 {
+		t.Fatalf("restart with a failed flush: %v (exit %d), want an error and exit 1", err, ExitCode(err))
+	}
+	if _, err := c.Status(context.Background()); err != nil {
+		t.Fatalf("the gateway stopped serving after a failed restart: %v", err)
+	}
+	select {
+	case <-g.reexeced:
+		t.Fatal("re-executed after a failed flush")
+	default:
+	}
+}
+
+func TestRestartUnsupported(t *testing.T) {
+	dir := testRunDir(t)
+	serveInProcess(t, dir, "plain", newFakeGateway("plain"), Options{})
+	c, err := Dial(context.Background(), dir, "plain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e *Error
+	if _, err := c.Restart(context.Background()); !errors.As(err, &e) || e.Code != CodeUnsupported {
+		t.Fatalf("restart of a gateway without it: %v", err)
+	}
+}

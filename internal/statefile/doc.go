@@ -1,0 +1,15 @@
+// Package statefile keeps what a successor gateway needs to take over a kernel block device that
+// its predecessor served: RUNDIR/NAME.json, written atomically (temp file, fsync, rename, fsync
+// of the directory) so that a crash at any instant leaves either the old or the new state, never
+// a torn one.
+//
+// Invariants:
+//   - A State with CacheMode "writeback" is written Dirty before the device serves its first
+//     request, and becomes clean only after a planned shutdown or restart has flushed every dirty
+//     byte to the target. A successor that finds a dirty write-back state must not resume the
+//     device (Resumable says why): writes the predecessor acknowledged may never have reached the
+//     target, and a filesystem that went on would later believe them durable.
+//   - Decoding untrusted bytes never panics; a file that is not a State of this Version, or whose
+//     identity is another LUN's, is a typed error (ErrCorrupt, ErrVersion, ErrForeign), never a
+//     guess.
+package statefile
