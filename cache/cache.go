@@ -70,8 +70,8 @@ type Cache struct {
 
 	streams    [8]atomic.Int64 // sequential read streams (read.go)
 	streamNext atomic.Uint32
-	wstreams   [16]writeStream // sequential write streams (writearound.go)
-	wclock     atomic.Int64    // orders their use
+	wstreams   streamSet // sequential write streams for the write-around cutoff (writearound.go)
+	rstreams   streamSet // sequential read streams for the read-around cutoff (readaround.go)
 	zeroOnce   sync.Once
 	zeroBuf    []byte // for WriteZeroes emulation
 
@@ -79,7 +79,7 @@ type Cache struct {
 }
 
 type counters struct {
-	misses, readAhead, wbBytes, wbErrors, writeAround, flushes, flushErrors, throttledWrites, evictions atomic.Uint64
+	misses, readAhead, wbBytes, wbErrors, writeAround, readAround, flushes, flushErrors, throttledWrites, evictions atomic.Uint64
 }
 
 // notifier is a broadcast: waiters take the current channel, broadcast closes it. It allocates

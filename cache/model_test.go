@@ -97,6 +97,7 @@ func (m *model) addStats(st Stats) {
 	m.total.WriteBackErrors += st.WriteBackErrors
 	m.total.WriteBackBytes += st.WriteBackBytes
 	m.total.WriteAroundBytes += st.WriteAroundBytes
+	m.total.ReadAroundBytes += st.ReadAroundBytes
 }
 
 // patterns[k] is the body of a block whose tag has byte(tag*31) == k (precomputed so that
@@ -175,11 +176,24 @@ func newModel(t *testing.T, seed uint64, workers int, failRate float64) *model {
 	} else {
 		m.cfg.WriteAround = -1
 	}
+	if seed%4 != 3 {
+		// Reads of 12 blocks and more go around the pages when none of their pages is dirty or
+		// being written back: over pages other workers keep dirty, while they write and flush.
+		m.cfg.ReadAround = 12 * modelBS
+	} else {
+		m.cfg.ReadAround = -1
+	}
 	for i := range m.blocks {
 		m.blocks[i].add(0, 0)
 	}
 	m.dev.SetFault(func(op fakedev.Op) error {
-		if m.failRate > 0 && (op.Kind == fakedev.Write || op.Kind == fakedev.Flush) && m.rng.Float64() < m.failRate {
+		// Reads fail too (a read-around or a fill that fails must return the error and leave the
+		// cache as it was); less often, so that a read's retries succeed.
+		rate := m.failRate
+		if op.Kind == fakedev.Read {
+			rate /= 4
+		}
+		if rate > 0 && (op.Kind == fakedev.Write || op.Kind == fakedev.Flush || op.Kind == fakedev.Read) && m.rng.Float64() < rate {
 			m.faults.Add(1)
 			return fmt.Errorf("injected fault: %w", block.ErrIO)
 		}
@@ -459,13 +473,16 @@ func runModel(t *testing.T, seed uint64, totalOps int, failRate float64) {
 	}
 	m.addStats(m.cache().Stats())
 	st := m.total
-	t.Logf("seed %d (%s, write-around from %d, FUA native %v): %d ops, %d flushes, %d crashes, %d FUA writes, %d injected faults; caches: %d hits, %d misses, %d evictions, %d throttled writes, %d write-back errors, %d bytes written around",
-		seed, m.cfg.Mode, m.cfg.WriteAround, m.dev.Limits().CanFUA, m.ops.Load(), m.flushes.Load(), m.crashes.Load(), m.fuas.Load(), m.faults.Load(),
-		st.Hits, st.Misses, st.Evictions, st.ThrottledWrites, st.WriteBackErrors, st.WriteAroundBytes)
+	t.Logf("seed %d (%s, write-around from %d, read-around from %d, FUA native %v): %d ops, %d flushes, %d crashes, %d FUA writes, %d injected faults; caches: %d hits, %d misses, %d evictions, %d throttled writes, %d write-back errors, %d bytes written around, %d read around",
+		seed, m.cfg.Mode, m.cfg.WriteAround, m.cfg.ReadAround, m.dev.Limits().CanFUA, m.ops.Load(), m.flushes.Load(), m.crashes.Load(), m.fuas.Load(), m.faults.Load(),
+		st.Hits, st.Misses, st.Evictions, st.ThrottledWrites, st.WriteBackErrors, st.WriteAroundBytes, st.ReadAroundBytes)
+	if m.cfg.ReadAround > 0 && st.ReadAroundBytes == 0 {
+		t.Fatalf("seed %d: no read went around the pages: the model did not exercise the path", seed)
+	}
 }
 
 var (
-	modelSeeds = flag.Int("model.seeds", 5, "number of seeds TestModel runs (seed n: n%5==2 write-through, n%3==0 no native FUA, n%4==1 no native write-zeroes, n>2 with n%3!=2 inject faults, even n write large writes around the pages)")
+	modelSeeds = flag.Int("model.seeds", 5, "number of seeds TestModel runs (seed n: n%5==2 write-through, n%3==0 no native FUA, n%4==1 no native write-zeroes, n>2 with n%3!=2 inject faults (reads at a quarter of the rate), even n write large writes around the pages, n%4!=3 read large reads around them)")
 	modelOps   = flag.Int("model.ops", 100_000, "operations per seed")
 )
 

@@ -507,8 +507,9 @@ def run_pass(a, jobs, tgt, work, prof, rep, placement, wanted):
             variants = [(name, False)] + ([(name.replace("-cold", "-warm"), True)] if has_warm else [])
             for vname, warm in variants:
                 if warm:
-                    # warm the cache: read the working set once
-                    fio(srv.uri, "warmup", dict(rw="read", bs="1m", iodepth=8, numjobs=1),
+                    # warm the cache: read the working set once, in requests small enough to
+                    # go through the pages (1 MiB reads would go around them: --cache-read-around)
+                    fio(srv.uri, "warmup", dict(rw="read", bs="32k", iodepth=8, numjobs=1),
                         max(a.runtime, 5), a.size, work, pre)
                 for job, args, _ in jobs:
                     if name in TLS_SYSTEMS and job not in TLS_JOBS:
