@@ -18,7 +18,8 @@ import (
 // Cache is a caching block.Device. Create it with New or Wrap.
 type Cache struct {
 	be     block.Device
-	lim    block.Limits // of the backend
+	sub    block.Submitter // be's asynchronous path, or nil (submit.go)
+	lim    block.Limits    // of the backend
 	cfg    resolved
 	log    *zap.Logger
 	ps     int64 // page size
@@ -67,6 +68,7 @@ type Cache struct {
 	closeDone bool         // guarded by closeMu: a Close has run (or is running under closeMu)
 	ops       atomic.Int64 // calls in progress; page memory is released only when none is
 	jobs      sync.Pool
+	fills     sync.Pool // *asyncFill (submit.go)
 
 	streams    [8]atomic.Int64 // sequential read streams (read.go)
 	streamNext atomic.Uint32
@@ -177,6 +179,8 @@ func New(dev block.Device, cfg Config, log *zap.Logger) (*Cache, error) {
 		c.freeSlots = append(c.freeSlots, int32(i))
 	}
 	c.jobs.New = func() any { return c.newJob() }
+	c.fills.New = func() any { return new(asyncFill) }
+	c.sub, _ = dev.(block.Submitter)
 	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
 	for i := 0; i < r.Workers; i++ {
 		c.wg.Add(1)

@@ -54,6 +54,10 @@
 // acknowledged before the read is then on the backend (readaround.go). Otherwise it goes through
 // the pages like any miss.
 //
+// A miss within one page may also be started without blocking (SubmitAt, block.Submitter) on the
+// backend's own Submitter, so that a frontend's reader goroutine starts it without handing it to
+// a worker; its completion fills the page exactly as a synchronous miss does (submit.go).
+//
 // Reads copy valid sectors from pages; a miss reads the page-aligned span (plus read-ahead for a
 // sequential stream) into placeholder pages, filling only sectors that are not valid, so a
 // sub-page write never needs a read-modify-write and never loses to a concurrent fill. Eviction is
@@ -106,7 +110,8 @@
 // misses, read-ahead, fills); write.go writes (copying into pages, dirty accounting and
 // reservations); sync.go Flush and the write-back of a range for FUA and write-through;
 // direct.go Discard and WriteZeroes, which bypass the pages; writearound.go large writes, which
-// bypass them too; readaround.go large read misses, which bypass them as well; writeback.go the write-back loop
+// bypass them too; readaround.go large read misses, which bypass them as well; submit.go the
+// asynchronous one-page miss; writeback.go the write-back loop
 // (the workers that pick, coalesce and complete background write-backs); dirtyidx.go the index
 // of dirty pages; stats.go the counters; config.go the configuration and its defaults.
 package cache

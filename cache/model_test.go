@@ -16,6 +16,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/cache/internal/fakedev"
+	"github.com/iser-blk/iser-blk/pool"
 )
 
 // The model test (acceptance item 1) drives a cache with concurrent workers and checks every
@@ -68,6 +69,7 @@ func (mb *modelBlock) add(tag, epoch uint64) {
 type model struct {
 	t       *testing.T
 	dev     *fakedev.Dev
+	be      block.Device // what the caches wrap: dev, or dev with a Submitter (submitDev)
 	cfg     Config
 	workers int
 	mu      []sync.Mutex // per worker: guards the blocks it owns
@@ -86,7 +88,8 @@ type model struct {
 	rng      *rand.Rand // used under the fake's lock (fault hook) only
 
 	ops, flushes, crashes, fuas, faults atomic.Int64
-	total                               Stats // of the caches dropped at crashes
+	submitted                           atomic.Int64 // reads started with SubmitAt
+	total                               Stats        // of the caches dropped at crashes
 }
 
 func (m *model) addStats(st Stats) {
@@ -200,7 +203,19 @@ func newModel(t *testing.T, seed uint64, workers int, failRate float64) *model {
 		return nil
 	})
 	m.dev.SetBefore(func(fakedev.Op) { runtime.Gosched() })
-	c, err := New(m.dev, m.cfg, nil)
+	m.be = m.dev
+	if seed%2 == 1 {
+		// Reads of one page take the asynchronous miss (SubmitAt), completed on goroutines of
+		// the device's own while the other workers write, flush and discard over the same pages.
+		io, err := pool.New(pool.Config{MaxBytes: 4 << 20, MaxClass: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = io.Close() })
+		m.cfg.IOPool = io
+		m.be = &submitDev{Device: m.dev, async: true}
+	}
+	c, err := New(m.be, m.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +265,7 @@ func (m *model) worker(ctx context.Context, w int, rng *rand.Rand, nops int) err
 		switch {
 		case r < 40: // read
 			p := buf[:length]
-			if err := retry(func() error { return c.ReadAt(ctx, p, off) }); err != nil {
+			if err := retry(func() error { return m.read(ctx, c, p, off) }); err != nil {
 				return fmt.Errorf("read [%d,+%d): %w", off, length, err)
 			}
 			m.mu[w].Lock()
@@ -337,6 +352,17 @@ func (m *model) worker(ctx context.Context, w int, rng *rand.Rand, nops int) err
 	return nil
 }
 
+// read reads p at off as the NBD frontend does: through SubmitAt when the cache takes it (a read
+// within one page), else ReadAt.
+func (m *model) read(ctx context.Context, c *Cache, p []byte, off int64) error {
+	done := make(chanDone, 1)
+	if c.SubmitAt(ctx, p, off, false, 0, done) {
+		m.submitted.Add(1)
+		return <-done
+	}
+	return c.ReadAt(ctx, p, off)
+}
+
 // checkDurable asserts that blocks first.. hold tags on the backend's durable image.
 func (m *model) checkDurable(first int, tags []uint64) error {
 	img := m.dev.Durable(int64(first)*modelBS, int64(len(tags))*modelBS)
@@ -416,7 +442,7 @@ func (m *model) crashAndCheck() error {
 		mb.vers, mb.eps, mb.floor = mb.vers[:0], mb.eps[:0], 0
 		mb.add(tag, 0)
 	}
-	c, err := New(m.dev, m.cfg, nil)
+	c, err := New(m.be, m.cfg, nil)
 	if err != nil {
 		return err
 	}
@@ -476,13 +502,17 @@ func runModel(t *testing.T, seed uint64, totalOps int, failRate float64) {
 	t.Logf("seed %d (%s, write-around from %d, read-around from %d, FUA native %v): %d ops, %d flushes, %d crashes, %d FUA writes, %d injected faults; caches: %d hits, %d misses, %d evictions, %d throttled writes, %d write-back errors, %d bytes written around, %d read around",
 		seed, m.cfg.Mode, m.cfg.WriteAround, m.cfg.ReadAround, m.dev.Limits().CanFUA, m.ops.Load(), m.flushes.Load(), m.crashes.Load(), m.fuas.Load(), m.faults.Load(),
 		st.Hits, st.Misses, st.Evictions, st.ThrottledWrites, st.WriteBackErrors, st.WriteAroundBytes, st.ReadAroundBytes)
+	if _, ok := m.be.(*submitDev); ok && m.submitted.Load() == 0 {
+		t.Fatalf("seed %d: no read took SubmitAt: the model did not exercise the path", seed)
+	}
+	t.Logf("seed %d: %d reads started with SubmitAt", seed, m.submitted.Load())
 	if m.cfg.ReadAround > 0 && st.ReadAroundBytes == 0 {
 		t.Fatalf("seed %d: no read went around the pages: the model did not exercise the path", seed)
 	}
 }
 
 var (
-	modelSeeds = flag.Int("model.seeds", 5, "number of seeds TestModel runs (seed n: n%5==2 write-through, n%3==0 no native FUA, n%4==1 no native write-zeroes, n>2 with n%3!=2 inject faults (reads at a quarter of the rate), even n write large writes around the pages, n%4!=3 read large reads around them)")
+	modelSeeds = flag.Int("model.seeds", 5, "number of seeds TestModel runs (seed n: n%5==2 write-through, n%3==0 no native FUA, n%4==1 no native write-zeroes, n>2 with n%3!=2 inject faults (reads at a quarter of the rate), even n write large writes around the pages, odd n read single pages with SubmitAt, n%4!=3 read large reads around them)")
 	modelOps   = flag.Int("model.ops", 100_000, "operations per seed")
 )
 

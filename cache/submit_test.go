@@ -1,0 +1,133 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/cache/internal/fakedev"
+	"github.com/iser-blk/iser-blk/pool"
+)
+
+// submitDev gives a device a Submitter that completes each read on a goroutine of its own (async)
+// or before SubmitAt returns (for allocation counts).
+type submitDev struct {
+	block.Device
+	async bool
+}
+
+func (d *submitDev) SubmitAt(ctx context.Context, p []byte, off int64, write bool, flags block.WriteFlags, done block.Completion) bool {
+	if write {
+		return false
+	}
+	if !d.async {
+		done.Complete(d.ReadAt(ctx, p, off))
+		return true
+	}
+	go func() { done.Complete(d.ReadAt(ctx, p, off)) }()
+	return true
+}
+
+func (d *submitDev) Kick() {}
+
+// chanDone is a Completion that hands its result to a channel.
+type chanDone chan error
+
+func (c chanDone) Complete(err error) { c <- err }
+
+func newSubmitCache(t *testing.T, be block.Device, async bool, cfg Config) *Cache {
+	io, err := pool.New(pool.Config{MaxBytes: 4 << 20, MaxClass: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.IOPool = io
+	c, err := New(&submitDev{Device: be, async: async}, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.shutdown()
+		_ = io.Close()
+	})
+	return c
+}
+
+// TestSubmitReadMiss checks the asynchronous miss: the page is read on the backend's Submitter,
+// merged with the dirty sectors the cache holds (never overwritten by the backend's older data),
+// installed (the next read is a hit), and a backend error reaches the completion and installs
+// nothing.
+func TestSubmitReadMiss(t *testing.T) {
+	ctx := context.Background()
+	dev := fakedev.New(1<<20, stdLimits(512))
+	c := newSubmitCache(t, dev, true, Config{Size: 256 << 10, MaxDirtyAge: time.Hour, ReadAhead: -1})
+	old := fill(4096, 1)
+	if err := dev.WriteAt(ctx, old, 8192, 0); err != nil {
+		t.Fatal(err)
+	}
+	dirty := fill(512, 2)
+	if err := c.WriteAt(ctx, dirty, 8192+1024, 0); err != nil {
+		t.Fatal(err)
+	}
+	want := append([]byte(nil), old...)
+	copy(want[1024:], dirty)
+	got := make([]byte, 4096)
+	done := make(chanDone, 1)
+	if !c.SubmitAt(ctx, got, 8192, false, 0, done) {
+		t.Fatal("SubmitAt declined a one-page miss")
+	}
+	if err := <-done; err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("async miss: %v, data differs from backend data merged with the dirty sector", err)
+	}
+	clear(got)
+	if !c.ReadCached(got, 8192) || !bytes.Equal(got, want) {
+		t.Fatal("the filled page was not installed")
+	}
+	if c.SubmitAt(ctx, got, 8192, true, 0, done) || c.SubmitAt(ctx, make([]byte, 8192), 0, false, 0, done) {
+		t.Fatal("SubmitAt took a write or a two-page read")
+	}
+	dev.SetFault(func(op fakedev.Op) error {
+		if op.Kind == fakedev.Read {
+			return block.ErrIO
+		}
+		return nil
+	})
+	if !c.SubmitAt(ctx, got, 64<<10, false, 0, done) {
+		t.Fatal("SubmitAt declined a one-page miss")
+	}
+	if err := <-done; !errors.Is(err, block.ErrIO) {
+		t.Fatalf("a failed backend read completed with %v", err)
+	}
+	if c.ReadCached(got, 64<<10) {
+		t.Fatal("a failed fill installed its page")
+	}
+	if st := c.Stats(); st.Misses != 2 {
+		t.Fatalf("misses %d, want 2", st.Misses)
+	}
+}
+
+// TestSubmitReadZeroAllocs checks that an asynchronous miss allocates nothing once warm.
+func TestSubmitReadZeroAllocs(t *testing.T) {
+	ctx := context.Background()
+	c := newSubmitCache(t, newMemDev(t, 64<<20), false, Config{Size: 1 << 20})
+	p := make([]byte, 4096)
+	done := make(chanDone, 1)
+	off := int64(0)
+	read := func() {
+		off += 64 << 10 // never sequential, never cached
+		if !c.SubmitAt(ctx, p, off%(64<<20), false, 0, done) {
+			t.Fatal("SubmitAt declined")
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 2000; i++ { // every slot used once: the shards' maps have grown
+		read()
+	}
+	if n := testing.AllocsPerRun(500, read); n != 0 {
+		t.Errorf("async 4 KiB read miss: %v allocs per call", n)
+	}
+}
