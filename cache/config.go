@@ -70,6 +70,24 @@ const (
 	DefaultReadAround = 256 << 10
 )
 
+// Bounds of SizeFor: a sixteenth of the host's memory, at least MinAutoSize and at most
+// DefaultSize.
+const (
+	MinAutoSize = 64 << 20
+	autoDivisor = 16
+)
+
+// SizeFor is the default cache size on a host with memTotal bytes of memory (MemTotal in
+// /proc/meminfo; 0 when unknown, which gives DefaultSize): a sixteenth of it, between 64 MiB and
+// 1 GiB. A fixed 1 GiB (plus the NBD buffers) would be most of a small VM's memory; a sixteenth
+// reaches the 1 GiB cap at 16 GiB.
+func SizeFor(memTotal int64) int64 {
+	if memTotal <= 0 {
+		return DefaultSize
+	}
+	return min(max(memTotal/autoDivisor, MinAutoSize), DefaultSize)
+}
+
 // Config configures a cache. The zero value of every field means its default.
 type Config struct {
 	Mode Mode
