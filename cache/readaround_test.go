@@ -140,12 +140,17 @@ func newMemDev(t testing.TB, devSize int64) *memdev.Device {
 // newMemCache is a cache over a newMemDev with staging buffers from an IOPool, as the CLI builds
 // it.
 func newMemCache(t testing.TB, devSize int64, cfg Config) *Cache {
+	return newPooledCache(t, newMemDev(t, devSize), cfg)
+}
+
+// newPooledCache is a cache over be with staging buffers from an IOPool.
+func newPooledCache(t testing.TB, be block.Device, cfg Config) *Cache {
 	io, err := pool.New(pool.Config{MaxBytes: 16 << 20, MaxClass: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.IOPool = io
-	c, err := New(newMemDev(t, devSize), cfg, nil)
+	c, err := New(be, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

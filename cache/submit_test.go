@@ -9,7 +9,6 @@ import (
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/cache/internal/fakedev"
-	"github.com/iser-blk/iser-blk/pool"
 )
 
 // submitDev gives a device a Submitter that completes each read on a goroutine of its own (async)
@@ -38,23 +37,6 @@ type chanDone chan error
 
 func (c chanDone) Complete(err error) { c <- err }
 
-func newSubmitCache(t *testing.T, be block.Device, async bool, cfg Config) *Cache {
-	io, err := pool.New(pool.Config{MaxBytes: 4 << 20, MaxClass: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.IOPool = io
-	c, err := New(&submitDev{Device: be, async: async}, cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.shutdown()
-		_ = io.Close()
-	})
-	return c
-}
-
 // TestSubmitReadMiss checks the asynchronous miss: the page is read on the backend's Submitter,
 // merged with the dirty sectors the cache holds (never overwritten by the backend's older data),
 // installed (the next read is a hit), and a backend error reaches the completion and installs
@@ -62,7 +44,7 @@ func newSubmitCache(t *testing.T, be block.Device, async bool, cfg Config) *Cach
 func TestSubmitReadMiss(t *testing.T) {
 	ctx := context.Background()
 	dev := fakedev.New(1<<20, stdLimits(512))
-	c := newSubmitCache(t, dev, true, Config{Size: 256 << 10, MaxDirtyAge: time.Hour, ReadAhead: -1})
+	c := newPooledCache(t, &submitDev{Device: dev, async: true}, Config{Size: 256 << 10, MaxDirtyAge: time.Hour, ReadAhead: -1})
 	old := fill(4096, 1)
 	if err := dev.WriteAt(ctx, old, 8192, 0); err != nil {
 		t.Fatal(err)
@@ -111,7 +93,7 @@ func TestSubmitReadMiss(t *testing.T) {
 // TestSubmitReadZeroAllocs checks that an asynchronous miss allocates nothing once warm.
 func TestSubmitReadZeroAllocs(t *testing.T) {
 	ctx := context.Background()
-	c := newSubmitCache(t, newMemDev(t, 64<<20), false, Config{Size: 1 << 20})
+	c := newPooledCache(t, &submitDev{Device: newMemDev(t, 64<<20)}, Config{Size: 1 << 20})
 	p := make([]byte, 4096)
 	done := make(chanDone, 1)
 	off := int64(0)
