@@ -69,6 +69,7 @@ type Cache struct {
 	ops       atomic.Int64 // calls in progress; page memory is released only when none is
 	jobs      sync.Pool
 	fills     sync.Pool // *asyncFill (submit.go)
+	arounds   sync.Pool // *asyncAround (submit.go)
 
 	streams    [8]atomic.Int64 // sequential read streams (read.go)
 	streamNext atomic.Uint32
@@ -180,6 +181,7 @@ func New(dev block.Device, cfg Config, log *zap.Logger) (*Cache, error) {
 	}
 	c.jobs.New = func() any { return c.newJob() }
 	c.fills.New = func() any { return new(asyncFill) }
+	c.arounds.New = func() any { return new(asyncAround) }
 	c.sub, _ = dev.(block.Submitter)
 	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
 	for i := 0; i < r.Workers; i++ {

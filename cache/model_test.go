@@ -88,7 +88,7 @@ type model struct {
 	rng      *rand.Rand // used under the fake's lock (fault hook) only
 
 	ops, flushes, crashes, fuas, faults atomic.Int64
-	submitted                           atomic.Int64 // reads started with SubmitAt
+	submitted, submittedW               atomic.Int64 // reads and writes started with SubmitAt
 	total                               Stats        // of the caches dropped at crashes
 }
 
@@ -204,9 +204,10 @@ func newModel(t *testing.T, seed uint64, workers int, failRate float64) *model {
 	})
 	m.dev.SetBefore(func(fakedev.Op) { runtime.Gosched() })
 	m.be = m.dev
-	if seed%2 == 1 {
-		// Reads of one page take the asynchronous miss (SubmitAt), completed on goroutines of
-		// the device's own while the other workers write, flush and discard over the same pages.
+	if seed%4 != 3 {
+		// Reads of one page take the asynchronous miss (SubmitAt), and writes that go around
+		// the pages the asynchronous write-around, completed on goroutines of the device's own
+		// while the other workers write, flush and discard over the same pages.
 		io, err := pool.New(pool.Config{MaxBytes: 4 << 20, MaxClass: 1 << 20})
 		if err != nil {
 			t.Fatal(err)
@@ -293,7 +294,7 @@ func (m *model) worker(ctx context.Context, w int, rng *rand.Rand, nops int) err
 			// Half of the plain writes take the frontends' non-waiting path first (what the NBD
 			// reader does), falling back to WriteAt as a frontend must.
 			if fua || r%2 == 0 || !c.WriteCached(buf[:length], off) {
-				if err := retry(func() error { return c.WriteAt(ctx, buf[:length], off, flags) }); err != nil {
+				if err := retry(func() error { return m.write(ctx, c, buf[:length], off, flags) }); err != nil {
 					return fmt.Errorf("write [%d,+%d): %w", off, length, err)
 				}
 			}
@@ -361,6 +362,17 @@ func (m *model) read(ctx context.Context, c *Cache, p []byte, off int64) error {
 		return <-done
 	}
 	return c.ReadAt(ctx, p, off)
+}
+
+// write writes p at off as the NBD frontend does after WriteCached declined: through SubmitAt when
+// the cache takes it (a write that goes around the pages), else WriteAt.
+func (m *model) write(ctx context.Context, c *Cache, p []byte, off int64, flags block.WriteFlags) error {
+	done := make(chanDone, 1)
+	if c.SubmitAt(ctx, p, off, true, flags, done) {
+		m.submittedW.Add(1)
+		return <-done
+	}
+	return c.WriteAt(ctx, p, off, flags)
 }
 
 // checkDurable asserts that blocks first.. hold tags on the backend's durable image.
@@ -505,14 +517,17 @@ func runModel(t *testing.T, seed uint64, totalOps int, failRate float64) {
 	if _, ok := m.be.(*submitDev); ok && m.submitted.Load() == 0 {
 		t.Fatalf("seed %d: no read took SubmitAt: the model did not exercise the path", seed)
 	}
-	t.Logf("seed %d: %d reads started with SubmitAt", seed, m.submitted.Load())
+	t.Logf("seed %d: %d reads and %d writes started with SubmitAt", seed, m.submitted.Load(), m.submittedW.Load())
+	if _, ok := m.be.(*submitDev); ok && m.cfg.WriteAround > 0 && m.submittedW.Load() == 0 {
+		t.Fatalf("seed %d: no write-around took SubmitAt: the model did not exercise the path", seed)
+	}
 	if m.cfg.ReadAround > 0 && st.ReadAroundBytes == 0 {
 		t.Fatalf("seed %d: no read went around the pages: the model did not exercise the path", seed)
 	}
 }
 
 var (
-	modelSeeds = flag.Int("model.seeds", 5, "number of seeds TestModel runs (seed n: n%5==2 write-through, n%3==0 no native FUA, n%4==1 no native write-zeroes, n>2 with n%3!=2 inject faults (reads at a quarter of the rate), even n write large writes around the pages, odd n read single pages with SubmitAt, n%4!=3 read large reads around them)")
+	modelSeeds = flag.Int("model.seeds", 5, "number of seeds TestModel runs (seed n: n%5==2 write-through, n%3==0 no native FUA, n%4==1 no native write-zeroes, n>2 with n%3!=2 inject faults (reads at a quarter of the rate), even n write large writes around the pages, n%4!=3 read single pages and write around with SubmitAt, n%4!=3 read large reads around them)")
 	modelOps   = flag.Int("model.ops", 100_000, "operations per seed")
 )
 

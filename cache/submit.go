@@ -33,10 +33,14 @@ type asyncFill struct {
 	done    block.Completion
 }
 
-// SubmitAt implements block.Submitter for reads within one page: a hit completes at once, a miss
-// is started on the backend's Submitter (see above). It declines everything else.
-func (c *Cache) SubmitAt(ctx context.Context, p []byte, off int64, write bool, _ block.WriteFlags, done block.Completion) bool {
-	if write || c.sub == nil || c.cfg.IOPool == nil || len(p) == 0 {
+// SubmitAt implements block.Submitter for reads within one page (a hit completes at once, a miss
+// is started on the backend's Submitter, see above) and for writes that go around the pages
+// (submitAround). It declines everything else.
+func (c *Cache) SubmitAt(ctx context.Context, p []byte, off int64, write bool, flags block.WriteFlags, done block.Completion) bool {
+	if write {
+		return c.submitAround(ctx, p, off, flags, done)
+	}
+	if c.sub == nil || c.cfg.IOPool == nil || len(p) == 0 {
 		return false
 	}
 	if c.enter() != nil {
@@ -103,6 +107,68 @@ func (f *asyncFill) Complete(err error) {
 	done := f.done
 	*f = asyncFill{}
 	c.fills.Put(f)
+	c.exit()
+	done.Complete(err)
+}
+
+// asyncAround is a write-around in flight on the backend's Submitter; pooled (Cache.arounds).
+type asyncAround struct {
+	c      *Cache
+	off, n int64
+	done   block.Completion
+}
+
+// submitAround starts a write that goes around the pages (writearound.go) on the backend's
+// Submitter, so that a large write is not handed to a worker goroutine either. It is writeAround
+// without waiting: the range is registered and the cached pages superseded exactly as there, but
+// when a write-back of the range is in flight (which writeAround would wait for), or the backend
+// declines, it unregisters and declines; the caller's WriteAt then writes the same data again
+// into the superseded pages, which is harmless. A FUA write the backend cannot carry natively
+// declines (FUA emulation needs a Flush after the write).
+func (c *Cache) submitAround(ctx context.Context, p []byte, off int64, flags block.WriteFlags, done block.Completion) bool {
+	if c.sub == nil || c.lim.ReadOnly || len(p) == 0 || (flags&block.FUA != 0 && !c.lim.CanFUA) ||
+		!c.writesAround(off, len(p)) {
+		return false
+	}
+	if c.enter() != nil {
+		return false
+	}
+	n := int64(len(p))
+	if block.CheckRange(c, off, n) != nil || (c.lim.MaxTransfer > 0 && n > c.lim.MaxTransfer) {
+		c.exit()
+		return false
+	}
+	c.directMu.Lock()
+	c.direct = append(c.direct, directRange{off, off + n})
+	c.directActive.Add(1)
+	c.directMu.Unlock()
+	if !c.invalidate(off, n, supersede, p) {
+		w := c.arounds.Get().(*asyncAround)
+		*w = asyncAround{c: c, off: off, n: n, done: done}
+		if c.sub.SubmitAt(ctx, p, off, true, flags&block.FUA, w) {
+			c.noteWrite(off, len(p))
+			return true
+		}
+		*w = asyncAround{}
+		c.arounds.Put(w)
+	}
+	c.endDirect(off, n)
+	c.exit()
+	return false
+}
+
+// Complete implements block.Completion: the backend write of a write-around ended.
+func (w *asyncAround) Complete(err error) {
+	c := w.c
+	if err != nil {
+		err = fmt.Errorf("cache: write-around [%d, +%d): %w", w.off, w.n, err)
+	} else {
+		c.st.writeAround.Add(uint64(w.n))
+	}
+	c.endDirect(w.off, w.n)
+	done := w.done
+	*w = asyncAround{}
+	c.arounds.Put(w)
 	c.exit()
 	done.Complete(err)
 }

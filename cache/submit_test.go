@@ -19,15 +19,19 @@ type submitDev struct {
 }
 
 func (d *submitDev) SubmitAt(ctx context.Context, p []byte, off int64, write bool, flags block.WriteFlags, done block.Completion) bool {
-	if write {
-		return false
-	}
 	if !d.async {
-		done.Complete(d.ReadAt(ctx, p, off))
+		done.Complete(d.do(ctx, p, off, write, flags))
 		return true
 	}
-	go func() { done.Complete(d.ReadAt(ctx, p, off)) }()
+	go func() { done.Complete(d.do(ctx, p, off, write, flags)) }()
 	return true
+}
+
+func (d *submitDev) do(ctx context.Context, p []byte, off int64, write bool, flags block.WriteFlags) error {
+	if write {
+		return d.WriteAt(ctx, p, off, flags)
+	}
+	return d.ReadAt(ctx, p, off)
 }
 
 func (d *submitDev) Kick() {}
@@ -68,7 +72,7 @@ func TestSubmitReadMiss(t *testing.T) {
 		t.Fatal("the filled page was not installed")
 	}
 	if c.SubmitAt(ctx, got, 8192, true, 0, done) || c.SubmitAt(ctx, make([]byte, 8192), 0, false, 0, done) {
-		t.Fatal("SubmitAt took a write or a two-page read")
+		t.Fatal("SubmitAt took a cached write or a two-page read")
 	}
 	dev.SetFault(func(op fakedev.Op) error {
 		if op.Kind == fakedev.Read {
@@ -90,8 +94,9 @@ func TestSubmitReadMiss(t *testing.T) {
 	}
 }
 
-// TestSubmitReadZeroAllocs checks that an asynchronous miss allocates nothing once warm.
-func TestSubmitReadZeroAllocs(t *testing.T) {
+// TestSubmitZeroAllocs checks that an asynchronous miss and an asynchronous write-around allocate
+// nothing once warm.
+func TestSubmitZeroAllocs(t *testing.T) {
 	ctx := context.Background()
 	c := newPooledCache(t, &submitDev{Device: newMemDev(t, 64<<20)}, Config{Size: 1 << 20})
 	p := make([]byte, 4096)
@@ -111,5 +116,44 @@ func TestSubmitReadZeroAllocs(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(500, read); n != 0 {
 		t.Errorf("async 4 KiB read miss: %v allocs per call", n)
+	}
+	large := make([]byte, 1<<20)
+	write := func() {
+		if !c.SubmitAt(ctx, large, 32<<20, true, 0, done) {
+			t.Fatal("SubmitAt declined a write-around")
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	write()
+	if n := testing.AllocsPerRun(100, write); n != 0 {
+		t.Errorf("async 1 MiB write-around: %v allocs per call", n)
+	}
+}
+
+// TestSubmitWriteAround checks a write that goes around the pages started with SubmitAt: on the
+// backend at completion, and a dirty page it overlaps takes its data and stays dirty.
+func TestSubmitWriteAround(t *testing.T) {
+	ctx := context.Background()
+	dev := fakedev.New(4<<20, stdLimits(4096))
+	c := newPooledCache(t, &submitDev{Device: dev, async: true}, Config{Size: 1 << 20, MaxDirtyAge: time.Hour})
+	if err := c.WriteAt(ctx, fill(4096, 7), 64<<10, 0); err != nil {
+		t.Fatal(err)
+	}
+	data := fill(DefaultWriteAround, 8)
+	done := make(chanDone, 1)
+	if !c.SubmitAt(ctx, data, 0, true, 0, done) {
+		t.Fatal("SubmitAt declined a write-around")
+	}
+	if err := <-done; err != nil || !bytes.Equal(dev.Current(0, int64(len(data))), data) {
+		t.Fatalf("write-around: %v, not on the backend at completion", err)
+	}
+	got := make([]byte, 4096)
+	if !c.ReadCached(got, 64<<10) || !bytes.Equal(got, data[64<<10:68<<10]) {
+		t.Fatal("the dirty page the write overlapped does not hold its data")
+	}
+	if st := c.Stats(); st.DirtyBytes != 4096 || st.WriteAroundBytes != uint64(len(data)) {
+		t.Fatalf("stats: %+v", st)
 	}
 }
