@@ -18,7 +18,8 @@ import (
 // Cache is a caching block.Device. Create it with New or Wrap.
 type Cache struct {
 	be     block.Device
-	lim    block.Limits // of the backend
+	sub    block.Submitter // be's asynchronous path, or nil (submit.go)
+	lim    block.Limits    // of the backend
 	cfg    resolved
 	log    *zap.Logger
 	ps     int64 // page size
@@ -67,11 +68,13 @@ type Cache struct {
 	closeDone bool         // guarded by closeMu: a Close has run (or is running under closeMu)
 	ops       atomic.Int64 // calls in progress; page memory is released only when none is
 	jobs      sync.Pool
+	fills     sync.Pool // *asyncFill (submit.go)
+	arounds   sync.Pool // *asyncAround (submit.go)
 
 	streams    [8]atomic.Int64 // sequential read streams (read.go)
 	streamNext atomic.Uint32
-	wstreams   [16]writeStream // sequential write streams (writearound.go)
-	wclock     atomic.Int64    // orders their use
+	wstreams   streamSet // sequential write streams for the write-around cutoff (writearound.go)
+	rstreams   streamSet // sequential read streams for the read-around cutoff (readaround.go)
 	zeroOnce   sync.Once
 	zeroBuf    []byte // for WriteZeroes emulation
 
@@ -79,7 +82,7 @@ type Cache struct {
 }
 
 type counters struct {
-	misses, readAhead, wbBytes, wbErrors, writeAround, flushes, flushErrors, throttledWrites, evictions atomic.Uint64
+	misses, readAhead, wbBytes, wbErrors, writeAround, readAround, flushes, flushErrors, throttledWrites, evictions atomic.Uint64
 }
 
 // notifier is a broadcast: waiters take the current channel, broadcast closes it. It allocates
@@ -177,6 +180,9 @@ func New(dev block.Device, cfg Config, log *zap.Logger) (*Cache, error) {
 		c.freeSlots = append(c.freeSlots, int32(i))
 	}
 	c.jobs.New = func() any { return c.newJob() }
+	c.fills.New = func() any { return new(asyncFill) }
+	c.arounds.New = func() any { return new(asyncAround) }
+	c.sub, _ = dev.(block.Submitter)
 	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
 	for i := 0; i < r.Workers; i++ {
 		c.wg.Add(1)

@@ -543,7 +543,7 @@ func TestEvictionKeepsDirty(t *testing.T) {
 	ctx := context.Background()
 	// A tiny cache (64 pages), dirty limit = the whole cache, and a backend that cannot write:
 	// nothing dirty may be evicted by reads streaming through.
-	c, dev := newTest(t, 16<<20, stdLimits(4096), Config{Size: 256 << 10, DirtyLimit: 128 << 10, MaxDirtyAge: time.Hour})
+	c, dev := newTest(t, 16<<20, stdLimits(4096), Config{Size: 256 << 10, DirtyLimit: 128 << 10, MaxDirtyAge: time.Hour, ReadAround: -1})
 	dev.SetFault(func(op fakedev.Op) error {
 		if op.Kind == fakedev.Write {
 			return block.ErrIO
@@ -701,7 +701,7 @@ func BenchmarkReadHit(b *testing.B) {
 		size := bc.size
 		b.Run(fmt.Sprintf("%d/qd%d", size, bc.par*runtime.GOMAXPROCS(0)), func(b *testing.B) {
 			ctx := context.Background()
-			c, _ := newTest(b, 64<<20, stdLimits(4096), Config{Size: 64 << 20})
+			c, _ := newTest(b, 64<<20, stdLimits(4096), Config{Size: 64 << 20, ReadAround: -1}) // warmed by 1 MiB reads
 			const span = 32 << 20
 			warm := make([]byte, 1<<20)
 			for off := int64(0); off < span; off += int64(len(warm)) {

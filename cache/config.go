@@ -64,7 +64,29 @@ const (
 	// write is already as large as a coalesced write-back needs to be for the wire, and below it
 	// random and small sequential writes keep the cache's coalescing and early acks.
 	DefaultWriteAround = 256 << 10
+	// DefaultReadAround is the smallest read miss that goes around the pages, for the same
+	// reason: filling pages would cost a second copy and a page booking per 4 KiB of a request
+	// that the wire already moves efficiently.
+	DefaultReadAround = 256 << 10
 )
+
+// Bounds of SizeFor: a sixteenth of the host's memory, at least MinAutoSize and at most
+// DefaultSize.
+const (
+	MinAutoSize = 64 << 20
+	autoDivisor = 16
+)
+
+// SizeFor is the default cache size on a host with memTotal bytes of memory (MemTotal in
+// /proc/meminfo; 0 when unknown, which gives DefaultSize): a sixteenth of it, between 64 MiB and
+// 1 GiB. A fixed 1 GiB (plus the NBD buffers) would be most of a small VM's memory; a sixteenth
+// reaches the 1 GiB cap at 16 GiB.
+func SizeFor(memTotal int64) int64 {
+	if memTotal <= 0 {
+		return DefaultSize
+	}
+	return min(max(memTotal/autoDivisor, MinAutoSize), DefaultSize)
+}
 
 // Config configures a cache. The zero value of every field means its default.
 type Config struct {
@@ -95,6 +117,12 @@ type Config struct {
 	// that has written WriteAround bytes in a row. Dirty pages it overlaps take its data (they
 	// never overwrite it later). Default 256 KiB; negative disables (every write is cached).
 	WriteAround int64
+	// ReadAround is the size from which a read miss goes from the backend straight into the
+	// caller's buffer instead of through the pages (what WriteAround is for writes), and a read of
+	// at least a quarter of it continuing a sequential stream too. Such a read is not cached. It
+	// goes through the pages after all when a page of its range is dirty or being written back,
+	// so that it returns what the cache holds. Default 256 KiB; negative disables.
+	ReadAround int64
 	// PageSize is the cache page size: a multiple of the backend's block size holding at most
 	// 64 blocks. Default 4 KiB (or the block size if larger).
 	PageSize int
@@ -245,6 +273,9 @@ func resolve(cfg Config, bs int, backendMaxTransfer int64) (resolved, error) {
 	}
 	if r.WriteAround == 0 {
 		r.WriteAround = DefaultWriteAround
+	}
+	if r.ReadAround == 0 {
+		r.ReadAround = DefaultReadAround
 	}
 	if r.ReadAhead > 0 {
 		r.raPages = r.ReadAhead / int64(r.PageSize)

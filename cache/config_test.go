@@ -79,3 +79,17 @@ func TestParseConfigHugeDirtySize(t *testing.T) {
 		}
 	}
 }
+
+func TestSizeFor(t *testing.T) {
+	for _, tc := range []struct{ mem, want int64 }{
+		{0, DefaultSize},         // unknown
+		{512 << 20, MinAutoSize}, // a tiny VM: the floor
+		{2 << 30, 128 << 20},     // a sixteenth
+		{16 << 30, 1 << 30},      // reaches the cap
+		{256 << 30, DefaultSize}, // capped
+	} {
+		if got := SizeFor(tc.mem); got != tc.want {
+			t.Errorf("SizeFor(%d) = %d, want %d", tc.mem, got, tc.want)
+		}
+	}
+}

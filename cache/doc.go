@@ -48,6 +48,19 @@
 // direct operation whose data, not zeroes, the dirty pages it overlaps take (writearound.go).
 // WriteCached declines such writes.
 //
+// A read miss of Config.ReadAround bytes or more (256 KiB by default, or a quarter of that
+// continuing a sequential stream) goes from the backend straight into the caller's buffer and is
+// not cached, provided no page of its range is dirty or being written back: every write
+// acknowledged before the read is then on the backend (readaround.go). Otherwise it goes through
+// the pages like any miss.
+//
+// A miss within one page, and a write that goes around the pages, may also be started without
+// blocking (SubmitAt, block.Submitter) on the backend's own Submitter, so that a frontend's reader
+// goroutine starts them without handing them to a worker: the miss's completion fills the page
+// exactly as a synchronous miss does; the write-around registers and supersedes exactly as
+// writeAround does, and declines instead of waiting when a write-back of its range is in flight
+// (submit.go).
+//
 // Reads copy valid sectors from pages; a miss reads the page-aligned span (plus read-ahead for a
 // sequential stream) into placeholder pages, filling only sectors that are not valid, so a
 // sub-page write never needs a read-modify-write and never loses to a concurrent fill. Eviction is
@@ -100,7 +113,8 @@
 // misses, read-ahead, fills); write.go writes (copying into pages, dirty accounting and
 // reservations); sync.go Flush and the write-back of a range for FUA and write-through;
 // direct.go Discard and WriteZeroes, which bypass the pages; writearound.go large writes, which
-// bypass them too; writeback.go the write-back loop
+// bypass them too; readaround.go large read misses, which bypass them as well; submit.go the
+// asynchronous one-page miss and write-around; writeback.go the write-back loop
 // (the workers that pick, coalesce and complete background write-backs); dirtyidx.go the index
 // of dirty pages; stats.go the counters; config.go the configuration and its defaults.
 package cache

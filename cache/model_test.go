@@ -16,6 +16,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/cache/internal/fakedev"
+	"github.com/iser-blk/iser-blk/pool"
 )
 
 // The model test (acceptance item 1) drives a cache with concurrent workers and checks every
@@ -68,6 +69,7 @@ func (mb *modelBlock) add(tag, epoch uint64) {
 type model struct {
 	t       *testing.T
 	dev     *fakedev.Dev
+	be      block.Device // what the caches wrap: dev, or dev with a Submitter (submitDev)
 	cfg     Config
 	workers int
 	mu      []sync.Mutex // per worker: guards the blocks it owns
@@ -86,7 +88,8 @@ type model struct {
 	rng      *rand.Rand // used under the fake's lock (fault hook) only
 
 	ops, flushes, crashes, fuas, faults atomic.Int64
-	total                               Stats // of the caches dropped at crashes
+	submitted, submittedW               atomic.Int64 // reads and writes started with SubmitAt
+	total                               Stats        // of the caches dropped at crashes
 }
 
 func (m *model) addStats(st Stats) {
@@ -97,6 +100,7 @@ func (m *model) addStats(st Stats) {
 	m.total.WriteBackErrors += st.WriteBackErrors
 	m.total.WriteBackBytes += st.WriteBackBytes
 	m.total.WriteAroundBytes += st.WriteAroundBytes
+	m.total.ReadAroundBytes += st.ReadAroundBytes
 }
 
 // patterns[k] is the body of a block whose tag has byte(tag*31) == k (precomputed so that
@@ -175,18 +179,44 @@ func newModel(t *testing.T, seed uint64, workers int, failRate float64) *model {
 	} else {
 		m.cfg.WriteAround = -1
 	}
+	if seed%4 != 3 {
+		// Reads of 12 blocks and more go around the pages when none of their pages is dirty or
+		// being written back: over pages other workers keep dirty, while they write and flush.
+		m.cfg.ReadAround = 12 * modelBS
+	} else {
+		m.cfg.ReadAround = -1
+	}
 	for i := range m.blocks {
 		m.blocks[i].add(0, 0)
 	}
 	m.dev.SetFault(func(op fakedev.Op) error {
-		if m.failRate > 0 && (op.Kind == fakedev.Write || op.Kind == fakedev.Flush) && m.rng.Float64() < m.failRate {
+		// Reads fail too (a read-around or a fill that fails must return the error and leave the
+		// cache as it was); less often, so that a read's retries succeed.
+		rate := m.failRate
+		if op.Kind == fakedev.Read {
+			rate /= 4
+		}
+		if rate > 0 && (op.Kind == fakedev.Write || op.Kind == fakedev.Flush || op.Kind == fakedev.Read) && m.rng.Float64() < rate {
 			m.faults.Add(1)
 			return fmt.Errorf("injected fault: %w", block.ErrIO)
 		}
 		return nil
 	})
 	m.dev.SetBefore(func(fakedev.Op) { runtime.Gosched() })
-	c, err := New(m.dev, m.cfg, nil)
+	m.be = m.dev
+	if seed%4 != 3 {
+		// Reads of one page take the asynchronous miss (SubmitAt), and writes that go around
+		// the pages the asynchronous write-around, completed on goroutines of the device's own
+		// while the other workers write, flush and discard over the same pages.
+		io, err := pool.New(pool.Config{MaxBytes: 4 << 20, MaxClass: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = io.Close() })
+		m.cfg.IOPool = io
+		m.be = &submitDev{Device: m.dev, async: true}
+	}
+	c, err := New(m.be, m.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +266,7 @@ func (m *model) worker(ctx context.Context, w int, rng *rand.Rand, nops int) err
 		switch {
 		case r < 40: // read
 			p := buf[:length]
-			if err := retry(func() error { return c.ReadAt(ctx, p, off) }); err != nil {
+			if err := retry(func() error { return m.read(ctx, c, p, off) }); err != nil {
 				return fmt.Errorf("read [%d,+%d): %w", off, length, err)
 			}
 			m.mu[w].Lock()
@@ -264,7 +294,7 @@ func (m *model) worker(ctx context.Context, w int, rng *rand.Rand, nops int) err
 			// Half of the plain writes take the frontends' non-waiting path first (what the NBD
 			// reader does), falling back to WriteAt as a frontend must.
 			if fua || r%2 == 0 || !c.WriteCached(buf[:length], off) {
-				if err := retry(func() error { return c.WriteAt(ctx, buf[:length], off, flags) }); err != nil {
+				if err := retry(func() error { return m.write(ctx, c, buf[:length], off, flags) }); err != nil {
 					return fmt.Errorf("write [%d,+%d): %w", off, length, err)
 				}
 			}
@@ -321,6 +351,28 @@ func (m *model) worker(ctx context.Context, w int, rng *rand.Rand, nops int) err
 		}
 	}
 	return nil
+}
+
+// read reads p at off as the NBD frontend does: through SubmitAt when the cache takes it (a read
+// within one page), else ReadAt.
+func (m *model) read(ctx context.Context, c *Cache, p []byte, off int64) error {
+	done := make(chanDone, 1)
+	if c.SubmitAt(ctx, p, off, false, 0, done) {
+		m.submitted.Add(1)
+		return <-done
+	}
+	return c.ReadAt(ctx, p, off)
+}
+
+// write writes p at off as the NBD frontend does after WriteCached declined: through SubmitAt when
+// the cache takes it (a write that goes around the pages), else WriteAt.
+func (m *model) write(ctx context.Context, c *Cache, p []byte, off int64, flags block.WriteFlags) error {
+	done := make(chanDone, 1)
+	if c.SubmitAt(ctx, p, off, true, flags, done) {
+		m.submittedW.Add(1)
+		return <-done
+	}
+	return c.WriteAt(ctx, p, off, flags)
 }
 
 // checkDurable asserts that blocks first.. hold tags on the backend's durable image.
@@ -402,7 +454,7 @@ func (m *model) crashAndCheck() error {
 		mb.vers, mb.eps, mb.floor = mb.vers[:0], mb.eps[:0], 0
 		mb.add(tag, 0)
 	}
-	c, err := New(m.dev, m.cfg, nil)
+	c, err := New(m.be, m.cfg, nil)
 	if err != nil {
 		return err
 	}
@@ -459,13 +511,23 @@ func runModel(t *testing.T, seed uint64, totalOps int, failRate float64) {
 	}
 	m.addStats(m.cache().Stats())
 	st := m.total
-	t.Logf("seed %d (%s, write-around from %d, FUA native %v): %d ops, %d flushes, %d crashes, %d FUA writes, %d injected faults; caches: %d hits, %d misses, %d evictions, %d throttled writes, %d write-back errors, %d bytes written around",
-		seed, m.cfg.Mode, m.cfg.WriteAround, m.dev.Limits().CanFUA, m.ops.Load(), m.flushes.Load(), m.crashes.Load(), m.fuas.Load(), m.faults.Load(),
-		st.Hits, st.Misses, st.Evictions, st.ThrottledWrites, st.WriteBackErrors, st.WriteAroundBytes)
+	t.Logf("seed %d (%s, write-around from %d, read-around from %d, FUA native %v): %d ops, %d flushes, %d crashes, %d FUA writes, %d injected faults; caches: %d hits, %d misses, %d evictions, %d throttled writes, %d write-back errors, %d bytes written around, %d read around",
+		seed, m.cfg.Mode, m.cfg.WriteAround, m.cfg.ReadAround, m.dev.Limits().CanFUA, m.ops.Load(), m.flushes.Load(), m.crashes.Load(), m.fuas.Load(), m.faults.Load(),
+		st.Hits, st.Misses, st.Evictions, st.ThrottledWrites, st.WriteBackErrors, st.WriteAroundBytes, st.ReadAroundBytes)
+	if _, ok := m.be.(*submitDev); ok && m.submitted.Load() == 0 {
+		t.Fatalf("seed %d: no read took SubmitAt: the model did not exercise the path", seed)
+	}
+	t.Logf("seed %d: %d reads and %d writes started with SubmitAt", seed, m.submitted.Load(), m.submittedW.Load())
+	if _, ok := m.be.(*submitDev); ok && m.cfg.WriteAround > 0 && m.submittedW.Load() == 0 {
+		t.Fatalf("seed %d: no write-around took SubmitAt: the model did not exercise the path", seed)
+	}
+	if m.cfg.ReadAround > 0 && st.ReadAroundBytes == 0 {
+		t.Fatalf("seed %d: no read went around the pages: the model did not exercise the path", seed)
+	}
 }
 
 var (
-	modelSeeds = flag.Int("model.seeds", 5, "number of seeds TestModel runs (seed n: n%5==2 write-through, n%3==0 no native FUA, n%4==1 no native write-zeroes, n>2 with n%3!=2 inject faults, even n write large writes around the pages)")
+	modelSeeds = flag.Int("model.seeds", 5, "number of seeds TestModel runs (seed n: n%5==2 write-through, n%3==0 no native FUA, n%4==1 no native write-zeroes, n>2 with n%3!=2 inject faults (reads at a quarter of the rate), even n write large writes around the pages, n%4!=3 read single pages and write around with SubmitAt, n%4!=3 read large reads around them)")
 	modelOps   = flag.Int("model.ops", 100_000, "operations per seed")
 )
 

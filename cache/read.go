@@ -8,7 +8,8 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 )
 
-// ReadAt serves p from cache pages where they are valid and fills the rest from the backend.
+// ReadAt serves p from cache pages where they are valid and fills the rest from the backend. A
+// large miss (Config.ReadAround) is read from the backend straight into p (readaround.go).
 func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 	if err := c.enter(); err != nil {
 		return err
@@ -23,7 +24,11 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 		n := min(c.ps-pOff, int64(len(p))-pos)
 		if !c.readHit(page, pOff, p[pos:pos+n]) {
 			// A concurrent miss (typically read-ahead) is already reading this page: wait
-			// for it rather than read the same bytes from the backend twice.
+			// for it rather than read the same bytes from the backend twice. Looked at once
+			// before taking the notifier's channel, which a plain miss then never allocates.
+			if !c.beingFilled(page) {
+				break
+			}
 			ch := c.progress.wait()
 			if !c.beingFilled(page) {
 				break
@@ -39,6 +44,11 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 	}
 	if pos == int64(len(p)) {
 		return nil
+	}
+	around := c.readsAround(off, len(p))
+	c.rstreams.note(off, len(p), c.cfg.ReadAround)
+	if around {
+		return c.readAround(ctx, p[pos:], off+pos)
 	}
 	return c.readMiss(ctx, p[pos:], off+pos)
 }
@@ -131,7 +141,11 @@ func (c *Cache) readMiss(ctx context.Context, p []byte, off int64) error {
 	if c.lim.MaxTransfer > 0 {
 		maxPages = max(1, c.lim.MaxTransfer/c.ps)
 	}
-	fills := make([]fillPage, 0, min(last-first+1, maxPages))
+	var small [16]fillPage // a 4 KiB miss (and any up to 64 KiB) needs no heap allocation
+	fills := small[:0]
+	if n := min(last-first+1, maxPages); n > int64(len(small)) {
+		fills = make([]fillPage, 0, n)
+	}
 	for a := first; a <= last; {
 		b := min(last, a+maxPages-1)
 		if a > reqLast { // pure read-ahead chunk: stop at a page we already have
@@ -216,15 +230,17 @@ func stagingError(ctx context.Context, err error) error {
 	return fmt.Errorf("cache: staging buffer: %w: %w", block.ErrIO, err)
 }
 
-func (c *Cache) staging(ctx context.Context, n int) ([]byte, func(), error) {
+// staging returns a buffer of n bytes for a backend read: from Config.IOPool when it has one
+// that large (pooled: give it back with c.cfg.IOPool.Put), else from the heap.
+func (c *Cache) staging(ctx context.Context, n int) (buf []byte, pooled bool, err error) {
 	if c.cfg.IOPool != nil && n <= c.cfg.IOPool.MaxClass() {
 		b, err := c.cfg.IOPool.Get(ctx, n)
 		if err != nil {
-			return nil, nil, stagingError(ctx, err)
+			return nil, false, stagingError(ctx, err)
 		}
-		return b, func() { c.cfg.IOPool.Put(b) }, nil
+		return b, true, nil
 	}
-	return make([]byte, n), func() {}, nil
+	return make([]byte, n), false, nil
 }
 
 func (c *Cache) fillChunk(ctx context.Context, p []byte, off, a, b, reqLast int64, fills []fillPage, install bool) (err error) {
@@ -232,9 +248,11 @@ func (c *Cache) fillChunk(ctx context.Context, p []byte, off, a, b, reqLast int6
 	if end := c.size; a*c.ps+n > end {
 		n = end - a*c.ps
 	}
-	buf, release, err := c.staging(ctx, int(n))
+	buf, pooled, err := c.staging(ctx, int(n))
 	if err == nil {
-		defer release()
+		if pooled {
+			defer c.cfg.IOPool.Put(buf)
+		}
 		err = c.be.ReadAt(ctx, buf, a*c.ps)
 		if err != nil {
 			err = fmt.Errorf("cache: read miss [%d, +%d): %w", a*c.ps, n, err)

@@ -12,6 +12,7 @@ type Stats struct {
 	WriteBackBytes   uint64
 	WriteBackErrors  uint64
 	WriteAroundBytes uint64 // written straight to the backend (Config.WriteAround)
+	ReadAroundBytes  uint64 // read straight from the backend (Config.ReadAround)
 	Flushes          uint64
 	FlushErrors      uint64
 	ThrottledWrites  uint64 // writes that waited for dirty room
@@ -36,6 +37,7 @@ func (c *Cache) Stats() Stats {
 		WriteBackBytes:   c.st.wbBytes.Load(),
 		WriteBackErrors:  c.st.wbErrors.Load(),
 		WriteAroundBytes: c.st.writeAround.Load(),
+		ReadAroundBytes:  c.st.readAround.Load(),
 		Flushes:          c.st.flushes.Load(),
 		FlushErrors:      c.st.flushErrors.Load(),
 		ThrottledWrites:  c.st.throttledWrites.Load(),

@@ -30,51 +30,67 @@ import (
 // stream that has written WriteAround bytes in a row already (a file copied through the kernel
 // arrives in requests of 128 KiB and up). It only reads the streams; noteWrite records the write.
 func (c *Cache) writesAround(off int64, n int) bool {
-	wa := c.cfg.WriteAround
+	return c.wstreams.goesAround(off, n, c.cfg.WriteAround)
+}
+
+// noteWrite records a write of n bytes at off in the sequential write streams.
+func (c *Cache) noteWrite(off int64, n int) { c.wstreams.note(off, n, c.cfg.WriteAround) }
+
+// streamSet tracks the sequential streams of large requests of one kind (writes or reads) for
+// the cutoff: a request of at least cutoff bytes goes around the pages, and one of a quarter of
+// it too when it continues a stream that has moved cutoff bytes in a row already.
+type streamSet struct {
+	s     [16]stream
+	clock atomic.Int64 // orders the streams' use
+}
+
+// stream is a sequential stream: where its next request is expected, how many bytes it has moved
+// in a row, and when it was last used (streamSet.clock). Its fields are read and written without
+// a lock: a lost update only routes one request through the pages instead of around them, or the
+// reverse, and both are correct.
+type stream struct {
+	next, run, used atomic.Int64
+}
+
+// goesAround reports whether a request of n bytes at off goes around the pages. It only reads the
+// streams; note records the request.
+func (ss *streamSet) goesAround(off int64, n int, cutoff int64) bool {
 	switch {
-	case wa <= 0 || int64(n) < wa/4:
+	case cutoff <= 0 || int64(n) < cutoff/4:
 		return false
-	case int64(n) >= wa:
+	case int64(n) >= cutoff:
 		return true
 	}
-	for i := range c.wstreams {
-		if c.wstreams[i].next.Load() == off {
-			return c.wstreams[i].run.Load() >= wa
+	for i := range ss.s {
+		if ss.s[i].next.Load() == off {
+			return ss.s[i].run.Load() >= cutoff
 		}
 	}
 	return false
 }
 
-// writeStream is a sequential write stream: where its next write is expected, how many bytes it
-// has written in a row, and when it was last written (Cache.wclock). Its fields are read and
-// written without a lock: a lost update only routes one write through the pages instead of around
-// them, or the reverse, and both are correct.
-type writeStream struct {
-	next, run, used atomic.Int64
-}
-
-// noteWrite records a write of n bytes at off in the sequential write streams: it extends the
-// stream it continues, or replaces the least recently written one (replacing round-robin would
-// let each new stream evict an active one, whose next write would then evict another, and so on:
-// no stream would ever reach the cutoff). Writes smaller than a quarter of WriteAround are not
-// tracked: small sequential writes stay cached, where they are acknowledged at once and coalesced.
-func (c *Cache) noteWrite(off int64, n int) {
-	wa := c.cfg.WriteAround
-	if wa <= 0 || int64(n) < wa/4 {
+// note records a request of n bytes at off: it extends the stream it continues, or replaces the
+// least recently used one (replacing round-robin would let each new stream evict an active one,
+// whose next request would then evict another, and so on: no stream would ever reach the
+// cutoff). Requests smaller than a quarter of the cutoff are not tracked: small sequential writes
+// stay cached, where they are acknowledged at once and coalesced, and small reads keep the
+// cache's read-ahead.
+func (ss *streamSet) note(off int64, n int, cutoff int64) {
+	if cutoff <= 0 || int64(n) < cutoff/4 {
 		return
 	}
-	now := c.wclock.Add(1)
-	victim := &c.wstreams[0]
-	for i := range c.wstreams {
-		ws := &c.wstreams[i]
-		if ws.next.Load() == off {
-			ws.run.Add(int64(n))
-			ws.next.Store(off + int64(n))
-			ws.used.Store(now)
+	now := ss.clock.Add(1)
+	victim := &ss.s[0]
+	for i := range ss.s {
+		st := &ss.s[i]
+		if st.next.Load() == off {
+			st.run.Add(int64(n))
+			st.next.Store(off + int64(n))
+			st.used.Store(now)
 			return
 		}
-		if ws.used.Load() < victim.used.Load() {
-			victim = ws
+		if st.used.Load() < victim.used.Load() {
+			victim = st
 		}
 	}
 	victim.run.Store(int64(n))

@@ -8,6 +8,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 
 	"github.com/dustin/go-humanize"
@@ -25,7 +27,7 @@ import (
 // mem bytes), the target (--target) and the cache (--cache) in front of it, staging its I/O in
 // the pool. The caller closes the device first (closeDevice) and the pool last.
 func openStack(ctx context.Context, tf *targetFlags, ef *exportFlags, log *zap.Logger) (dev block.Device, p *pool.Pool, mem int64, err error) {
-	if _, err := cache.ParseConfig(ef.cache.mode, ef.cache.size, ef.cache.dirty); err != nil {
+	if _, err := ef.cache.config(); err != nil {
 		return nil, nil, 0, usagef("%v", err) // before logging in, so a typo costs no session
 	}
 	if p, mem, err = newBufferPool(ef); err != nil {
@@ -91,22 +93,69 @@ func newBufferPool(ef *exportFlags) (*pool.Pool, int64, error) {
 	return p, int64(mem), nil
 }
 
-// cacheFlags are --cache, --cache-size and --cache-dirty.
+// cacheFlags are --cache, --cache-size, --cache-dirty and the cutoffs --cache-write-around and
+// --cache-read-around.
 type cacheFlags struct {
-	mode, size, dirty string
+	mode, size, dirty       string
+	writeAround, readAround string
 }
 
 func (cf *cacheFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&cf.mode, "cache", "writeback", "cache mode: writeback (a volatile write cache; clients' FLUSH/FUA make data durable), writethrough or off")
-	fs.StringVar(&cf.size, "cache-size", "1GiB", "memory for cached pages")
+	fs.StringVar(&cf.size, "cache-size", humanize.IBytes(uint64(cache.SizeFor(hostMemory()))),
+		"memory for cached pages; the default is a sixteenth of this host's memory, between 64 MiB and 1 GiB")
 	fs.StringVar(&cf.dirty, "cache-dirty", "50%", "most dirty data held before writers are throttled: a percentage of --cache-size or a size")
+	fs.StringVar(&cf.writeAround, "cache-write-around", "256KiB", "writes this large (a quarter of it when continuing a sequential stream) go\n"+
+		"straight to the target instead of through the cache; 0 caches every write")
+	fs.StringVar(&cf.readAround, "cache-read-around", "256KiB", "read misses this large (a quarter of it when continuing a sequential stream) are\n"+
+		"read straight from the target and not cached; 0 caches every read")
+}
+
+// config parses the cache flags.
+func (cf *cacheFlags) config() (cache.Config, error) {
+	cfg, err := cache.ParseConfig(cf.mode, cf.size, cf.dirty)
+	if err != nil {
+		return cfg, err
+	}
+	if cfg.WriteAround, err = cutoff("--cache-write-around", cf.writeAround); err != nil {
+		return cfg, err
+	}
+	cfg.ReadAround, err = cutoff("--cache-read-around", cf.readAround)
+	return cfg, err
+}
+
+// cutoff parses a size flag where 0 disables (cache.Config's -1).
+func cutoff(name, v string) (int64, error) {
+	n, err := humanize.ParseBytes(v)
+	if err != nil || n > 1<<40 {
+		return 0, fmt.Errorf("%s %q: want a size", name, v)
+	}
+	if n == 0 {
+		return -1, nil
+	}
+	return int64(n), nil
+}
+
+// hostMemory is MemTotal from /proc/meminfo in bytes, or 0 when it cannot be read.
+func hostMemory() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "MemTotal:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 // wrap puts the cache in front of dev. Staging buffers for write-back and read misses come from
 // p (registered memory, so that iSER moves them without a copy). With --cache off dev is
 // returned unchanged.
 func (cf *cacheFlags) wrap(dev block.Device, p *pool.Pool, log *zap.Logger) (block.Device, error) {
-	cfg, err := cache.ParseConfig(cf.mode, cf.size, cf.dirty)
+	cfg, err := cf.config()
 	if err != nil {
 		return nil, usagef("%v", err)
 	}

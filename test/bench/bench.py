@@ -49,6 +49,9 @@ import threading
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import curves  # noqa: E402  (beside this file)
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("ISERBLK_BIN", os.path.join(ROOT, "bin", "iser-blk"))
 IQN = "iqn.2025-01.io.iser-blk:bench"
@@ -169,14 +172,19 @@ TGTD_MALLOC = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=
 
 
 class Tgtd:
-    def __init__(self, work, size_mb):
+    count = 0
+
+    def __init__(self, work, size_mb, fill=True):
+        Tgtd.count += 1  # a second tgtd (the rss curve's) needs its own control port and image
         self.port = free_port()
-        self.ctl = 7400 + os.getpid() % 500
-        self.img = f"/dev/shm/iser-blk-bench-{os.getpid()}.img"
+        self.ctl = 7400 + (os.getpid() + 499 * (Tgtd.count - 1)) % 500
+        self.img = f"/dev/shm/iser-blk-bench-{os.getpid()}-{Tgtd.count}.img"
         self.size = size_mb << 20
         with open(self.img, "wb") as f:  # filled, so reads are real reads, not holes
+            if not fill:  # sparse: for a LUN that is only written (the rss curve)
+                f.truncate(self.size)
             chunk = os.urandom(1 << 20)
-            for _ in range(size_mb):
+            for _ in range(size_mb if fill else 0):
                 f.write(chunk)
         self.logf = open(os.path.join(work, "tgtd.log"), "w")
         # tgtd mallocs each command's data buffer. glibc serves a 1 MiB malloc with mmap until a
@@ -454,6 +462,15 @@ def main():
                     help="a second iser-blk binary run side by side (systems named ...-alt)")
     ap.add_argument("--placements", default=os.environ.get("BENCH_PLACEMENTS", "shared,split"),
                     help="comma-separated: shared (no pinning), split (tgtd on core 0, clients on the rest)")
+    ap.add_argument("--curves", default=os.environ.get("BENCH_CURVES", "qd,sessions,rss"),
+                    help="scaling curves to run after the job table (test/bench/curves.py): qd, sessions, rss; "
+                    "none for none")
+    ap.add_argument("--curve-runtime", type=int, default=5, help="seconds per curve point")
+    ap.add_argument("--curve-qds", default="1,2,4,8,16,32,64,128,256")
+    ap.add_argument("--curve-sessions", default="1,2,3,4", help="iser-blk --sessions values of the sessions curve")
+    ap.add_argument("--curve-conns", default="1,2,3,4", help="NBD connections (fio jobs) of the sessions curve")
+    ap.add_argument("--rss-caches", default="64,256,1024,4096", help="--cache-size values (MiB) of the rss curve")
+    ap.add_argument("--rss-runtime", type=int, default=60, help="cap in seconds on each rss curve point")
     a = ap.parse_args()
     global PLACEMENTS
     PLACEMENTS = placements(a.placements.split(","))
@@ -477,9 +494,11 @@ def main():
                 log(f"== repetition {rep + 1}/{a.reps}, placement {placement}")
                 pin_tasks(tgt.proc.pid, pl[0] if pl else set(range(os.cpu_count() or 1)))
                 results += run_pass(a, jobs, tgt, work, prof, rep, placement, wanted)
+        pin_tasks(tgt.proc.pid, set(range(os.cpu_count() or 1)))  # the curves run shared
+        curve_rows = curves.run_curves(sys.modules[__name__], a, tgt, work)
     finally:
         tgt.stop()
-    report(a, jobs, results, started, load_before, work)
+    report(a, jobs, results, started, load_before, work, curve_rows)
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -507,8 +526,9 @@ def run_pass(a, jobs, tgt, work, prof, rep, placement, wanted):
             variants = [(name, False)] + ([(name.replace("-cold", "-warm"), True)] if has_warm else [])
             for vname, warm in variants:
                 if warm:
-                    # warm the cache: read the working set once
-                    fio(srv.uri, "warmup", dict(rw="read", bs="1m", iodepth=8, numjobs=1),
+                    # warm the cache: read the working set once, in requests small enough to
+                    # go through the pages (1 MiB reads would go around them: --cache-read-around)
+                    fio(srv.uri, "warmup", dict(rw="read", bs="32k", iodepth=8, numjobs=1),
                         max(a.runtime, 5), a.size, work, pre)
                 for job, args, _ in jobs:
                     if name in TLS_SYSTEMS and job not in TLS_JOBS:
@@ -557,7 +577,7 @@ def metric_of(job):
     return {"lat": "p50_us", "iops": "iops", "bw": "bw_mib"}[[j for j in JOBS if j[0] == job][0][2]]
 
 
-def report(a, jobs, results, started, load_before, work):
+def report(a, jobs, results, started, load_before, work, curve_rows):
     os.makedirs(a.out, exist_ok=True)
     lines = []
     lines.append(f"# iser-blk benchmark, {started:%Y-%m-%d %H:%M} UTC\n")
@@ -576,12 +596,17 @@ def report(a, jobs, results, started, load_before, work):
     for placement in names:
         rs = [r for r in results if r.get("placement", "shared") == placement]
         lines += placement_report(a, jobs, rs, placement, work)
+    if curve_rows:
+        lines.append("\n# Scaling curves (shared placement, one run each; test/bench/curves.py)\n")
+        lines += curves.report(curve_rows)
+        if shutil.which("gnuplot"):
+            curves.charts(a.out, work, curve_rows)
     md = "\n".join(lines) + "\n"
     stamp = started.strftime("%Y%m%d-%H%M")
     with open(os.path.join(a.out, "latest.md"), "w") as f:
         f.write(md)
     with open(os.path.join(a.out, f"results-{stamp}.json"), "w") as f:
-        json.dump(dict(started=started.isoformat(), results=results), f, indent=1)
+        json.dump(dict(started=started.isoformat(), results=results, curves=curve_rows), f, indent=1)
     print(md)
 
 
@@ -646,7 +671,28 @@ GOALS = [
     ("write-back warm: 4k randread QD32 vs nbdkit memory", "iser-blk-wb-warm", "randread-4k-qd32", "iops", "nbdkit-memory", "min", 0.8),
     ("write-back warm: 4k randwrite QD32 vs qemu-nbd", "iser-blk-wb-warm", "randwrite-4k-qd32", "iops", "qemu-nbd", "min", 2.5),
     ("write-back warm: 4k read hit QD1 p50 vs qemu-nbd", "iser-blk-wb-warm", "randread-4k-qd1", "p50_us", "qemu-nbd", "max", 0.5),
+    # issue 18: write-back never slower than cache off, less CPU per I/O, bounded memory
+    ("write-back vs cache off: 1M seq write QD8 (issue 18)", "iser-blk-wb-cold", "seqwrite-1m-qd8", "bw_mib", "iser-blk-nocache", "min", 0.95),
+    ("write-back vs cache off: 1M seq read QD8 (issue 18)", "iser-blk-wb-cold", "seqread-1m-qd8", "bw_mib", "iser-blk-nocache", "min", 0.95),
+    ("write-back vs cache off: 4k randread QD1 cold p50 (issue 18)", "iser-blk-wb-cold", "randread-4k-qd1", "p50_us", "iser-blk-nocache", "max", 1.03),
+    ("cache off: gateway CPU µs per 4k randread QD32 (issue 18)", "iser-blk-nocache", "randread-4k-qd32", "gw_cpu_us_per_io", None, "abs", 9.0),
+    ("cache off: gateway CPU µs per 4k randwrite QD32 (issue 18)", "iser-blk-nocache", "randwrite-4k-qd32", "gw_cpu_us_per_io", None, "abs", 9.0),
+    ("cache off: 4k randread QD1 p50 vs qemu-nbd (issue 18)", "iser-blk-nocache", "randread-4k-qd1", "p50_us", "qemu-nbd", "max", 0.9),
+    # job None: the largest value over every job of the repetition; target None: rss_bound_mib()
+    ("write-back: peak RSS MiB over all jobs ≤ cache + buffers + 64 MiB (issue 18)", "iser-blk-wb-cold", None, "gw_peak_rss_mib", None, "abs", None),
 ]
+
+
+def rss_bound_mib():
+    """--cache-size's default on this host (cache.SizeFor: a sixteenth of MemTotal, 64 MiB to
+    1 GiB) + --buffer-memory's (512 MiB) + 64 MiB: the peak RSS a gateway with defaults may reach."""
+    mem = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) // 1024
+    cache = min(max(mem // 16, 64), 1024) if mem else 1024
+    return cache + curves.BUFFER_MIB + curves.RSS_SLACK_MIB
 
 
 def goals(by, placement):
@@ -660,7 +706,7 @@ def goals(by, placement):
     else:
         where = (f"tgtd's {len(pl[0])} core(s) spent on tgtd and the client's {len(pl[1])} on fio, at "
                  "the CPU per I/O they used with iser-blk in the same repetition, whichever runs out first")
-    out = [f"\n## Goals (issue 9), placement {placement}\n",
+    out = [f"\n## Goals (issues 9 and 18), placement {placement}\n",
            "The ceiling column is libiscsi straight to tgtd (iscsi-perf, no NBD, no fio, no "
            "gateway) against the same reference, where this run measured it. " + (
                "With every core shared it is the target's ceiling: no client in front of this "
@@ -675,6 +721,10 @@ def goals(by, placement):
            "|---|---|---|---|---|---|"]
     for label, system, job, key, ref, cmp, target in GOALS:
         rs = by.get((system, job), [])
+        if job is None:  # the peak over every job (the cold and warm processes alike)
+            rs = peak_per_rep(by, system, key)
+        if target is None:
+            target = rss_bound_mib()
         if ref:
             base = {r["rep"]: r[key] for r in by.get((ref, job), [])}
             vals = [r[key] / base[r["rep"]] for r in rs if base.get(r["rep"])]
@@ -704,6 +754,18 @@ def goals(by, placement):
         out.append(f"| {label} | {tgt} | {mr[0]:.{prec}f} ({mr[1]:.{prec}f}–{mr[2]:.{prec}f}) | "
                    f"{'yes' if ok else 'no'} | {ceil} | {bound} |")
     return out
+
+
+def peak_per_rep(by, system, key):
+    """One row per repetition holding the largest key of system (and its warm variant) over every job."""
+    peak = {}
+    for (s, _), rs in by.items():
+        if s not in (system, system.replace("-cold", "-warm")):
+            continue
+        for r in rs:
+            if r.get(key) is not None:
+                peak[r["rep"]] = max(peak.get(r["rep"], 0), r[key])
+    return [{"rep": rep, key: v} for rep, v in peak.items()]
 
 
 def zero_gw_rate(r, pl):
@@ -739,7 +801,8 @@ def chart(a, jobs, sysnames, by, work, placement):
     script = f"""
 set terminal pngcairo size 1100,520 noenhanced
 set output '{png}'
-set title 'iser-blk vs peers on one tgtd LUN, placement {placement} (median ratio to qemu-nbd + libiscsi; higher is better; QD1 is 1/latency)'
+set title "iser-blk vs peers, placement {placement}\\nmedian ratio to qemu-nbd + libiscsi (higher is better; QD1: 1/latency)"
+set yrange [0:*]
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.8 border -1

@@ -1,0 +1,183 @@
+package cache
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/iser-blk/iser-blk/block"
+)
+
+// The asynchronous read miss (block.Submitter). A frontend serving requests from one goroutine
+// (the NBD reader) tries ReadCached, then SubmitAt, and hands the request to a worker goroutine
+// only when both decline. Without SubmitAt every cold read through the cache took that hand-off
+// (a wake-up of a worker and one back), which the same read with the cache off, started on the
+// backend's own Submitter, does not: at queue depth 1 that was the gap between write-back and
+// no cache (issue 18). So a miss within one page, the common random read, is started here on the
+// backend's Submitter: its page is pinned as placeholder exactly as readMiss does, and the
+// backend's completion fills it (finishFill, the same rules: only invalid sectors, and nothing
+// installed when a direct operation overlapped or the page was invalidated meanwhile), copies the
+// request's part out and reports it. Everything that may wait — a page being filled by another
+// miss, a sequential stream (read-ahead), no free staging buffer, a larger request — declines
+// and takes the synchronous path. Writes always decline: WriteCached is their fast path.
+
+// asyncFill is one read miss in flight on the backend's Submitter; it is the Completion the
+// backend calls. Pooled (Cache.fills), so a miss allocates nothing.
+type asyncFill struct {
+	c       *Cache
+	p       []byte // the caller's buffer
+	off     int64  // of p
+	pg      int64
+	fp      fillPage
+	buf     []byte // staging buffer from Config.IOPool: page pg's data
+	install bool
+	done    block.Completion
+}
+
+// SubmitAt implements block.Submitter for reads within one page (a hit completes at once, a miss
+// is started on the backend's Submitter, see above) and for writes that go around the pages
+// (submitAround). It declines everything else.
+func (c *Cache) SubmitAt(ctx context.Context, p []byte, off int64, write bool, flags block.WriteFlags, done block.Completion) bool {
+	if write {
+		return c.submitAround(ctx, p, off, flags, done)
+	}
+	if c.sub == nil || c.cfg.IOPool == nil || len(p) == 0 {
+		return false
+	}
+	if c.enter() != nil {
+		return false
+	}
+	pg := off / c.ps
+	if block.CheckRange(c, off, int64(len(p))) != nil || (off+int64(len(p))-1)/c.ps != pg {
+		c.exit()
+		return false
+	}
+	if c.readHit(pg, off%c.ps, p) {
+		c.exit()
+		done.Complete(nil)
+		return true
+	}
+	if c.startFill(ctx, p, off, pg, done) {
+		return true // c.exit runs at completion: page memory stays mapped until then
+	}
+	c.exit()
+	return false
+}
+
+// startFill starts the backend read of page pg for the miss p at off, or reports false having
+// started nothing.
+func (c *Cache) startFill(ctx context.Context, p []byte, off, pg int64, done block.Completion) bool {
+	if c.beingFilled(pg) {
+		return false // ReadAt waits for that fill instead of reading the page twice
+	}
+	stream, sequential := c.sequentialMiss(off)
+	if sequential && c.cfg.raPages > 0 {
+		return false // readMiss reads ahead
+	}
+	n := min(c.ps, c.size-pg*c.ps)
+	buf, ok := c.cfg.IOPool.TryGet(int(n))
+	if !ok {
+		return false
+	}
+	f := c.fills.Get().(*asyncFill)
+	*f = asyncFill{c: c, p: p, off: off, pg: pg, buf: buf[:n], done: done}
+	f.fp = c.placeholder(pg, false)
+	f.install = !c.directOverlaps(pg*c.ps, c.ps)
+	c.streams[stream].Store(off + int64(len(p)))
+	if c.sub.SubmitAt(ctx, f.buf, pg*c.ps, false, 0, f) {
+		return true
+	}
+	c.finishFill(pg, f.fp, nil, false, p, off, false, false) // unpin
+	c.cfg.IOPool.Put(buf)
+	*f = asyncFill{}
+	c.fills.Put(f)
+	c.progress.broadcast()
+	return false
+}
+
+// Complete implements block.Completion: the backend read of the page ended.
+func (f *asyncFill) Complete(err error) {
+	c := f.c
+	if err != nil {
+		err = fmt.Errorf("cache: read miss [%d, +%d): %w", f.pg*c.ps, len(f.buf), err)
+	}
+	c.finishFill(f.pg, f.fp, f.buf, f.install && err == nil, f.p, f.off, true, err == nil)
+	c.cfg.IOPool.Put(f.buf)
+	c.st.misses.Add(1)
+	c.progress.broadcast() // waiters for this fill, and the page may now be evictable
+	done := f.done
+	*f = asyncFill{}
+	c.fills.Put(f)
+	c.exit()
+	done.Complete(err)
+}
+
+// asyncAround is a write-around in flight on the backend's Submitter; pooled (Cache.arounds).
+type asyncAround struct {
+	c      *Cache
+	off, n int64
+	done   block.Completion
+}
+
+// submitAround starts a write that goes around the pages (writearound.go) on the backend's
+// Submitter, so that a large write is not handed to a worker goroutine either. It is writeAround
+// without waiting: the range is registered and the cached pages superseded exactly as there, but
+// when a write-back of the range is in flight (which writeAround would wait for), or the backend
+// declines, it unregisters and declines; the caller's WriteAt then writes the same data again
+// into the superseded pages, which is harmless. A FUA write the backend cannot carry natively
+// declines (FUA emulation needs a Flush after the write).
+func (c *Cache) submitAround(ctx context.Context, p []byte, off int64, flags block.WriteFlags, done block.Completion) bool {
+	if c.sub == nil || c.lim.ReadOnly || len(p) == 0 || (flags&block.FUA != 0 && !c.lim.CanFUA) ||
+		!c.writesAround(off, len(p)) {
+		return false
+	}
+	if c.enter() != nil {
+		return false
+	}
+	n := int64(len(p))
+	if block.CheckRange(c, off, n) != nil || (c.lim.MaxTransfer > 0 && n > c.lim.MaxTransfer) {
+		c.exit()
+		return false
+	}
+	c.directMu.Lock()
+	c.direct = append(c.direct, directRange{off, off + n})
+	c.directActive.Add(1)
+	c.directMu.Unlock()
+	if !c.invalidate(off, n, supersede, p) {
+		w := c.arounds.Get().(*asyncAround)
+		*w = asyncAround{c: c, off: off, n: n, done: done}
+		if c.sub.SubmitAt(ctx, p, off, true, flags&block.FUA, w) {
+			c.noteWrite(off, len(p))
+			return true
+		}
+		*w = asyncAround{}
+		c.arounds.Put(w)
+	}
+	c.endDirect(off, n)
+	c.exit()
+	return false
+}
+
+// Complete implements block.Completion: the backend write of a write-around ended.
+func (w *asyncAround) Complete(err error) {
+	c := w.c
+	if err != nil {
+		err = fmt.Errorf("cache: write-around [%d, +%d): %w", w.off, w.n, err)
+	} else {
+		c.st.writeAround.Add(uint64(w.n))
+	}
+	c.endDirect(w.off, w.n)
+	done := w.done
+	*w = asyncAround{}
+	c.arounds.Put(w)
+	c.exit()
+	done.Complete(err)
+}
+
+// Kick sends the backend's held-back requests (block.Submitter).
+func (c *Cache) Kick() {
+	if c.sub != nil {
+		c.sub.Kick()
+	}
+}
+
+var _ block.Submitter = (*Cache)(nil)

@@ -1,0 +1,159 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/cache/internal/fakedev"
+)
+
+// submitDev gives a device a Submitter that completes each read on a goroutine of its own (async)
+// or before SubmitAt returns (for allocation counts).
+type submitDev struct {
+	block.Device
+	async bool
+}
+
+func (d *submitDev) SubmitAt(ctx context.Context, p []byte, off int64, write bool, flags block.WriteFlags, done block.Completion) bool {
+	if !d.async {
+		done.Complete(d.do(ctx, p, off, write, flags))
+		return true
+	}
+	go func() { done.Complete(d.do(ctx, p, off, write, flags)) }()
+	return true
+}
+
+func (d *submitDev) do(ctx context.Context, p []byte, off int64, write bool, flags block.WriteFlags) error {
+	if write {
+		return d.WriteAt(ctx, p, off, flags)
+	}
+	return d.ReadAt(ctx, p, off)
+}
+
+func (d *submitDev) Kick() {}
+
+// chanDone is a Completion that hands its result to a channel.
+type chanDone chan error
+
+func (c chanDone) Complete(err error) { c <- err }
+
+// TestSubmitReadMiss checks the asynchronous miss: the page is read on the backend's Submitter,
+// merged with the dirty sectors the cache holds (never overwritten by the backend's older data),
+// installed (the next read is a hit), and a backend error reaches the completion and installs
+// nothing.
+func TestSubmitReadMiss(t *testing.T) {
+	ctx := context.Background()
+	dev := fakedev.New(1<<20, stdLimits(512))
+	c := newPooledCache(t, &submitDev{Device: dev, async: true}, Config{Size: 256 << 10, MaxDirtyAge: time.Hour, ReadAhead: -1})
+	old := fill(4096, 1)
+	if err := dev.WriteAt(ctx, old, 8192, 0); err != nil {
+		t.Fatal(err)
+	}
+	dirty := fill(512, 2)
+	if err := c.WriteAt(ctx, dirty, 8192+1024, 0); err != nil {
+		t.Fatal(err)
+	}
+	want := append([]byte(nil), old...)
+	copy(want[1024:], dirty)
+	got := make([]byte, 4096)
+	done := make(chanDone, 1)
+	if !c.SubmitAt(ctx, got, 8192, false, 0, done) {
+		t.Fatal("SubmitAt declined a one-page miss")
+	}
+	if err := <-done; err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("async miss: %v, data differs from backend data merged with the dirty sector", err)
+	}
+	clear(got)
+	if !c.ReadCached(got, 8192) || !bytes.Equal(got, want) {
+		t.Fatal("the filled page was not installed")
+	}
+	if c.SubmitAt(ctx, got, 8192, true, 0, done) || c.SubmitAt(ctx, make([]byte, 8192), 0, false, 0, done) {
+		t.Fatal("SubmitAt took a cached write or a two-page read")
+	}
+	dev.SetFault(func(op fakedev.Op) error {
+		if op.Kind == fakedev.Read {
+			return block.ErrIO
+		}
+		return nil
+	})
+	if !c.SubmitAt(ctx, got, 64<<10, false, 0, done) {
+		t.Fatal("SubmitAt declined a one-page miss")
+	}
+	if err := <-done; !errors.Is(err, block.ErrIO) {
+		t.Fatalf("a failed backend read completed with %v", err)
+	}
+	if c.ReadCached(got, 64<<10) {
+		t.Fatal("a failed fill installed its page")
+	}
+	if st := c.Stats(); st.Misses != 2 {
+		t.Fatalf("misses %d, want 2", st.Misses)
+	}
+}
+
+// TestSubmitZeroAllocs checks that an asynchronous miss and an asynchronous write-around allocate
+// nothing once warm.
+func TestSubmitZeroAllocs(t *testing.T) {
+	ctx := context.Background()
+	c := newPooledCache(t, &submitDev{Device: newMemDev(t, 64<<20)}, Config{Size: 1 << 20})
+	p := make([]byte, 4096)
+	done := make(chanDone, 1)
+	off := int64(0)
+	read := func() {
+		off += 64 << 10 // never sequential, never cached
+		if !c.SubmitAt(ctx, p, off%(64<<20), false, 0, done) {
+			t.Fatal("SubmitAt declined")
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 2000; i++ { // every slot used once: the shards' maps have grown
+		read()
+	}
+	if n := testing.AllocsPerRun(500, read); n != 0 {
+		t.Errorf("async 4 KiB read miss: %v allocs per call", n)
+	}
+	large := make([]byte, 1<<20)
+	write := func() {
+		if !c.SubmitAt(ctx, large, 32<<20, true, 0, done) {
+			t.Fatal("SubmitAt declined a write-around")
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	write()
+	if n := testing.AllocsPerRun(100, write); n != 0 {
+		t.Errorf("async 1 MiB write-around: %v allocs per call", n)
+	}
+}
+
+// TestSubmitWriteAround checks a write that goes around the pages started with SubmitAt: on the
+// backend at completion, and a dirty page it overlaps takes its data and stays dirty.
+func TestSubmitWriteAround(t *testing.T) {
+	ctx := context.Background()
+	dev := fakedev.New(4<<20, stdLimits(4096))
+	c := newPooledCache(t, &submitDev{Device: dev, async: true}, Config{Size: 1 << 20, MaxDirtyAge: time.Hour})
+	if err := c.WriteAt(ctx, fill(4096, 7), 64<<10, 0); err != nil {
+		t.Fatal(err)
+	}
+	data := fill(DefaultWriteAround, 8)
+	done := make(chanDone, 1)
+	if !c.SubmitAt(ctx, data, 0, true, 0, done) {
+		t.Fatal("SubmitAt declined a write-around")
+	}
+	if err := <-done; err != nil || !bytes.Equal(dev.Current(0, int64(len(data))), data) {
+		t.Fatalf("write-around: %v, not on the backend at completion", err)
+	}
+	got := make([]byte, 4096)
+	if !c.ReadCached(got, 64<<10) || !bytes.Equal(got, data[64<<10:68<<10]) {
+		t.Fatal("the dirty page the write overlapped does not hold its data")
+	}
+	if st := c.Stats(); st.DirtyBytes != 4096 || st.WriteAroundBytes != uint64(len(data)) {
+		t.Fatalf("stats: %+v", st)
+	}
+}
