@@ -41,7 +41,7 @@ func logIndex(log, msg string) int { return strings.Index(log, msg) }
 // progress and honours a second signal); the process exits 0.
 func TestVMSigtermDetachesThenFlushes(t *testing.T) {
 	requireCLI(t)
-	p := startServer(t, memTarget(t), 2, 64, "--cache", "writeback", "--cache-dirty", "100%")
+	p := startServer(t, memTarget(t), 2, 64, "--cache", "writeback", "--cache-dirty", "100%", "--cache-write-around", "0")
 	ddDirect(t, p.path, 64)
 	took := p.terminate(t, 60*time.Second)
 	log := p.stderr.String()
@@ -67,7 +67,7 @@ func TestVMSecondSignalAbortsUblkFlush(t *testing.T) {
 	lio := vmtest.StartLIO(t, vmtest.LIOOptions{SizeMiB: 256, NoISER: true})
 	// --replacement-timeout -1s: I/O waits for the lost session for ever, so only the second
 	// signal can end the flush.
-	p := startServer(t, lio.URL("iscsi"), 2, 64, "--cache", "writeback", "--cache-dirty", "100%",
+	p := startServer(t, lio.URL("iscsi"), 2, 64, "--cache", "writeback", "--cache-dirty", "100%", "--cache-write-around", "0",
 		"--replacement-timeout", "-1s")
 	lio.Teardown(t)
 	ddDirect(t, p.path, 16) // absorbed by the write-back cache: nothing can reach the target
