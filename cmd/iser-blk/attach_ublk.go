@@ -30,11 +30,11 @@ type ublkOptions struct {
 // lifetime; the rest stays for the cache's staging buffers and iSER's bounce buffers.
 const ublkPoolShare = 2 // one half
 
-// attachUblk serves dev as /dev/ublkbN until ctx is cancelled (SIGINT/SIGTERM), printing the
-// device path on stdout once it exists; then it stops the disk (in-flight requests drain) and
+// attachUblk serves dev as /dev/ublkbN until ctx is cancelled (SIGINT/SIGTERM or a detach),
+// calling announce with the device path once it exists; then it stops the disk (in-flight requests drain) and
 // deletes the device. It neither flushes nor closes dev: the caller's closeDevice does, with
 // progress reports and the second-signal abort. It returns the process exit code.
-func attachUblk(ctx context.Context, dev block.Device, opts ublkOptions, log *zap.Logger) int {
+func attachUblk(ctx context.Context, dev block.Device, opts ublkOptions, announce func(path string), log *zap.Logger) int {
 	maxIO, err := ublkMaxIO(opts)
 	if err != nil {
 		log.Error("ublk attach failed", zap.Error(err))
@@ -48,7 +48,7 @@ func attachUblk(ctx context.Context, dev block.Device, opts ublkOptions, log *za
 	if opts.Pool != nil {
 		uopts.Pool = opts.Pool // not a nil *pool.Pool in a non-nil interface
 	}
-	err = ublk.Run(ctx, dev, uopts, func(path string) { fmt.Println(path) })
+	err = ublk.Run(ctx, dev, uopts, announce)
 	switch {
 	case err == nil:
 		return exitOK
