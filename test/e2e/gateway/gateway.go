@@ -190,3 +190,20 @@ func (s *Server) WaitWritten(t testing.TB, n int64, timeout time.Duration) {
 		}
 	}
 }
+
+// PID is the server's process ID.
+func (s *Server) PID() int { return s.cmd.Process.Pid }
+
+// Wait returns the server's exit status once it has exited, failing the test if it has not
+// within timeout (it is then killed by the cleanup).
+func (s *Server) Wait(t testing.TB, timeout time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-s.waited:
+		s.waited <- err
+		return err
+	case <-time.After(timeout):
+		t.Fatalf("the server did not exit within %v: %s", timeout, s.log)
+		return nil
+	}
+}
