@@ -343,12 +343,16 @@ func TestServiceSDNotify(t *testing.T) {
 	if out, err := exec.Command("nbdinfo", "--size", s.URI).CombinedOutput(); err != nil {
 		t.Fatalf("after READY=1 the socket does not serve: %v %s", err, out)
 	}
-	// Dirty data (fio's nbd engine sends no FLUSH) for a flush that takes more than one
-	// progress report: below the cache's low watermark (128 MiB), so it is not written back
-	// before the SIGTERM.
-	if out, err := exec.Command("fio", "--name=fill", "--ioengine=nbd", "--uri="+s.URI, "--rw=write",
-		"--bs=1m", "--iodepth=8", "--size=120m").CombinedOutput(); err != nil {
+	// Dirty data for the final flush: small writes (large ones go around the cache), fio's nbd
+	// engine sends no FLUSH, and 32 MiB stay below the cache's low watermark (128 MiB).
+	if out, err := exec.Command("fio", "--name=fill", "--ioengine=nbd", "--uri="+s.URI, "--rw=randwrite",
+		"--bs=4k", "--iodepth=16", "--size=32m").CombinedOutput(); err != nil {
 		t.Fatalf("fio: %v %s", err, out)
+	}
+	out, err := exec.Command(gateway.Binary(t), "status", "n1", "--json", "--run-dir", runDir).Output()
+	var st status.Status
+	if err != nil || json.Unmarshal(out, &st) != nil || st.Cache == nil || st.Cache.DirtyBytes == 0 {
+		t.Fatalf("before SIGTERM: status %v %s, want dirty bytes (small writes are cached)", err, out)
 	}
 	s.Stop(t)
 	var stopping, extend bool
