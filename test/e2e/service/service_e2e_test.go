@@ -101,8 +101,6 @@ func names(gs []status.Gateway) []string {
 	return out
 }
 
-// socketPath is the NBD socket in a gateway's URI.
-func socketPath(uri string) string { return strings.TrimPrefix(uri, "nbd+unix:///?socket=") }
 
 var metricsListen = regexp.MustCompile(`\tmetrics\t\{"listen": "([^"]+)"`)
 
