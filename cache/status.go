@@ -1,6 +1,12 @@
 package cache
 
-import "github.com/iser-blk/iser-blk/internal/status"
+import (
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/status"
+)
+
+// Backend is the device the cache is in front of, for the status of the layers below it.
+func (c *Cache) Backend() block.Device { return c.be }
 
 // CacheStatus implements status.CacheProvider: the cache's part of `iser-blk status` and of the
 // metrics, read from the same counters as Stats (off the data path).

@@ -82,8 +82,16 @@ func startGateway(sf *serviceFlags, id status.Identity, stop context.CancelFunc,
 // device a detach checks for holders ("" for serve).
 func (g *gateway) serving(dev block.Device, kernelPath string, fe status.Frontend) {
 	g.dev, g.kernelPath = dev, kernelPath
+	backend := dev
 	if c, ok := dev.(*cache.Cache); ok {
 		g.svc.Status.SetCache(c)
+		backend = c.Backend()
+	}
+	if p, ok := backend.(status.PathsProvider); ok {
+		g.svc.Status.SetPaths(p)
+	}
+	if l, ok := backend.(status.LUNProvider); ok {
+		g.svc.Status.SetLUN(l)
 	}
 	g.svc.Status.SetFrontend(frontendInfo(fe))
 }

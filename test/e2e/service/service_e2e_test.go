@@ -228,6 +228,13 @@ func TestServiceAcceptance(t *testing.T) {
 	if st.Cache == nil || st.Cache.DirtyBytes == 0 {
 		t.Errorf("no dirty bytes after fio's writes: %+v", st.Cache)
 	}
+	if len(st.Paths) != 1 || st.Paths[0].Portal != tg1.Portal || st.Paths[0].State != "up" || st.Paths[0].Transport != "tcp" ||
+		st.Paths[0].Negotiated.MaxBurstLength == 0 || st.Paths[0].Negotiated.MaxRecvDataSegmentLengthTarget == 0 {
+		t.Errorf("status paths %+v, want one up tcp path to %s with its negotiated parameters", st.Paths, tg1.Portal)
+	}
+	if st.LUN == nil || st.LUN.SizeBytes != lunSize || st.LUN.BlockSize != 512 {
+		t.Errorf("status lun %+v, want %d bytes of 512-byte blocks", st.LUN, lunSize)
+	}
 
 	// Known data over the whole LUN, then a FLUSH: nothing dirty.
 	want := make([]byte, lunSize)
@@ -352,11 +359,20 @@ func TestServiceSDNotify(t *testing.T) {
 	if err != nil || json.Unmarshal(out, &st) != nil || st.Cache == nil || st.Cache.DirtyBytes == 0 {
 		t.Fatalf("before SIGTERM: status %v %s, want dirty bytes (small writes are cached)", err, out)
 	}
-	s.Stop(t)
-	var stopping, extend bool
-	for !(stopping && extend) {
+	// Read every message up to the last (STATUS=stopped) while the gateway stops: like
+	// systemd, so that its notifications never wait for room in the socket.
+	s.Signal(t, syscall.SIGTERM)
+	var stopping, extend, stopped bool
+	for !stopped {
 		msg := ns.Receive()
 		stopping = stopping || strings.Contains(msg, "STOPPING=1")
 		extend = extend || (stopping && strings.Contains(msg, "EXTEND_TIMEOUT_USEC="))
+		stopped = strings.Contains(msg, "STATUS=stopped")
+	}
+	if !stopping || !extend {
+		t.Errorf("STOPPING=1 seen: %v; EXTEND_TIMEOUT_USEC during the flush seen: %v", stopping, extend)
+	}
+	if err := s.Wait(t, 2*time.Minute); err != nil {
+		t.Fatalf("serve exited with %v", err)
 	}
 }
