@@ -85,7 +85,7 @@ func runAttach(ctx context.Context, args []string) int {
 	defer log.Sync() //nolint:errcheck
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	at := &attachment{sf: &sf, ef: &ef, af: &af, stop: stop, log: log}
+	at := &attachment{sf: &sf, ef: &ef, af: &af, stop: stop, log: log, counters: new(status.IOCounters)}
 	// A name known before the device exists is claimed before logging in: a second gateway by
 	// that name costs no session. Otherwise the kernel's device name is the gateway's.
 	if name := af.earlyName(&sf); name != "" {
@@ -104,6 +104,7 @@ func runAttach(ctx context.Context, args []string) int {
 	code := exitOK
 	if af.useUblk {
 		af.uo.Pool = p // registered for RDMA before the target was opened: tag buffers need no bounce
+		af.uo.Counters = at.counters
 		code = attachUblk(ctx, dev, af.uo, at.announceUblk, log)
 	} else {
 		code = attachNBD(ctx, at, p, mem)
@@ -124,6 +125,8 @@ type attachment struct {
 	dev    block.Device
 	g      *gateway // nil until named
 	failed error    // the gateway could not start once the device existed
+	// counters is the frontend's I/O counters, the gateway's once it is named.
+	counters *status.IOCounters
 }
 
 // earlyName is the gateway name known before the device exists: --name, or nbdN for --nbd
@@ -158,6 +161,8 @@ func (at *attachment) announced(path string, fe status.Frontend) {
 		}
 		at.g = g
 	}
+	at.g.counters = at.counters
+	at.g.svc.Status.SetIO(at.counters)
 	at.g.svc.Status.SetFrontendPath(path)
 	at.g.serving(at.dev, path, fe)
 	at.g.ready()
@@ -197,11 +202,7 @@ func (at *attachment) shutdown(code int) int {
 // returns the exit code so far; the caller flushes and closes the device.
 func attachNBD(ctx context.Context, at *attachment, p *pool.Pool, mem int64) int {
 	log := at.log
-	counters := new(status.IOCounters) // the gateway's, once it is named (below, or announced)
-	if at.g != nil {
-		counters = at.g.counters
-	}
-	srv, err := newExportServer(at.dev, at.ef, p, mem, counters, log)
+	srv, err := newExportServer(at.dev, at.ef, p, mem, at.counters, log)
 	if err != nil {
 		return fail("attach", err)
 	}
@@ -230,9 +231,6 @@ func attachNBD(ctx context.Context, at *attachment, p *pool.Pool, mem int64) int
 		return fail("attach", err)
 	}
 	at.announced(a.Path(), status.Frontend{Kind: "nbd", Queues: connections, QueueDepth: at.ef.maxInflight})
-	if at.g != nil && at.g.counters != counters {
-		at.g.svc.Status.SetIO(counters) // named after the device: its counters are the server's
-	}
 	return waitAndDetach(ctx, a, srv, log)
 }
 

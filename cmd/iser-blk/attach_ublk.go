@@ -12,6 +12,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
+	"github.com/iser-blk/iser-blk/internal/status"
 	"github.com/iser-blk/iser-blk/pool"
 )
 
@@ -24,6 +25,8 @@ type ublkOptions struct {
 	// target was opened: every tag's buffer comes from it, so the kernel's copy of a request lands
 	// in registered memory and iSER moves it without a bounce. nil: anonymous memory.
 	Pool *pool.Pool
+	// Counters counts the requests for status and metrics (nil: not counted).
+	Counters *status.IOCounters
 }
 
 // ublkPoolShare is the part of the stack's pool the per-tag buffers may hold for the device's
@@ -44,7 +47,7 @@ func attachUblk(ctx context.Context, dev block.Device, opts ublkOptions, announc
 		log.Info("ublk requests capped so that the per-tag buffers fit in half the buffer pool",
 			zap.String("max_io", humanize.IBytes(uint64(maxIO))))
 	}
-	uopts := ublk.Options{Queues: opts.Queues, Depth: opts.Depth, MaxIO: maxIO, Logger: log}
+	uopts := ublk.Options{Queues: opts.Queues, Depth: opts.Depth, MaxIO: maxIO, Logger: log, Counters: opts.Counters}
 	if opts.Pool != nil {
 		uopts.Pool = opts.Pool // not a nil *pool.Pool in a non-nil interface
 	}
