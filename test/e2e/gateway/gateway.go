@@ -67,7 +67,9 @@ func Start(t testing.TB, target string, extra ...string) *Server {
 // StartListen is Start with another --listen address (e.g. tcp://127.0.0.1:0 for TLS tests).
 func StartListen(t testing.TB, target, listen string, extra ...string) *Server {
 	t.Helper()
-	args := append([]string{"serve", "--target", target, "--listen", listen}, extra...)
+	// A private run directory (a later --run-dir in extra wins): concurrent tests' gateways would
+	// otherwise share /run/iser-blk and the default name, the socket's base name.
+	args := append([]string{"serve", "--target", target, "--listen", listen, "--run-dir", t.TempDir()}, extra...)
 	cmd := exec.Command(Binary(t), args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
