@@ -101,7 +101,6 @@ func names(gs []status.Gateway) []string {
 	return out
 }
 
-
 var metricsListen = regexp.MustCompile(`\tmetrics\t\{"listen": "([^"]+)"`)
 
 // scrape fetches and parses a gateway's /metrics.
