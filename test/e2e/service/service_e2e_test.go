@@ -375,3 +375,44 @@ func TestServiceSDNotify(t *testing.T) {
 		t.Fatalf("serve exited with %v", err)
 	}
 }
+
+// TestServiceDetachKeepsDataWhenWriteBackFails: with the target gone the write-back before
+// detach cannot finish; detach exits 1 and the gateway keeps serving with its dirty data, which a
+// detach after the target is back writes to the backing file.
+func TestServiceDetachKeepsDataWhenWriteBackFails(t *testing.T) {
+	f := newFleet(t)
+	g, tg := f.serve("wb")
+	// 1 MiB of 0x5a in 4 KiB writes: small writes stay in the cache, and fio sends no FLUSH.
+	if out, err := exec.Command("fio", "--name=w", "--ioengine=nbd", "--uri="+g.URI, "--rw=write", "--bs=4k",
+		"--size=1m", "--buffer_pattern=0x5a").CombinedOutput(); err != nil {
+		t.Fatalf("fio: %v %s", err, out)
+	}
+	if d := f.status("wb").Cache.DirtyBytes; d == 0 {
+		t.Fatal("no dirty data after the writes: the cache wrote them back already")
+	}
+	dirty := f.status("wb").Cache.DirtyBytes
+	tg.Kill()
+	if _, code := f.cli("detach", "wb", "--timeout", "3s"); code != 1 {
+		t.Fatalf("detach with the target gone: exit %d, want 1", code)
+	}
+	st := f.status("wb")
+	if st.Gateway.State != "ready" || st.Cache.DirtyBytes != dirty {
+		t.Fatalf("after the failed detach: state %s, %d dirty bytes; want ready with %d", st.Gateway.State, st.Cache.DirtyBytes, dirty)
+	}
+	if err := tg.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := f.cli("detach", "wb"); code != 0 {
+		t.Fatalf("detach with the target back: exit %d %s", code, out)
+	}
+	if err := g.Wait(t, time.Minute); err != nil {
+		t.Fatalf("gateway exited with %v", err)
+	}
+	got, err := tg.ReadBacking(0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, bytes.Repeat([]byte{0x5a}, 1<<20)) {
+		t.Fatal("the backing file does not hold the data kept through the failed detach")
+	}
+}
