@@ -1,6 +1,10 @@
 package main
 
-import "testing"
+import (
+	"fmt"
+	"os"
+	"testing"
+)
 
 // TestDefaultNames: serve is named after its socket (without extension) or nbd-tcp-PORT; attach
 // after --nbd's device, and only later (from the kernel's device) for --ublk and --nbd auto.
@@ -9,6 +13,7 @@ func TestDefaultNames(t *testing.T) {
 		{"unix:///run/db.sock", "db", "/run/db.sock"},
 		{"unix:///tmp/x/nbd", "nbd", "/tmp/x/nbd"},
 		{"tcp://0.0.0.0:10809", "nbd-tcp-10809", "0.0.0.0:10809"},
+		{"tcp://127.0.0.1:0", fmt.Sprintf("nbd-tcp-pid%d", os.Getpid()), "127.0.0.1:0"},
 	} {
 		name, where, err := serveIdentity(c.spec)
 		if err != nil || name != c.name || where != c.where {

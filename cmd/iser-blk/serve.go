@@ -202,13 +202,17 @@ func runServe(ctx context.Context, args []string) int {
 
 // serveIdentity is serve's default gateway name and the frontend path status shows for the
 // --listen spec: a unix socket's base name without extension and its path, or nbd-tcp-PORT and
-// host:port for TCP (a port is unique on the host, like a name must be).
+// host:port for TCP (a port is unique on the host, like a name must be); for port 0, which the
+// kernel picks only after the name is claimed, nbd-tcp-pidPID.
 func serveIdentity(spec string) (name, where string, err error) {
 	u, err := url.Parse(spec)
 	if err != nil {
 		return "", "", usagef("--listen %q: %v", spec, err)
 	}
 	if u.Scheme == "tcp" {
+		if u.Port() == "0" {
+			return fmt.Sprintf("nbd-tcp-pid%d", os.Getpid()), u.Host, nil
+		}
 		return "nbd-tcp-" + u.Port(), u.Host, nil
 	}
 	base := filepath.Base(u.Path)
