@@ -12,7 +12,7 @@ SUMMARY   := $(GO) run ./internal/testsummary
 RACE      ?= -race
 export ISERBLK_BIN := $(CURDIR)/$(BIN)
 
-.PHONY: all build deps lint test test-unit test-fuzz test-e2e test-vm demo bench clean tally-reset tally
+.PHONY: all build deps lint test test-unit test-fuzz test-e2e test-vm demo bench clean tally-reset tally install
 
 all: build
 
@@ -68,6 +68,21 @@ demo: deps build
 
 bench: deps build
 	@test/bench/run.sh
+
+# install: the binary, the systemd template unit (its paths follow PREFIX), an example gateway
+# configuration (never over an existing one) and the docs. DESTDIR stages a package root.
+PREFIX     ?= /usr/local
+SYSTEMDDIR ?= /etc/systemd/system
+DOCDIR     ?= $(PREFIX)/share/doc/iser-blk
+install: build
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/iser-blk
+	install -d -m 0755 $(DESTDIR)$(SYSTEMDDIR)
+	sed 's|/usr/local/bin/iser-blk|$(PREFIX)/bin/iser-blk|g' contrib/systemd/iser-blk@.service > $(DESTDIR)$(SYSTEMDDIR)/iser-blk@.service
+	chmod 0644 $(DESTDIR)$(SYSTEMDDIR)/iser-blk@.service
+	install -d -m 0755 $(DESTDIR)/etc/iser-blk
+	install -m 0600 contrib/systemd/iser-blk.conf.example $(DESTDIR)/etc/iser-blk/example.conf.sample
+	install -d -m 0755 $(DESTDIR)$(DOCDIR)
+	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
 
 clean:
 	rm -rf bin

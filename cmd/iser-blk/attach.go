@@ -11,13 +11,16 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
+	"github.com/iser-blk/iser-blk/frontend/ublk"
 	"github.com/iser-blk/iser-blk/internal/statefile"
+	"github.com/iser-blk/iser-blk/internal/status"
 	"github.com/iser-blk/iser-blk/pool"
 )
 
@@ -47,7 +50,6 @@ func (af *attachFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&af.uo.Queues, "queues", 0, "ublk: hardware queues (0: CPUs, at most 4)")
 	fs.IntVar(&af.uo.Depth, "depth", 0, "ublk: requests in flight per queue (0: 64)")
 	fs.IntVar(&af.uo.MaxIO, "max-io", 0, "ublk: largest request in bytes (0: 512 KiB, capped by the device)")
-	af.takeover.register(fs)
 }
 
 // check rejects contradictory flags before anything is opened.
@@ -65,89 +67,186 @@ func runAttach(ctx context.Context, args []string) int {
 	var tf targetFlags
 	var ef exportFlags
 	var af attachFlags
+	var sf serviceFlags
 	fs := newFlagSet("attach", "--target URL (--nbd /dev/nbdN [--connections N] | --ublk) [flags]",
-		"Attach the LUN as a kernel block device and serve it until SIGINT/SIGTERM. Prints the device\n"+
-			"path on stdout once it exists. With --nbd the kernel's nbd driver gets N sockets\n"+
+		"Attach the LUN as a kernel block device and serve it until SIGINT/SIGTERM or `iser-blk detach`.\n"+
+			"Prints the device path on stdout once it exists. With --nbd the kernel's nbd driver gets N sockets\n"+
 			"(generic netlink; the ioctl path is the fallback) and the write cache, FUA, discard and\n"+
 			"write-zeroes capabilities of the LUN.")
 	tf.register(fs, true)
 	ef.register(fs)
 	af.register(fs)
+	sf.register(fs, "the device's base name, e.g. nbd0 or ublkb3")
 	if _, code, done := parseOrExit(fs, args, 0); done {
 		return code
 	}
 	if err := af.check(); err != nil {
 		return fail("attach", err)
 	}
+	// --name also names the state file a successor takes the device over with (takeover.go).
+	af.takeover = takeoverFlags{name: sf.name, runDir: sf.runDir}
 	log := newLogger(tf.debug)
 	defer log.Sync() //nolint:errcheck
-
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	at := &attachment{sf: &sf, ef: &ef, af: &af, stop: stop, log: log, counters: new(status.IOCounters)}
+	// A name known before the device exists is claimed before logging in: a second gateway by
+	// that name costs no session. Otherwise the kernel's device name is the gateway's.
+	if name := af.earlyName(&sf); name != "" {
+		var err error
+		if at.g, err = startGateway(&sf, identity(name, af.kind(), "", &ef), stop, log); err != nil {
+			return fail("attach", err)
+		}
+	}
 	dev, p, mem, err := openStack(ctx, &tf, &ef, log)
 	if err != nil {
+		at.abandon()
 		return fail("attach", err)
 	}
 	defer p.Close()
+	at.dev = dev
+	code := exitOK
 	if af.useUblk {
 		af.uo.Pool = p // registered for RDMA before the target was opened: tag buffers need no bounce
+		af.uo.Counters = at.counters
 		if af.uo.Takeover, err = prepareTakeover(&af.takeover, statefile.KindUblk, ef.target, ef.cache.mode, dev, log); err != nil {
-			closeDevice(dev, log)
-			return failTakeover(err)
+			code = failTakeover(err)
+		} else {
+			code = attachUblk(ctx, dev, af.uo, at.announceUblk, log)
 		}
-		code := attachUblk(ctx, dev, af.uo, log)
-		if c := closeDevice(dev, log); code == exitOK {
+	} else {
+		code = attachNBD(ctx, at, p, mem)
+	}
+	if at.failed != nil {
+		code = fail("attach", at.failed)
+	}
+	return at.shutdown(code)
+}
+
+// attachment is one attach's device and gateway, which exists once the device's name is known.
+type attachment struct {
+	sf     *serviceFlags
+	ef     *exportFlags
+	af     *attachFlags
+	stop   context.CancelFunc
+	log    *zap.Logger
+	dev    block.Device
+	g      *gateway // nil until named
+	failed error    // the gateway could not start once the device existed
+	// counters is the frontend's I/O counters, the gateway's once it is named.
+	counters *status.IOCounters
+}
+
+// earlyName is the gateway name known before the device exists: --name, or nbdN for --nbd
+// /dev/nbdN; "" when the kernel picks the device (--ublk, --nbd auto).
+func (af *attachFlags) earlyName(sf *serviceFlags) string {
+	if sf.name != "" {
+		return sf.name
+	}
+	if af.nbdDev != "" && af.nbdDev != "auto" {
+		return filepath.Base(af.nbdDev)
+	}
+	return ""
+}
+
+func (af *attachFlags) kind() string {
+	if af.useUblk {
+		return "ublk"
+	}
+	return "nbd"
+}
+
+// announced prints the device path once the device accepts I/O, names the gateway after it if
+// no name was given, and moves the lifecycle to ready (sd_notify READY=1).
+func (at *attachment) announced(path string, fe status.Frontend) {
+	fmt.Println(path)
+	if at.g == nil {
+		g, err := startGateway(at.sf, identity(filepath.Base(path), at.af.kind(), path, at.ef), at.stop, at.log)
+		if err != nil {
+			at.failed = err
+			at.stop() // the device is taken down again: a gateway nobody can manage is not served
+			return
+		}
+		at.g = g
+	}
+	at.g.counters = at.counters
+	at.g.svc.Status.SetIO(at.counters)
+	at.g.svc.Status.SetFrontendPath(path)
+	at.g.serving(at.dev, path, fe)
+	at.g.ready()
+}
+
+func (at *attachment) announceUblk(path string) {
+	q, d := at.af.uo.Queues, at.af.uo.Depth
+	if q <= 0 {
+		q = ublk.DefaultQueues()
+	}
+	if d <= 0 {
+		d = ublk.DefaultDepth
+	}
+	at.announced(path, status.Frontend{Kind: "ublk", Queues: q, QueueDepth: d})
+}
+
+// abandon gives the name up when attach fails before serving.
+func (at *attachment) abandon() {
+	if at.g != nil {
+		at.g.abandon()
+	}
+}
+
+// shutdown flushes and closes the device, through the gateway's lifecycle when there is one.
+func (at *attachment) shutdown(code int) int {
+	if at.g == nil {
+		if c := closeDevice(at.dev, at.log); code == exitOK {
 			code = c
 		}
 		return code
 	}
-	return attachNBD(ctx, dev, &ef, &af, p, mem, log)
+	return at.g.shutdown(code)
 }
 
-// attachNBD serves dev through the kernel's nbd driver until ctx ends (SIGINT/SIGTERM) or the
-// kernel drops every connection, then detaches, drains and closes dev (closeDevice). It returns
-// the exit code.
-func attachNBD(ctx context.Context, dev block.Device, ef *exportFlags, af *attachFlags, p *pool.Pool, mem int64, log *zap.Logger) int {
-	tk, err := prepareTakeover(&af.takeover, statefile.KindNBD, ef.target, ef.cache.mode, dev, log)
+// attachNBD serves the device through the kernel's nbd driver until ctx ends (SIGINT/SIGTERM, a
+// detach) or the kernel drops every connection, then detaches the kernel device and drains. With
+// --name it takes over the device a previous gateway by that name left (takeover.go). It returns
+// the exit code so far; the caller flushes and closes the device.
+func attachNBD(ctx context.Context, at *attachment, p *pool.Pool, mem int64) int {
+	log := at.log
+	tk, err := prepareTakeover(&at.af.takeover, statefile.KindNBD, at.ef.target, at.ef.cache.mode, at.dev, log)
 	if err != nil {
-		closeDevice(dev, log)
 		return failTakeover(err)
 	}
-	srv, err := newExportServer(tk.serving(dev), ef, p, mem, log)
+	srv, err := newExportServer(tk.serving(at.dev), at.ef, p, mem, at.counters, log)
 	if err != nil {
-		dev.Close()
 		return fail("attach", err)
 	}
-	connections := af.connections
+	connections := at.af.connections
 	if connections > 1 && srv.Flags()&nbd.FlagCanMultiConn == 0 {
 		log.Warn("the device does not support multi-conn; using one connection")
 		connections = 1
 	}
-	nbdDev := af.nbdDev
+	nbdDev := at.af.nbdDev
 	if nbdDev == "auto" {
 		nbdDev = ""
 	}
 	a, err := attachOrReattach(srv, nbd.AttachOptions{
 		Device:          nbdDev,
 		Connections:     connections,
-		Timeout:         af.timeout,
-		DeadConnTimeout: af.deadConnTimeout,
-		ForceIoctl:      af.forceIoctl,
+		Timeout:         at.af.timeout,
+		DeadConnTimeout: at.af.deadConnTimeout,
+		ForceIoctl:      at.af.forceIoctl,
 		Logger:          log,
 	}, tk)
 	if err != nil {
-		closeDevice(dev, log)
 		if errors.Is(err, nbd.ErrNoKernelNBD) {
 			fmt.Fprintf(os.Stderr, "iser-blk attach: %v\n", err)
 			return exitNoKernel
 		}
 		return failTakeover(err)
 	}
-	fmt.Println(a.Path())
+	at.announced(a.Path(), status.Frontend{Kind: "nbd", Queues: connections, QueueDepth: at.ef.maxInflight})
 	code := waitAndDetach(ctx, a, srv, log)
 	if code == exitOK {
 		tk.forgetIfSet()
-	}
-	if c := closeDevice(dev, log); c != exitOK {
-		code = c
 	}
 	return code
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
+	"github.com/iser-blk/iser-blk/internal/status"
 	"github.com/iser-blk/iser-blk/pool"
 )
 
@@ -26,17 +27,19 @@ type ublkOptions struct {
 	Pool *pool.Pool
 	// Takeover is attach --name's state (takeover.go); nil without --name.
 	Takeover *takeover
+	// Counters counts the requests for status and metrics (nil: not counted).
+	Counters *status.IOCounters
 }
 
 // ublkPoolShare is the part of the stack's pool the per-tag buffers may hold for the device's
 // lifetime; the rest stays for the cache's staging buffers and iSER's bounce buffers.
 const ublkPoolShare = 2 // one half
 
-// attachUblk serves dev as /dev/ublkbN until ctx is cancelled (SIGINT/SIGTERM), printing the
-// device path on stdout once it exists; then it stops the disk (in-flight requests drain) and
+// attachUblk serves dev as /dev/ublkbN until ctx is cancelled (SIGINT/SIGTERM or a detach),
+// calling announce with the device path once it exists; then it stops the disk (in-flight requests drain) and
 // deletes the device. It neither flushes nor closes dev: the caller's closeDevice does, with
 // progress reports and the second-signal abort. It returns the process exit code.
-func attachUblk(ctx context.Context, dev block.Device, opts ublkOptions, log *zap.Logger) int {
+func attachUblk(ctx context.Context, dev block.Device, opts ublkOptions, announce func(path string), log *zap.Logger) int {
 	maxIO, err := ublkMaxIO(opts)
 	if err != nil {
 		log.Error("ublk attach failed", zap.Error(err))
@@ -46,11 +49,11 @@ func attachUblk(ctx context.Context, dev block.Device, opts ublkOptions, log *za
 		log.Info("ublk requests capped so that the per-tag buffers fit in half the buffer pool",
 			zap.String("max_io", humanize.IBytes(uint64(maxIO))))
 	}
-	uopts := ublk.Options{Queues: opts.Queues, Depth: opts.Depth, MaxIO: maxIO, Logger: log}
+	uopts := ublk.Options{Queues: opts.Queues, Depth: opts.Depth, MaxIO: maxIO, Logger: log, Counters: opts.Counters}
 	if opts.Pool != nil {
 		uopts.Pool = opts.Pool // not a nil *pool.Pool in a non-nil interface
 	}
-	err = runUblk(ctx, dev, uopts, opts.Takeover, func(path string) { fmt.Println(path) })
+	err = runUblk(ctx, dev, uopts, opts.Takeover, announce)
 	switch {
 	case err == nil:
 		return exitOK

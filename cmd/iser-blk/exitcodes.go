@@ -7,13 +7,14 @@ import (
 	"syscall"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
+	"github.com/iser-blk/iser-blk/internal/control"
 )
 
 // Exit codes, documented in the README. Scripts may rely on them.
 const (
 	exitOK          = 0 // success
 	exitFailure     = 1 // any other failure (I/O error, flush failed, ...)
-	exitUsage       = 2 // bad flags or arguments
+	exitUsage       = 2 // bad flags or arguments; the gateway name is held by a running gateway
 	exitAuth        = 3 // CHAP authentication failed
 	exitNotFound    = 4 // target or LUN not found
 	exitUnreachable = 5 // portal unreachable (refused, no route, timeout)
@@ -24,10 +25,11 @@ const (
 // exitCode maps an error to the documented exit codes (exitcodes.go).
 func exitCode(err error) int {
 	var ue *usageError
+	var inUse *control.NameInUseError
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.As(err, &ue), errors.Is(err, iser.ErrBadURL), errors.Is(err, iser.ErrLoginConfig):
+	case errors.As(err, &ue), errors.As(err, &inUse), errors.Is(err, iser.ErrBadURL), errors.Is(err, iser.ErrLoginConfig):
 		return exitUsage
 	case errors.Is(err, iser.ErrAuthFailed), errors.Is(err, iser.ErrAuthorization):
 		return exitAuth

@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
+	"github.com/iser-blk/iser-blk/internal/status"
 	"github.com/iser-blk/iser-blk/pool"
 )
 
@@ -28,8 +31,9 @@ func init() {
 }
 
 // newExportServer builds the NBD server for dev, its payloads in p (of mem bytes).
-func newExportServer(dev block.Device, ef *exportFlags, p *pool.Pool, mem int64, log *zap.Logger) (*nbd.Server, error) {
+func newExportServer(dev block.Device, ef *exportFlags, p *pool.Pool, mem int64, counters *status.IOCounters, log *zap.Logger) (*nbd.Server, error) {
 	srv, err := nbd.NewServer(dev, nbd.Options{
+		Counters:      counters,
 		ExportName:    ef.exportName,
 		Description:   "iser-blk " + iser.RedactURL(ef.target),
 		Pool:          p,
@@ -121,6 +125,7 @@ func runServe(ctx context.Context, args []string) int {
 	var listenSpec string
 	var drain time.Duration
 	var tlsf tlsFlags
+	var sf serviceFlags
 	fs := newFlagSet("serve", "--target URL [--listen unix:///PATH|tcp://HOST:PORT] [flags]",
 		"Serve the LUN as an NBD export (fixed newstyle, structured replies, FLUSH/FUA/TRIM/\n"+
 			"WRITE_ZEROES, multi-conn) until SIGINT/SIGTERM. Prints the NBD URI on stdout once listening.\n"+
@@ -130,6 +135,7 @@ func runServe(ctx context.Context, args []string) int {
 	tlsf.register(fs)
 	fs.StringVar(&listenSpec, "listen", "unix:///run/iser-blk.sock", "where to listen: unix:///PATH (mode 0600) or tcp://HOST:PORT")
 	fs.DurationVar(&drain, "drain-timeout", time.Minute, "at shutdown, how long in-flight requests may take before connections are cut")
+	sf.register(fs, "the --listen socket's base name without extension, or nbd-tcp-PORT")
 	if _, code, done := parseOrExit(fs, args, 0); done {
 		return code
 	}
@@ -139,27 +145,42 @@ func runServe(ctx context.Context, args []string) int {
 	if err != nil {
 		return fail("serve", err)
 	}
-
-	dev, p, mem, err := openStack(ctx, &tf, &ef, log)
+	name, where, err := serveIdentity(listenSpec)
 	if err != nil {
 		return fail("serve", err)
 	}
+	// The name is claimed before logging in: a second gateway by that name costs no session.
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	g, err := startGateway(&sf, identity(name, "nbd-socket", where, &ef), stop, log)
+	if err != nil {
+		return fail("serve", err)
+	}
+	dev, p, mem, err := openStack(ctx, &tf, &ef, log)
+	if err != nil {
+		g.abandon()
+		return fail("serve", err)
+	}
 	defer p.Close()
-	srv, err := newExportServer(dev, &ef, p, mem, log)
+	srv, err := newExportServer(dev, &ef, p, mem, g.counters, log)
 	if err != nil {
 		dev.Close()
+		g.abandon()
 		return fail("serve", err)
 	}
 	l, uri, err := listen(listenSpec, log)
 	if err != nil {
 		dev.Close()
+		g.abandon()
 		return fail("serve", err)
 	}
+	g.serving(dev, "", status.Frontend{Kind: "nbd-socket", QueueDepth: ef.maxInflight})
 	uri = tlsf.uri(uri)
 	log.Info("serving NBD", zap.String("uri", uri), zap.String("export", ef.exportName),
 		zap.String("size", humanize.IBytes(uint64(dev.Size()))), zap.Int("block_size", dev.BlockSize()),
 		zap.Uint16("flags", srv.Flags()))
 	fmt.Println(uri)
+	g.ready()
 
 	served := make(chan error, 1)
 	go func() { served <- serveNBD(srv, l, tlsPolicy) }()
@@ -176,8 +197,24 @@ func runServe(ctx context.Context, args []string) int {
 		log.Warn("connections cut before their requests finished", zap.Error(err))
 	}
 	cancel()
-	if c := closeDevice(dev, log); c != exitOK {
-		code = c
+	return g.shutdown(code)
+}
+
+// serveIdentity is serve's default gateway name and the frontend path status shows for the
+// --listen spec: a unix socket's base name without extension and its path, or nbd-tcp-PORT and
+// host:port for TCP (a port is unique on the host, like a name must be); for port 0, which the
+// kernel picks only after the name is claimed, nbd-tcp-pidPID.
+func serveIdentity(spec string) (name, where string, err error) {
+	u, err := url.Parse(spec)
+	if err != nil {
+		return "", "", usagef("--listen %q: %v", spec, err)
 	}
-	return code
+	if u.Scheme == "tcp" {
+		if u.Port() == "0" {
+			return fmt.Sprintf("nbd-tcp-pid%d", os.Getpid()), u.Host, nil
+		}
+		return "nbd-tcp-" + u.Port(), u.Host, nil
+	}
+	base := filepath.Base(u.Path)
+	return strings.TrimSuffix(base, filepath.Ext(base)), u.Path, nil
 }

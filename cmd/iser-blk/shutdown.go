@@ -16,6 +16,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/cache"
+	"github.com/iser-blk/iser-blk/internal/lifecycle"
 )
 
 // dirtyReporter is what the shutdown path needs from a cache: how much is still to write.
@@ -28,10 +29,16 @@ type dirtyReporter interface {
 // aborts the flush: the process then says loudly how much acknowledged data was NOT written and
 // exits non-zero. It never exits 0 with acknowledged-but-unflushed data.
 func closeDevice(dev block.Device, log *zap.Logger) int {
+	return closeDeviceReporting(dev, log, nil)
+}
+
+// closeDeviceReporting is closeDevice that also reports the flush's progress to lm (nil: none),
+// which streams it to a detach's caller and extends systemd's stop timeout while it moves.
+func closeDeviceReporting(dev block.Device, log *zap.Logger, lm *lifecycle.Machine) int {
 	ctx, stop := abortOnSignal(log)
 	defer stop()
 	t0 := time.Now()
-	err := flushWithProgress(ctx, dev, log)
+	err := flushWithProgress(ctx, dev, log, lm)
 	switch {
 	case err == nil:
 		log.Info("device flushed", zap.Duration("took", time.Since(t0).Round(time.Millisecond)))
@@ -70,8 +77,9 @@ func abortOnSignal(log *zap.Logger) (ctx context.Context, stop func()) {
 }
 
 // flushWithProgress runs dev.Flush(ctx), logging every second how much dirty data is left and
-// the rate it drains at when dev is a cache that can say.
-func flushWithProgress(ctx context.Context, dev block.Device, log *zap.Logger) error {
+// the rate it drains at when dev is a cache that can say, and reporting the same to lm (nil: no
+// one).
+func flushWithProgress(ctx context.Context, dev block.Device, log *zap.Logger, lm *lifecycle.Machine) error {
 	done := make(chan error, 1)
 	go func() { done <- dev.Flush(ctx) }()
 	dr, ok := dev.(dirtyReporter)
@@ -81,16 +89,30 @@ func flushWithProgress(ctx context.Context, dev block.Device, log *zap.Logger) e
 	start := dr.DirtyBytes()
 	if start > 0 {
 		log.Info("flushing dirty data to the target", zap.String("dirty", humanize.IBytes(uint64(start))))
+		if lm != nil {
+			lm.ReportFlush(lifecycle.FlushProgress{DirtyBytes: uint64(start)})
+		}
 	}
-	tick := time.NewTicker(time.Second)
+	// The lifecycle hears about progress four times a second (systemd's stop timeout is extended
+	// while bytes move; a detach's caller sees them); the log once a second.
+	tick := time.NewTicker(time.Second / 4)
 	defer tick.Stop()
-	last, lastT := start, time.Now()
+	last, lastT, ticks := start, time.Now(), 0
 	for {
 		select {
 		case err := <-done:
+			if lm != nil && err == nil && start > 0 { // the last stretch moved bytes too
+				lm.ReportFlush(lifecycle.FlushProgress{WrittenBackBytes: uint64(start)})
+			}
 			return err
 		case now := <-tick.C:
 			left := dr.DirtyBytes()
+			if lm != nil {
+				lm.ReportFlush(lifecycle.FlushProgress{DirtyBytes: uint64(max(left, 0)), WrittenBackBytes: uint64(max(start-left, 0))})
+			}
+			if ticks++; ticks%4 != 0 {
+				continue
+			}
 			rate := max(float64(last-left)/now.Sub(lastT).Seconds(), 0)
 			log.Info("flush progress", zap.String("left", humanize.IBytes(uint64(left))),
 				zap.String("rate", humanize.IBytes(uint64(rate))+"/s"))

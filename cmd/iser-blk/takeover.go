@@ -8,14 +8,13 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io/fs"
-	"net/url"
 	"os"
 
 	"go.uber.org/zap"
 
+	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/cache"
 	"github.com/iser-blk/iser-blk/internal/control"
@@ -26,17 +25,11 @@ import (
 // unreadable or names another LUN, or the device is not waiting for a server.
 var errNoResume = errors.New("cannot take the device over")
 
-// takeoverFlags are --name and --run-dir on attach.
-// TODO(merge): the service wiring registers --name/--run-dir for every gateway; when it lands,
-// drop register and fill name/runDir from its flags.
+// takeoverFlags are the --name and --run-dir of attach (serviceFlags registers them): an explicit
+// --name gives the device a state file; the default name (the kernel's device) does not.
 type takeoverFlags struct {
 	name   string
 	runDir string
-}
-
-func (tf *takeoverFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&tf.name, "name", "", "gateway name: its state file RUNDIR/NAME.json lets the same attach, started again, take the device over")
-	fs.StringVar(&tf.runDir, "run-dir", "", "run directory (default $"+control.RunDirEnv+" or "+control.DefaultRunDir+")")
 }
 
 // takeover is what one attach knows about its predecessor: where its state goes, the LUN it
@@ -70,7 +63,7 @@ func prepareTakeover(tf *takeoverFlags, kind, target, cacheMode string, dev bloc
 		return nil, err
 	}
 	t := &takeover{path: statefile.Path(dir, tf.name), name: tf.name, cacheMode: cacheMode,
-		lun: statefile.Identity{Target: redactURL(target), Size: dev.Size(), BlockSize: dev.BlockSize()},
+		lun: statefile.Identity{Target: iser.RedactURL(target), Size: dev.Size(), BlockSize: dev.BlockSize()},
 		log: log.With(zap.String("state_file", statefile.Path(dir, tf.name)))}
 	prev, err := statefile.Read(t.path)
 	switch {
@@ -129,16 +122,6 @@ func (t *takeover) forgetIfSet() {
 	if t != nil {
 		t.forget()
 	}
-}
-
-// redactURL drops credentials from a target URL, which goes into the state file.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return s
-	}
-	u.User = nil
-	return u.String()
 }
 
 // failTakeover reports a takeover refused before any device was touched.

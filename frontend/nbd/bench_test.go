@@ -31,7 +31,7 @@ func benchConn(b testing.TB, structured bool, devSize int64) (net.Conn, *Server)
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { p.Close() })
-	srv, err := NewServer(dev, Options{Pool: p})
+	srv, err := NewServer(dev, Options{Pool: p, Counters: benchCounters})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -26,10 +26,11 @@ type request struct {
 	header
 	c        *conn
 	errno    uint32
-	reserved int64    // bytes of the payload budget held
-	bufs     [][]byte // payload segments (pool buffers): WRITE data from the socket, READ data from the device
-	pipe     *spipe   // a spliced READ's data (splice.go), instead of bufs
-	spliced  bool     // the pipe's payload was written to the client (the pipe is empty)
+	reserved int64     // bytes of the payload budget held
+	bufs     [][]byte  // payload segments (pool buffers): WRITE data from the socket, READ data from the device
+	pipe     *spipe    // a spliced READ's data (splice.go), instead of bufs
+	spliced  bool      // the pipe's payload was written to the client (the pipe is empty)
+	started  time.Time // when the reader decoded it, for Options.Counters (counters.go)
 	raw      [requestHeaderLen]byte
 	hdr      [32]byte // reply header scratch
 }

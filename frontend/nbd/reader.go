@@ -69,6 +69,7 @@ func (c *conn) dispatch(r *request) error {
 		c.free <- r
 		return errors.New("nbd: WRITE payload over the maximum block size (denial of service)")
 	}
+	c.countBegin(r)
 	if v == verdictOK && c.shutting.Load() {
 		v, errno = verdictReply, eshutdown
 	}
@@ -95,6 +96,7 @@ func (c *conn) dispatch(r *request) error {
 func (c *conn) answerUnserved(r *request, errno uint32) error {
 	if hasPayload(&r.header) {
 		if _, err := io.CopyN(io.Discard, c.br, int64(r.Length)); err != nil {
+			c.countDropped(r)
 			c.free <- r
 			return c.readErr(err)
 		}
@@ -126,11 +128,13 @@ func (c *conn) startRead(r *request) bool {
 // receivePayload reserves budget for r's payload and reads it into pool buffers.
 func (c *conn) receivePayload(r *request) error {
 	if err := c.reserveOnReader(r); err != nil {
+		c.countDropped(r)
 		c.free <- r
 		return err
 	}
 	if err := c.readPayload(r); err != nil {
 		c.releaseBufs(r)
+		c.countDropped(r)
 		c.free <- r
 		return c.readErr(err)
 	}

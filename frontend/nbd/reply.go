@@ -125,6 +125,7 @@ func (c *conn) writeReplies(batch []*request) {
 		}
 	}
 	for _, r := range batch {
+		c.countReply(r)
 		c.releaseBufs(r)
 		c.inflight.Done()
 		c.free <- r

@@ -52,6 +52,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/status"
 )
 
 // Options configure a Server.
@@ -81,6 +82,9 @@ type Options struct {
 	// until the client has read them, and the target then spent ~13 % more CPU per MiB than the
 	// two copies cost us (docs/bench, session 3); it pays where the target is elsewhere.
 	Splice bool
+	// Counters, when set, counts every request per operation (requests, errors, bytes,
+	// duration, in flight) for status and metrics; nil counts nothing (counters.go).
+	Counters *status.IOCounters
 }
 
 // Server serves one block.Device as one NBD export to any number of connections.

@@ -311,6 +311,6 @@ func (q *queue) fetched(ud uint64, res int32) error {
 func (t *tag) serveLoop() {
 	defer t.q.workers.Done()
 	for range t.work {
-		t.q.complete(t.id, t.q.srv.serve(t))
+		t.q.complete(t.id, t.q.srv.serveCounted(t))
 	}
 }

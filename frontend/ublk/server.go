@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/status"
 )
 
 // BufferPool supplies the per-tag data buffers. pool.Pool satisfies it; with an RDMA transport
@@ -45,6 +46,9 @@ type Options struct {
 	// take a request (the caller records its state there); an error tears the device down.
 	OnCreated func(id uint32) error
 	Logger    *zap.Logger
+	// Counters, when set, counts every request per operation for status and metrics
+	// (counters.go); nil counts nothing.
+	Counters *status.IOCounters
 }
 
 // Server exports a block.Device as /dev/ublkbN.
@@ -58,10 +62,12 @@ type Server struct {
 	info   DevInfo
 	maxIO  int
 	charFd int
-	queues []*queue
-	pool   BufferPool
-	bufs   [][]byte // pool buffers to return
-	anon   [][]byte // anonymous mappings to unmap
+	// counters is Options.Counters (nil: off).
+	counters *status.IOCounters
+	queues   []*queue
+	pool     BufferPool
+	bufs     [][]byte // pool buffers to return
+	anon     [][]byte // anonymous mappings to unmap
 
 	ioCtx    context.Context // requests run under it; cancelled only when the server is torn down
 	ioCancel context.CancelFunc
@@ -129,7 +135,7 @@ func newServer(ctx context.Context, dev block.Device, opts Options) (*Server, st
 		return nil, cfg, 0, err
 	}
 	s := &Server{dev: dev, lim: cfg.lim, log: cfg.log, drain: cfg.drain, ctrl: ctrl, charFd: -1,
-		pool: opts.Pool, failed: make(chan struct{})}
+		pool: opts.Pool, failed: make(chan struct{}), counters: opts.Counters}
 	s.ioCtx, s.ioCancel = context.WithCancel(context.WithoutCancel(ctx))
 	return s, cfg, feat, nil
 }

@@ -111,6 +111,10 @@ type IOCounters struct {
 // Begin counts a request entering the gateway.
 func (c *IOCounters) Begin() { c.inFlight.Add(1) }
 
+// Abandon forgets a request that Begin counted and that will not be answered (its connection
+// ended first).
+func (c *IOCounters) Abandon() { c.inFlight.Add(-1) }
+
 // End counts a request that Begin counted and that started at started.
 func (c *IOCounters) End(op Op, n int, started time.Time, err error) {
 	c.inFlight.Add(-1)

@@ -56,8 +56,16 @@ func (r *Registry) SetFrontend(p FrontendProvider) { r.mu.Lock(); r.frontend = p
 func (r *Registry) SetCache(p CacheProvider)       { r.mu.Lock(); r.cache = p; r.mu.Unlock() }
 func (r *Registry) SetIO(p IOProvider)             { r.mu.Lock(); r.io = p; r.mu.Unlock() }
 
-// Identity returns the identity the Registry was created with.
-func (r *Registry) Identity() Identity { return r.id }
+// Identity returns the gateway's identity.
+func (r *Registry) Identity() Identity {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.id
+}
+
+// SetFrontendPath records the device path once the kernel has created it (a gateway named by
+// --name before its /dev/ublkbN or /dev/nbdX existed).
+func (r *Registry) SetFrontendPath(path string) { r.mu.Lock(); r.id.FrontendPath = path; r.mu.Unlock() }
 
 // Snapshot reads every registered provider once.
 func (r *Registry) Snapshot() Status {

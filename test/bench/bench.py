@@ -382,14 +382,14 @@ def systems(tgt, work, pprof_addr=None, alt_bin=None, preexec=None):
     """name -> function starting the server; the warm variant reuses the cold process. With
     alt_bin (--alt-bin), the iser-blk systems run a second time from that binary, named with the
     suffix -alt, in the same repetition: an A/B comparison under the same load."""
-    def iserblk(cache, binary=BIN, suffix=""):
+    def iserblk(cache, binary=BIN, suffix="", extra=()):
         def start(sock):
             env = None
             if pprof_addr:
                 env = dict(os.environ, ISERBLK_PPROF=pprof_addr)
             return NBDServer(f"iser-blk-{cache}{suffix}", [binary, "serve", "--target", tgt.url, "--listen",
-                                                            f"unix://{sock}", "--cache", cache], sock, work, env,
-                             preexec)
+                                                            f"unix://{sock}", "--cache", cache, *extra], sock, work,
+                             env, preexec)
         return start
 
     def qemu(sock):
@@ -401,6 +401,10 @@ def systems(tgt, work, pprof_addr=None, alt_bin=None, preexec=None):
                                            str(tgt.size)], sock, work, preexec=preexec)
     out = [("qemu-nbd", qemu, False), ("iser-blk-nocache", iserblk("off"), False),
            ("iser-blk-wb-cold", iserblk("writeback"), True)]
+    # Issue 16's metrics-cost A/B: the same binary, cache off, with /metrics served (and so the
+    # per-request counters read) beside the plain iser-blk-nocache, in the same repetition.
+    out += [("iser-blk-nocache-metrics", iserblk("off", suffix="-metrics", extra=(
+        "--metrics-listen", "127.0.0.1:0", "--name", "bench-metrics", "--run-dir", os.path.join(work, "run"))), False)]
     if alt_bin:
         out += [("iser-blk-nocache-alt", iserblk("off", alt_bin, "-alt"), False),
                 ("iser-blk-wb-cold-alt", iserblk("writeback", alt_bin, "-alt"), True)]
@@ -680,6 +684,9 @@ GOALS = [
     ("cache off: 4k randread QD1 p50 vs qemu-nbd (issue 18)", "iser-blk-nocache", "randread-4k-qd1", "p50_us", "qemu-nbd", "max", 0.9),
     # job None: the largest value over every job of the repetition; target None: rss_bound_mib()
     ("write-back: peak RSS MiB over all jobs ≤ cache + buffers + 64 MiB (issue 18)", "iser-blk-wb-cold", None, "gw_peak_rss_mib", None, "abs", None),
+    # issue 16: metrics on against off (same binary, same run) at most 3 % apart
+    ("metrics on vs off: 4k randread QD32", "iser-blk-nocache-metrics", "randread-4k-qd32", "iops", "iser-blk-nocache", "min", 0.97),
+    ("metrics on vs off: 1M seq write", "iser-blk-nocache-metrics", "seqwrite-1m-qd8", "bw_mib", "iser-blk-nocache", "min", 0.97),
 ]
 
 

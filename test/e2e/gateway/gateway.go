@@ -67,7 +67,9 @@ func Start(t testing.TB, target string, extra ...string) *Server {
 // StartListen is Start with another --listen address (e.g. tcp://127.0.0.1:0 for TLS tests).
 func StartListen(t testing.TB, target, listen string, extra ...string) *Server {
 	t.Helper()
-	args := append([]string{"serve", "--target", target, "--listen", listen}, extra...)
+	// A private run directory (a later --run-dir in extra wins): concurrent tests' gateways would
+	// otherwise share /run/iser-blk and the default name, the socket's base name.
+	args := append([]string{"serve", "--target", target, "--listen", listen, "--run-dir", t.TempDir()}, extra...)
 	cmd := exec.Command(Binary(t), args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -188,5 +190,22 @@ func (s *Server) WaitWritten(t testing.TB, n int64, timeout time.Duration) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the server wrote %d bytes in %v, want at least %d: is the client doing I/O?", w-base, timeout, n)
 		}
+	}
+}
+
+// PID is the server's process ID.
+func (s *Server) PID() int { return s.cmd.Process.Pid }
+
+// Wait returns the server's exit status once it has exited, failing the test if it has not
+// within timeout (it is then killed by the cleanup).
+func (s *Server) Wait(t testing.TB, timeout time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-s.waited:
+		s.waited <- err
+		return err
+	case <-time.After(timeout):
+		t.Fatalf("the server did not exit within %v: %s", timeout, s.log)
+		return nil
 	}
 }

@@ -236,8 +236,10 @@ func TestServeSocketHandling(t *testing.T) {
 	if o, err := exec.Command("nbdcopy", "/dev/zero", "--length", "4096", uri).CombinedOutput(); err == nil {
 		t.Errorf("write to a read-only export succeeded: %s", o)
 	}
-	// A second server on the live socket must refuse, not steal it.
-	o, err := exec.Command(gateway.Binary(t), "serve", "--target", "mem://1MiB", "--listen", "unix://"+sock).CombinedOutput()
+	// A second server on the live socket must refuse, not steal it (in another run directory:
+	// in the same one its name, the socket's base name, is refused first).
+	o, err := exec.Command(gateway.Binary(t), "serve", "--target", "mem://1MiB", "--listen", "unix://"+sock,
+		"--run-dir", t.TempDir()).CombinedOutput()
 	if err == nil || !strings.Contains(string(o), "another server") {
 		t.Errorf("second server on a live socket: %v %s", err, o)
 	}

@@ -1,0 +1,26 @@
+package cache
+
+import (
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/status"
+)
+
+// Backend is the device the cache is in front of, for the status of the layers below it.
+func (c *Cache) Backend() block.Device { return c.be }
+
+// CacheStatus implements status.CacheProvider: the cache's part of `iser-blk status` and of the
+// metrics, read from the same counters as Stats (off the data path).
+func (c *Cache) CacheStatus() status.Cache {
+	s := c.Stats()
+	st := status.Cache{
+		Mode:             s.Mode,
+		CapacityBytes:    uint64(s.SizeBytes),
+		UsedBytes:        uint64(s.CachedBytes),
+		DirtyBytes:       uint64(max(s.DirtyBytes, 0)),
+		Hits:             s.Hits,
+		Misses:           s.Misses,
+		WrittenBackBytes: s.WriteBackBytes,
+	}
+	st.SetHitRatio()
+	return st
+}

@@ -1,0 +1,150 @@
+package main
+
+// list, status and detach: the operator's side of the control sockets (internal/control) of the
+// gateways running on this host. Exit codes: 0 ok, 1 refused or failed, 2 usage, 4 no gateway by
+// that name or device.
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/dustin/go-humanize"
+
+	"github.com/iser-blk/iser-blk/internal/control"
+	"github.com/iser-blk/iser-blk/internal/status"
+)
+
+func init() {
+	register(&command{name: "list", summary: "list the gateways running on this host", run: runList})
+	register(&command{name: "status", summary: "show a running gateway's paths, LUN, cache and I/O", run: runStatus})
+	register(&command{name: "detach", summary: "stop a gateway: drain, write back, remove its device", run: runDetach})
+}
+
+// queryTimeout bounds list and status.
+const queryTimeout = 10 * time.Second
+
+func registerRunDir(fs *flag.FlagSet, runDir *string) {
+	fs.StringVar(runDir, "run-dir", "", "directory of the control sockets (default: $"+control.RunDirEnv+" or "+control.DefaultRunDir+")")
+}
+
+func runList(ctx context.Context, args []string) int {
+	var runDir string
+	var asJSON bool
+	fs := newFlagSet("list", "[--json]", "One line per gateway running on this host. A dead gateway leaves no line.")
+	registerRunDir(fs, &runDir)
+	fs.BoolVar(&asJSON, "json", false, "print a JSON array of the gateways (status schema version 1, gateway part)")
+	if _, code, done := parseOrExit(fs, args, 0); done {
+		return code
+	}
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	entries, err := control.List(ctx, control.RunDir(runDir), 0)
+	if err != nil {
+		return fail("list", err)
+	}
+	gateways := []status.Gateway{}
+	var unresponsive []string
+	for _, e := range entries {
+		if e.Err != nil {
+			unresponsive = append(unresponsive, e.Name)
+			continue
+		}
+		gateways = append(gateways, e.Status.Gateway)
+	}
+	if asJSON {
+		return printJSON("list", gateways)
+	}
+	if err := status.WriteList(os.Stdout, gateways, unresponsive); err != nil {
+		return fail("list", err)
+	}
+	return exitOK
+}
+
+func runStatus(ctx context.Context, args []string) int {
+	var runDir string
+	var asJSON bool
+	fs := newFlagSet("status", "NAME|DEVICE [--json]", "Show a running gateway's state, paths, LUN, frontend, cache and I/O counters.")
+	registerRunDir(fs, &runDir)
+	fs.BoolVar(&asJSON, "json", false, "print the status as JSON (schema version 1, docs/operations.md)")
+	pos, code, done := parseOrExit(fs, args, 1)
+	if done {
+		return code
+	}
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	c, err := control.Dial(ctx, control.RunDir(runDir), pos[0])
+	if err != nil {
+		return manageFail("status", err)
+	}
+	st, err := c.Status(ctx)
+	if err != nil {
+		return manageFail("status", err)
+	}
+	if asJSON {
+		return printJSON("status", st)
+	}
+	if err := status.WriteText(os.Stdout, st); err != nil {
+		return fail("status", err)
+	}
+	return exitOK
+}
+
+func runDetach(ctx context.Context, args []string) int {
+	var runDir string
+	var opts control.DetachOptions
+	fs := newFlagSet("detach", "NAME|DEVICE [--force] [--timeout D]",
+		"Stop a gateway the way SIGTERM does: stop taking I/O, drain, write back every dirty byte\n"+
+			"(progress is shown here), log out, remove the device. Returns once the process is gone.\n"+
+			"A mounted or open device is refused unless --force; a failed write-back keeps the gateway\n"+
+			"running with its data and exits 1.")
+	registerRunDir(fs, &runDir)
+	fs.BoolVar(&opts.Force, "force", false, "detach even if the device is mounted or held open")
+	fs.DurationVar(&opts.Timeout, "timeout", 0, "give up after this long (0: wait for the write-back however long it takes)")
+	pos, code, done := parseOrExit(fs, args, 1)
+	if done {
+		return code
+	}
+	c, err := control.Dial(ctx, control.RunDir(runDir), pos[0])
+	if err != nil {
+		return manageFail("detach", err)
+	}
+	res, err := c.Detach(ctx, opts, printProgress)
+	if err != nil {
+		return manageFail("detach", err)
+	}
+	fmt.Printf("detached %s (PID %d): %s written back\n", c.Name, res.PID, humanize.IBytes(res.WrittenBackBytes))
+	return exitOK
+}
+
+// printProgress shows a detach's progress on the caller's terminal (stderr: stdout is the
+// result).
+func printProgress(p control.Progress) {
+	switch {
+	case p.DirtyBytes > 0 || p.WrittenBackBytes > 0:
+		fmt.Fprintf(os.Stderr, "%s: %s written back, %s to go\n", p.State,
+			humanize.IBytes(p.WrittenBackBytes), humanize.IBytes(p.DirtyBytes))
+	case p.Reason != "":
+		fmt.Fprintf(os.Stderr, "%s: %s\n", p.State, p.Reason)
+	default:
+		fmt.Fprintf(os.Stderr, "%s\n", p.State)
+	}
+}
+
+// manageFail prints err and returns the control client's exit code (4 for an unknown gateway).
+func manageFail(name string, err error) int {
+	fmt.Fprintf(os.Stderr, "iser-blk %s: %v\n", name, err)
+	return control.ExitCode(err)
+}
+
+func printJSON(name string, v any) int {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fail(name, err)
+	}
+	return exitOK
+}
