@@ -202,6 +202,10 @@ func (at *attachment) shutdown(code int) int {
 		}
 		return code
 	}
+	// A gateway named before login (--name, --nbd /dev/nbdN) learns its device only when the
+	// kernel device is announced; a failure before that (takeover refused, nbd busy or absent,
+	// ublk ADD_DEV) must still flush and close — and log out of — the device openStack opened.
+	at.g.adopt(at.dev)
 	return at.g.shutdown(code)
 }
 

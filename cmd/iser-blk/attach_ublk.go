@@ -101,12 +101,11 @@ func ublkMaxIO(opts ublkOptions) (int, error) {
 	if int64(pow2Ceil(buf)) <= per { // the pool's classes are powers of two
 		return opts.MaxIO, nil
 	}
-	fit := 1 << (bits.Len64(uint64(per)) - 1)
-	if per < 4096 {
+	if per < 4096 { // before the shift below: per == 0 would shift by -1 and panic
 		return 0, fmt.Errorf("ublk: --buffer-memory %s cannot hold %d queues × depth %d request buffers of even 4 KiB in half of it: raise --buffer-memory or lower --queues/--depth: %w",
 			humanize.IBytes(uint64(opts.Pool.Stats().MaxBytes)), q, d, block.ErrInvalid)
 	}
-	return fit, nil
+	return 1 << (bits.Len64(uint64(per)) - 1), nil
 }
 
 // pow2Ceil is the smallest power of two ≥ n (n > 0).

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -46,6 +47,7 @@ const detachWait = 10 * time.Second
 type gateway struct {
 	svc *service.Service
 	log *zap.Logger
+	mu  sync.Mutex // guards dev and kernelPath: set by the command, read by a detach
 	dev block.Device
 	// kernelPath is the block device a detach checks for holders ("" for serve: no kernel device).
 	kernelPath string
@@ -81,7 +83,9 @@ func startGateway(sf *serviceFlags, id status.Identity, stop context.CancelFunc,
 // serving registers the device stack and the frontend once they exist. kernelPath is the block
 // device a detach checks for holders ("" for serve).
 func (g *gateway) serving(dev block.Device, kernelPath string, fe status.Frontend) {
+	g.mu.Lock()
 	g.dev, g.kernelPath = dev, kernelPath
+	g.mu.Unlock()
 	backend := dev
 	if c, ok := dev.(*cache.Cache); ok {
 		g.svc.Status.SetCache(c)
@@ -123,7 +127,7 @@ func (g *gateway) to(s lifecycle.State, reason string) {
 func (g *gateway) shutdown(code int) int {
 	g.to(lifecycle.Draining, "shutting down")
 	g.to(lifecycle.Flushing, "")
-	c := closeDeviceReporting(g.dev, g.log, g.svc.Lifecycle)
+	c := closeDeviceReporting(g.device(), g.log, g.svc.Lifecycle)
 	if c != exitOK {
 		code = c
 		g.to(lifecycle.Failed, "final flush failed")
@@ -149,10 +153,15 @@ func (g *gateway) detach(ctx context.Context, req control.Request) (control.Deta
 	if err := g.checkHolders(req.Force); err != nil {
 		return control.DetachResult{}, err
 	}
-	before := writtenBack(g.dev)
+	dev := g.device()
+	if dev == nil {
+		return control.DetachResult{}, &control.Error{Code: control.CodeFailed,
+			Message: "the gateway is still starting: it serves no device yet"}
+	}
+	before := writtenBack(dev)
 	g.to(lifecycle.Draining, "detach requested")
 	g.to(lifecycle.Flushing, "write-back before detach")
-	if err := flushWithProgress(ctx, g.dev, g.log, g.svc.Lifecycle); err != nil {
+	if err := flushWithProgress(ctx, dev, g.log, g.svc.Lifecycle); err != nil {
 		g.to(lifecycle.Ready, "write-back before detach failed: "+err.Error())
 		return control.DetachResult{}, &control.Error{Code: control.CodeFailed,
 			Message: fmt.Sprintf("write-back failed, the gateway keeps serving with its data: %v", err)}
@@ -167,17 +176,20 @@ func (g *gateway) detach(ctx context.Context, req control.Request) (control.Deta
 	case <-ctx.Done():
 		return control.DetachResult{}, ctx.Err()
 	}
-	return control.DetachResult{PID: os.Getpid(), WrittenBackBytes: writtenBack(g.dev) - before}, nil
+	return control.DetachResult{PID: os.Getpid(), WrittenBackBytes: writtenBack(dev) - before}, nil
 }
 
 // checkHolders refuses to detach a kernel device that is mounted or held open, unless forced.
 func (g *gateway) checkHolders(force bool) error {
-	if g.kernelPath == "" || force {
+	g.mu.Lock()
+	path := g.kernelPath
+	g.mu.Unlock()
+	if path == "" || force {
 		return nil
 	}
-	hs, err := holders.Find(g.kernelPath)
+	hs, err := holders.Find(path)
 	if err != nil {
-		return control.Refused("cannot tell who holds %s (%v); use --force to detach anyway", g.kernelPath, err)
+		return control.Refused("cannot tell who holds %s (%v); use --force to detach anyway", path, err)
 	}
 	if len(hs) == 0 {
 		return nil
@@ -186,7 +198,7 @@ func (g *gateway) checkHolders(force bool) error {
 	for i, h := range hs {
 		what[i] = h.String()
 	}
-	return control.Refused("%s is in use: %s; unmount or close it, or use --force", g.kernelPath, strings.Join(what, "; "))
+	return control.Refused("%s is in use: %s; unmount or close it, or use --force", path, strings.Join(what, "; "))
 }
 
 // writtenBack is the cache's write-back byte counter (0 without a cache).
@@ -205,4 +217,22 @@ func identity(name, kind, path string, ef *exportFlags) status.Identity {
 	}
 	mode := ef.cache.mode
 	return status.Identity{Name: name, Device: name, FrontendKind: kind, FrontendPath: path, Targets: targets, CacheMode: mode}
+}
+
+// device is the device the gateway serves, nil until it is announced (or adopted). The control
+// goroutine (detach) reads it while the main one sets it.
+func (g *gateway) device() block.Device {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.dev
+}
+
+// adopt makes dev the gateway's device if no device was announced yet, so that shutdown closes
+// what openStack opened even when attach failed before the kernel device existed.
+func (g *gateway) adopt(dev block.Device) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.dev == nil {
+		g.dev = dev
+	}
 }

@@ -147,6 +147,8 @@ type replyT struct {
 	data   []byte // READ data, reassembled from OFFSET_DATA chunks
 	off    uint64 // offset of the first data chunk
 	msg    string
+	// structured: the server answered with structured reply chunks.
+	structured bool
 }
 
 // readReply reads one complete reply. readLen is the request length to expect for a simple READ
@@ -172,7 +174,7 @@ func (c *testClient) readReply(readLen func(handle uint64) int) (replyT, error) 
 		}
 		return r, nil
 	case magicStructured:
-		var r replyT
+		r := replyT{structured: true}
 		for first := true; ; first = false {
 			if !first {
 				if _, err := io.ReadFull(c.br, h[:4]); err != nil {

@@ -116,6 +116,10 @@ func (n *negotiation) startTLS(data []byte) error {
 	n.br = c.br
 	n.bw.Reset(tc)
 	n.tlsDone = true
+	// Nothing negotiated in the clear survives the upgrade (proto.md: the client must not rely on
+	// it; nbdkit's CVE-2021-3716): a man in the middle could otherwise inject
+	// NBD_OPT_STRUCTURED_REPLY before STARTTLS and change what the TLS session speaks.
+	n.structured = false
 	return nil
 }
 

@@ -364,3 +364,24 @@ func TestServeTLSRaisesMinVersion(t *testing.T) {
 		roundTrip(t, f.dial().tlsConnect(k.clientConfig(nil), false), 0, 4096)
 	}
 }
+
+// TestStartTLSForgetsPlaintextOptions: structured replies negotiated in the clear do not survive
+// STARTTLS (a man in the middle could inject the option; nbdkit's CVE-2021-3716). A client that
+// does not ask again inside TLS gets simple replies; the test client reads them as such and
+// fails on a structured one.
+func TestStartTLSForgetsPlaintextOptions(t *testing.T) {
+	k := newTLSKit(t, "ca")
+	f := startTLSServer(t, newMem(t, 8<<20, ""), Options{}, &TLS{Config: k.serverConfig(false)})
+	c := f.dial()
+	if err := c.greet(cflagFixedNewstyle | cflagNoZeroes); err != nil {
+		t.Fatal(err)
+	}
+	c.expectOpt(optStructuredReply, nil, repAck)
+	if err := c.startTLS(k.clientConfig(nil)); err != nil {
+		t.Fatalf("STARTTLS: %v", err)
+	}
+	c.goExport(false)
+	if r := c.do(cmdRead, 0, 0, 4096, nil); r.errno != 0 || r.structured {
+		t.Fatalf("READ inside TLS: errno %d, structured reply %v: the plaintext STRUCTURED_REPLY survived STARTTLS", r.errno, r.structured)
+	}
+}
