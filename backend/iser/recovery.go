@@ -362,10 +362,12 @@ func (d *Device) watch(p *path, log *zap.Logger) {
 		}
 		if iv := d.rec.NOPInterval; iv > 0 && idle >= iv {
 			ctx, cancel := context.WithTimeout(d.bg, d.rec.NOPTimeout)
+			sent := time.Now()
 			err := p.rec.Ping(ctx, nil)
 			cancel()
 			switch {
 			case err == nil:
+				p.nop.record(time.Since(sent))
 				p.touch()
 			case d.bg.Err() != nil:
 				return
