@@ -33,7 +33,7 @@ type Options struct {
 	// RunDir is the --run-dir flag's value ("" for $ISERBLK_RUN_DIR or /run/iser-blk).
 	RunDir string
 	// Identity names the gateway (Identity.Name is the claimed name) and what it serves;
-	// Targets must already be redacted (status.RedactTarget).
+	// Targets must already be redacted (the caller's: iser.RedactURL).
 	Identity status.Identity
 	// MetricsListen is --metrics-listen; "" serves no metrics.
 	MetricsListen string
