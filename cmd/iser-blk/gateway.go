@@ -64,8 +64,9 @@ type gateway struct {
 	stopping bool               // the shutdown began: a new detach is refused
 	detachOn bool               // a detach is running; the shutdown hands it the outcome
 	abortWB  context.CancelFunc // cancels the running detach's write-back (nil: none)
-	// pathFailure is the reason the gateway was marked failed for want of a path ("" when it
-	// was not): only that failure is undone when a path returns.
+	// pathFailure is why the backend cannot serve ("" while it can), as it reported it; the
+	// gateway is failed with this reason while ready otherwise, and only that failure is undone
+	// when a path returns.
 	pathFailure string
 }
 
@@ -126,9 +127,9 @@ func (g *gateway) availabilityChanged(serving bool, reason string) {
 	defer g.stopMu.Unlock()
 	lm := g.svc.Lifecycle
 	if !serving {
+		g.pathFailure = reason // kept even if not moved now: a failed detach's write-back returns here
 		moved, _ := lm.ToIf(func(s lifecycle.State, _ string) bool { return s == lifecycle.Ready }, lifecycle.Failed, reason)
 		if moved {
-			g.pathFailure = reason
 			g.log.Error("the device cannot serve: I/O fails until a path to the target is back", zap.String("reason", reason))
 		}
 		return
