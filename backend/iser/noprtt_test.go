@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zaptest"
-
 	"github.com/iser-blk/iser-blk/backend/iser/iscsitest"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi/scsitest"
 	"github.com/iser-blk/iser-blk/internal/status"
@@ -42,8 +40,7 @@ func TestNopRoundTripReported(t *testing.T) {
 	rec.NOPInterval, rec.NOPTimeout = 10*time.Millisecond, 5*time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	d, err := Open(ctx, tg.URL(0), Options{InitiatorName: "iqn.2026-12.io.iser-blk:unit", Recovery: &rec,
-		Logger: zaptest.NewLogger(t)})
+	d, err := Open(ctx, tg.URL(0), Options{InitiatorName: "iqn.2026-12.io.iser-blk:unit", Recovery: &rec})
 	if err != nil {
 		t.Fatal(err)
 	}
