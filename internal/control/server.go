@@ -133,8 +133,8 @@ func (s *Server) Serve() error {
 }
 
 // Detached is closed once a detach has succeeded and its "done" reply was written (or could
-// not be): the gateway exits when it sees it, so the client reads the reply before the socket
-// goes away.
+// not be, the client having hung up). A gateway whose detach stops it need not wait for it:
+// Close lets a running detach answer first.
 func (s *Server) Detached() <-chan struct{} { return s.detached }
 
 // Close stops accepting, lets a running detach write its final reply (at most answerWait),

@@ -110,8 +110,8 @@ func (s *Service) startMetrics(opts Options) error {
 	return nil
 }
 
-// Detached is closed once a control-socket detach has succeeded and been answered: the gateway
-// then exits (after Close).
+// Detached is closed once a control-socket detach has succeeded and been answered (see
+// control.Server.Detached; Close lets a running detach answer, so a gateway need not wait).
 func (s *Service) Detached() <-chan struct{} { return s.control.Detached() }
 
 // MetricsAddr is the metrics server's address, "" without one.
