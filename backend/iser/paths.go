@@ -28,6 +28,7 @@ type path struct {
 	aluaClass                      atomic.Int32 // preference rank from ALUA (alua.go); 0 best
 	aluaState                      atomic.Int32 // scsi.ALUAState, -1 unknown
 	tpg                            atomic.Int32 // target port group of the path's port, -1 unknown
+	nop                            nopRTT       // keepalive round trips (noprtt.go)
 }
 
 func (p *path) touch() { p.lastActive.Store(time.Now().UnixNano()) }

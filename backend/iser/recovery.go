@@ -170,29 +170,77 @@ func (d *Device) PathStats() []PathStats {
 	return out
 }
 
-// pathState: the device's view of path availability, for waiters.
+// pathState: the device's view of path availability, for waiters and the availability watcher.
 type pathState struct {
 	mu        sync.Mutex
 	changed   chan struct{} // closed (and replaced) when a path comes up
 	downSince time.Time     // when the last path went down; zero while one is up
+	expiry    *time.Timer   // reports the replacement timeout's expiry; nil while a path is up
+
+	report      sync.Mutex                        // serializes reports, so the watcher sees them in order
+	watcher     func(serving bool, reason string) // under report; nil: nobody watches
+	unavailable bool                              // last reported: under report
 }
 
-// notifyUp wakes every command waiting for a path.
+// WatchAvailability registers fn (replacing any earlier one; nil: none) to hear when the device
+// can no longer serve — every path down for longer than the replacement timeout, so that I/O
+// fails with block.ErrNoPath — and when it serves again because a path came back. Calls are in
+// order, from the maintainers' goroutines, and must not block for long. A gateway turns them
+// into its lifecycle's failed and ready.
+func (d *Device) WatchAvailability(fn func(serving bool, reason string)) {
+	d.state.report.Lock()
+	d.state.watcher = fn
+	d.state.report.Unlock()
+}
+
+// reportAvailability tells the watcher when availability changed since its last report.
+func (d *Device) reportAvailability() {
+	d.state.report.Lock()
+	defer d.state.report.Unlock()
+	d.state.mu.Lock()
+	since := d.state.downSince
+	d.state.mu.Unlock()
+	rt := d.rec.ReplacementTimeout
+	unavailable := !since.IsZero() && rt >= 0 && time.Since(since) >= rt && !d.anyUp() && !d.closed.Load()
+	if unavailable == d.state.unavailable || d.state.watcher == nil {
+		return
+	}
+	d.state.unavailable = unavailable
+	if unavailable {
+		d.state.watcher(false, fmt.Sprintf("no path to the target for %v (replacement timeout): I/O fails", rt))
+		return
+	}
+	d.state.watcher(true, "")
+}
+
+// notifyUp wakes every command waiting for a path and reports the device serving again.
 func (d *Device) notifyUp() {
 	d.state.mu.Lock()
 	d.state.downSince = time.Time{}
+	if d.state.expiry != nil {
+		d.state.expiry.Stop()
+		d.state.expiry = nil
+	}
 	close(d.state.changed)
 	d.state.changed = make(chan struct{})
 	d.state.mu.Unlock()
+	d.reportAvailability()
 }
 
-// markDown records when the device lost its last path (the replacement timer's start).
+// markDown records when the device lost its last path (the replacement timer's start) and arms
+// the report of its expiry.
 func (d *Device) markDown(at time.Time) {
 	d.state.mu.Lock()
-	if d.state.downSince.IsZero() && !d.anyUp() {
+	defer d.state.mu.Unlock()
+	if d.anyUp() {
+		return
+	}
+	if d.state.downSince.IsZero() { // else a command waiting for a path saw it first (waitPath)
 		d.state.downSince = at
 	}
-	d.state.mu.Unlock()
+	if rt := d.rec.ReplacementTimeout; rt >= 0 && d.state.expiry == nil {
+		d.state.expiry = time.AfterFunc(max(time.Until(d.state.downSince.Add(rt)), 0), d.reportAvailability)
+	}
 }
 
 func (d *Device) anyUp() bool {
@@ -362,10 +410,12 @@ func (d *Device) watch(p *path, log *zap.Logger) {
 		}
 		if iv := d.rec.NOPInterval; iv > 0 && idle >= iv {
 			ctx, cancel := context.WithTimeout(d.bg, d.rec.NOPTimeout)
+			sent := time.Now()
 			err := p.rec.Ping(ctx, nil)
 			cancel()
 			switch {
 			case err == nil:
+				p.nop.record(time.Since(sent))
 				p.touch()
 			case d.bg.Err() != nil:
 				return

@@ -24,7 +24,8 @@ func (d *Device) PathsStatus() []status.Path {
 	out := make([]status.Path, len(stats))
 	for i, st := range stats {
 		p := status.Path{Portal: st.Portal, Transport: transport, State: pathStatusState(st), ALUAState: st.ALUA,
-			Reconnects: st.Restores, Replayed: st.Replayed, Aborts: st.Aborts, LUNResets: st.LUNResets}
+			NopRoundTrip: d.paths[i].nop.status(),
+			Reconnects:   st.Restores, Replayed: st.Replayed, Aborts: st.Aborts, LUNResets: st.LUNResets}
 		if pr, ok := d.paths[i].ex.(paramsReporter); ok {
 			p.Negotiated = negotiated(pr.Params())
 		}

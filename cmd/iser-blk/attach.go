@@ -94,7 +94,7 @@ func runAttach(ctx context.Context, args []string) int {
 	// that name costs no session. Otherwise the kernel's device name is the gateway's.
 	if name := af.earlyName(&sf); name != "" {
 		var err error
-		if at.g, err = startGateway(&sf, identity(name, af.kind(), "", &ef), stop, log); err != nil {
+		if at.g, err = startGateway(&sf, identity(name, af.kind(), "", &ef), at.counters, stop, log); err != nil {
 			return fail("attach", err)
 		}
 	}
@@ -161,7 +161,7 @@ func (af *attachFlags) kind() string {
 func (at *attachment) announced(path string, fe status.Frontend) {
 	fmt.Println(path)
 	if at.g == nil {
-		g, err := startGateway(at.sf, identity(filepath.Base(path), at.af.kind(), path, at.ef), at.stop, at.log)
+		g, err := startGateway(at.sf, identity(filepath.Base(path), at.af.kind(), path, at.ef), at.counters, at.stop, at.log)
 		if err != nil {
 			at.failed = err
 			at.stop() // the device is taken down again: a gateway nobody can manage is not served
@@ -169,8 +169,6 @@ func (at *attachment) announced(path string, fe status.Frontend) {
 		}
 		at.g = g
 	}
-	at.g.counters = at.counters
-	at.g.svc.Status.SetIO(at.counters)
 	at.g.svc.Status.SetFrontendPath(path)
 	at.g.serving(at.dev, path, fe)
 	at.g.ready()

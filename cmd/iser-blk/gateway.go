@@ -7,6 +7,10 @@ package main
 // adds what an operator asking for it needs first: the holder check and a write-back while I/O
 // still flows, so that a target that cannot take the data refuses the detach with the gateway
 // still serving and every dirty byte still in the cache.
+//
+// A detach and a shutdown never flush at once: a detach that arrives once the shutdown began is
+// refused ("already stopping"); a SIGTERM during a detach's write-back cancels that write-back
+// and the shutdown's final flush takes over, answering the detach with its outcome.
 
 import (
 	"context"
@@ -15,10 +19,10 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/cache"
 	"github.com/iser-blk/iser-blk/internal/control"
@@ -39,10 +43,6 @@ func (sf *serviceFlags) register(fs *flag.FlagSet, nameDefault string) {
 	fs.StringVar(&sf.metricsListen, "metrics-listen", "", "serve Prometheus /metrics on this HOST:PORT (default: off)")
 }
 
-// detachWait bounds how long the gateway waits, after its final flush, for the control server
-// to hand the detach's reply to the client before it exits anyway.
-const detachWait = 10 * time.Second
-
 // gateway is a serving command's service plus its detach.
 type gateway struct {
 	svc *service.Service
@@ -54,22 +54,33 @@ type gateway struct {
 	// stop ends the serving context: the frontend stops as on SIGTERM.
 	stop context.CancelFunc
 	// outcome carries closeDevice's exit code from the command to the waiting detach.
-	outcome   chan int
-	detaching chan struct{} // closed once a detach has stopped the frontend
+	outcome chan int
 	// counters is the frontend's per-operation I/O counters, read by status and metrics.
 	counters *status.IOCounters
+	// flushMu is held by a detach's write-back and the shutdown's final flush: never both.
+	flushMu sync.Mutex
+
+	stopMu   sync.Mutex         // guards the three below
+	stopping bool               // the shutdown began: a new detach is refused
+	detachOn bool               // a detach is running; the shutdown hands it the outcome
+	abortWB  context.CancelFunc // cancels the running detach's write-back (nil: none)
+	// pathFailure is why the backend cannot serve ("" while it can), as it reported it; the
+	// gateway is failed with this reason while ready otherwise, and only that failure is undone
+	// when a path returns.
+	pathFailure string
 }
 
-// startGateway claims the name and starts the service. stop ends the context the command serves
-// under: a detach calls it. The command then builds its stack and frontend, calls serving, and
-// ready once the device or socket accepts I/O.
-func startGateway(sf *serviceFlags, id status.Identity, stop context.CancelFunc, log *zap.Logger) (*gateway, error) {
+// startGateway claims the name and starts the service. counters are the frontend's I/O
+// counters, which status and metrics read: the command creates them once and hands the same
+// ones to its frontend. stop ends the context the command serves under: a detach calls it. The
+// command then builds its stack and frontend, calls serving, and ready once the device or
+// socket accepts I/O.
+func startGateway(sf *serviceFlags, id status.Identity, counters *status.IOCounters, stop context.CancelFunc, log *zap.Logger) (*gateway, error) {
 	if sf.name != "" {
 		id.Name, id.Device = sf.name, sf.name
 	}
 	id.BuildVersion = buildVersion()
-	g := &gateway{log: log, stop: stop, outcome: make(chan int, 1), detaching: make(chan struct{}),
-		counters: new(status.IOCounters)}
+	g := &gateway{log: log, stop: stop, outcome: make(chan int, 1), counters: counters}
 	svc, err := service.Start(service.Options{RunDir: sf.runDir, Identity: id, MetricsListen: sf.metricsListen, Detach: g.detach, Log: log})
 	if err != nil {
 		return nil, err
@@ -97,7 +108,42 @@ func (g *gateway) serving(dev block.Device, kernelPath string, fe status.Fronten
 	if l, ok := backend.(status.LUNProvider); ok {
 		g.svc.Status.SetLUN(l)
 	}
+	if w, ok := backend.(availabilityWatcher); ok {
+		w.WatchAvailability(g.availabilityChanged)
+	}
 	g.svc.Status.SetFrontend(frontendInfo(fe))
+}
+
+// availabilityWatcher is a backend that reports when it can no longer serve (every path down
+// past the replacement timeout: I/O fails) and when it serves again (backend/iser).
+type availabilityWatcher interface {
+	WatchAvailability(func(serving bool, reason string))
+}
+
+// availabilityChanged moves a ready gateway to failed while its backend cannot serve, and back
+// to ready when it can; a gateway stopping, or failed for another reason, is left alone.
+func (g *gateway) availabilityChanged(serving bool, reason string) {
+	g.stopMu.Lock()
+	defer g.stopMu.Unlock()
+	lm := g.svc.Lifecycle
+	if !serving {
+		g.pathFailure = reason // kept even if not moved now: a failed detach's write-back returns here
+		moved, _ := lm.ToIf(func(s lifecycle.State, _ string) bool { return s == lifecycle.Ready }, lifecycle.Failed, reason)
+		if moved {
+			g.log.Error("the device cannot serve: I/O fails until a path to the target is back", zap.String("reason", reason))
+		}
+		return
+	}
+	failure := g.pathFailure
+	g.pathFailure = ""
+	if failure == "" {
+		return
+	}
+	moved, _ := lm.ToIf(func(s lifecycle.State, r string) bool { return s == lifecycle.Failed && r == failure },
+		lifecycle.Ready, "a path to the target is back")
+	if moved {
+		g.log.Info("the device serves again: a path to the target is back")
+	}
 }
 
 // frontendInfo is a frontend's fixed shape (kind, queues, depth) as a status provider.
@@ -123,25 +169,30 @@ func (g *gateway) to(s lifecycle.State, reason string) {
 }
 
 // shutdown runs the final flush and close of dev (closeDevice) under the lifecycle, hands the
-// outcome to a waiting detach, and closes the service. code is the exit code so far.
+// outcome to a running detach, and closes the service (which lets that detach's client read its
+// answer first). code is the exit code so far.
 func (g *gateway) shutdown(code int) int {
+	g.stopMu.Lock()
+	g.stopping = true
+	if g.abortWB != nil {
+		g.abortWB() // SIGTERM during a detach's write-back: the final flush below takes over
+	}
+	g.stopMu.Unlock()
 	g.to(lifecycle.Draining, "shutting down")
 	g.to(lifecycle.Flushing, "")
+	g.flushMu.Lock()
 	c := closeDeviceReporting(g.device(), g.log, g.svc.Lifecycle)
+	g.flushMu.Unlock()
 	if c != exitOK {
 		code = c
 		g.to(lifecycle.Failed, "final flush failed")
 	}
 	g.to(lifecycle.Stopped, "")
-	select {
-	case <-g.detaching:
+	g.stopMu.Lock()
+	if g.detachOn {
 		g.outcome <- c
-		select { // let the control server answer the client before the socket closes
-		case <-g.svc.Detached():
-		case <-time.After(detachWait):
-		}
-	default:
 	}
+	g.stopMu.Unlock()
 	if err := g.svc.Close(); err != nil {
 		g.log.Warn("closing the service", zap.Error(err))
 	}
@@ -159,15 +210,21 @@ func (g *gateway) detach(ctx context.Context, req control.Request) (control.Deta
 			Message: "the gateway is still starting: it serves no device yet"}
 	}
 	before := writtenBack(dev)
+	wbCtx, err := g.beginDetach(ctx)
+	if err != nil {
+		return control.DetachResult{}, err
+	}
 	g.to(lifecycle.Draining, "detach requested")
 	g.to(lifecycle.Flushing, "write-back before detach")
-	if err := flushWithProgress(ctx, dev, g.log, g.svc.Lifecycle); err != nil {
-		g.to(lifecycle.Ready, "write-back before detach failed: "+err.Error())
+	g.flushMu.Lock()
+	if err = wbCtx.Err(); err == nil { // else a shutdown began: its final flush writes back
+		err = flushWithProgress(wbCtx, dev, g.log, g.svc.Lifecycle)
+	}
+	g.flushMu.Unlock()
+	if !g.commitDetach(err) {
 		return control.DetachResult{}, &control.Error{Code: control.CodeFailed,
 			Message: fmt.Sprintf("write-back failed, the gateway keeps serving with its data: %v", err)}
 	}
-	close(g.detaching)
-	g.stop()
 	select {
 	case code := <-g.outcome:
 		if code != exitOK {
@@ -177,6 +234,44 @@ func (g *gateway) detach(ctx context.Context, req control.Request) (control.Deta
 		return control.DetachResult{}, ctx.Err()
 	}
 	return control.DetachResult{PID: os.Getpid(), WrittenBackBytes: writtenBack(dev) - before}, nil
+}
+
+// beginDetach registers a detach, refusing it once the shutdown began, and returns the context
+// its write-back runs under: ctx, also cancelled if a shutdown begins meanwhile.
+func (g *gateway) beginDetach(ctx context.Context) (context.Context, error) {
+	g.stopMu.Lock()
+	defer g.stopMu.Unlock()
+	if g.stopping {
+		return nil, &control.Error{Code: control.CodeBusy, Message: "the gateway is already stopping (a signal began its shutdown); it exits once its final flush is done"}
+	}
+	g.detachOn = true
+	ctx, g.abortWB = context.WithCancel(ctx)
+	return ctx, nil
+}
+
+// commitDetach ends the detach's write-back, whose error is err. On success, or when a shutdown
+// began meanwhile (its final flush then writes back and answers the detach), it stops the
+// serving context and returns true: the detach waits for the outcome. A failed write-back
+// otherwise returns the gateway to ready, its data kept, and false.
+func (g *gateway) commitDetach(err error) bool {
+	g.stopMu.Lock()
+	defer g.stopMu.Unlock()
+	g.abortWB()
+	g.abortWB = nil
+	if g.stopping {
+		return true
+	}
+	if err != nil {
+		g.detachOn = false
+		if g.pathFailure != "" { // it failed for want of a path: it still has none
+			g.to(lifecycle.Failed, g.pathFailure)
+		} else {
+			g.to(lifecycle.Ready, "write-back before detach failed: "+err.Error())
+		}
+		return false
+	}
+	g.stop()
+	return true
 }
 
 // checkHolders refuses to detach a kernel device that is mounted or held open, unless forced.
@@ -211,9 +306,9 @@ func writtenBack(dev block.Device) uint64 {
 
 // identity is what a gateway serving target through frontend kind at path reports.
 func identity(name, kind, path string, ef *exportFlags) status.Identity {
-	targets := []string{status.RedactTarget(ef.target)}
+	targets := []string{iser.RedactURL(ef.target)}
 	for _, t := range ef.alternates {
-		targets = append(targets, status.RedactTarget(t))
+		targets = append(targets, iser.RedactURL(t))
 	}
 	mode := ef.cache.mode
 	return status.Identity{Name: name, Device: name, FrontendKind: kind, FrontendPath: path, Targets: targets, CacheMode: mode}

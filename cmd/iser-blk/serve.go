@@ -152,7 +152,7 @@ func runServe(ctx context.Context, args []string) int {
 	// The name is claimed before logging in: a second gateway by that name costs no session.
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	g, err := startGateway(&sf, identity(name, "nbd-socket", where, &ef), stop, log)
+	g, err := startGateway(&sf, identity(name, "nbd-socket", where, &ef), new(status.IOCounters), stop, log)
 	if err != nil {
 		return fail("serve", err)
 	}

@@ -15,6 +15,14 @@ import (
 // blocks the flush). The final reply is written after the detach lock is released, so a
 // client that reads a refusal can retry at once.
 func (s *Server) detach(w *replyWriter, req Request) bool {
+	s.mu.Lock()
+	if s.closed { // Close may be waiting on answering already: no Add after that
+		s.mu.Unlock()
+		return w.error(&Error{Code: CodeBusy, Message: "the gateway is stopping"})
+	}
+	s.answering.Add(1)
+	s.mu.Unlock()
+	defer s.answering.Done()
 	res, err := s.runDetach(w, req)
 	if err != nil {
 		s.opts.Log.Warn("control: detach did not complete", zap.Error(err))

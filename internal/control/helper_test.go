@@ -37,6 +37,8 @@ type fakeGateway struct {
 	refuse    string // non-empty: Detach without force is refused with this
 	failFlush error
 	stall     bool // Detach waits for its context to end (a write-back that makes no progress)
+	// entered, when set, is closed as Detach starts, which then waits for hold to close.
+	entered, hold chan struct{}
 }
 
 func newFakeGateway(name string) *fakeGateway {
@@ -57,6 +59,10 @@ func (g *fakeGateway) Detach(ctx context.Context, req Request) (DetachResult, er
 	if g.stall {
 		<-ctx.Done()
 		return DetachResult{}, ctx.Err()
+	}
+	if g.entered != nil {
+		close(g.entered)
+		<-g.hold
 	}
 	if err := g.lm.To(lifecycle.Draining, "detach"); err != nil {
 		return DetachResult{}, err

@@ -52,6 +52,10 @@ const (
 	readTimeout   = 30 * time.Second // a client must send its request within this
 	writeTimeout  = 10 * time.Second // per reply line; a stuck client loses its connection
 	progressQueue = 64
+	// answerWait bounds how long Close waits for a running detach's final reply: the handler
+	// returns once the gateway's shutdown has its outcome, and one reply line takes at most
+	// writeTimeout.
+	answerWait = writeTimeout + 5*time.Second
 )
 
 // Server serves a claimed name's control socket.
@@ -64,6 +68,10 @@ type Server struct {
 	detachMu sync.Mutex // one detach at a time
 	detached chan struct{}
 	detachOK sync.Once
+	// answering counts detaches from their start to their final reply (written, or failed
+	// because the client hung up): Close waits for them, so a detach's client reads its answer
+	// before the socket goes, and nobody waits for a client that is gone.
+	answering sync.WaitGroup
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -125,19 +133,29 @@ func (s *Server) Serve() error {
 }
 
 // Detached is closed once a detach has succeeded and its "done" reply was written (or could
-// not be): the gateway exits when it sees it, so the client reads the reply before the socket
-// goes away.
+// not be, the client having hung up). A gateway whose detach stops it need not wait for it:
+// Close lets a running detach answer first.
 func (s *Server) Detached() <-chan struct{} { return s.detached }
 
-// Close stops accepting, closes open connections and waits for their handlers.
+// Close stops accepting, lets a running detach write its final reply (at most answerWait),
+// closes open connections and waits for their handlers.
 func (s *Server) Close() error {
 	s.mu.Lock()
 	s.closed = true
+	s.mu.Unlock()
+	err := s.listener.Close()
+	answered := make(chan struct{})
+	go func() { s.answering.Wait(); close(answered) }()
+	select {
+	case <-answered:
+	case <-time.After(answerWait):
+		s.opts.Log.Warn("control: closing with a detach still unanswered", zap.Duration("waited", answerWait))
+	}
+	s.mu.Lock()
 	for c := range s.conns {
 		c.Close()
 	}
 	s.mu.Unlock()
-	err := s.listener.Close()
 	s.wg.Wait()
 	return err
 }

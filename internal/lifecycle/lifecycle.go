@@ -3,7 +3,8 @@
 //	starting → ready → draining → flushing → stopped
 //
 // with recovering (re-attaching after a restart) and failed (I/O answered with EIO, reason
-// recorded) beside them. Signals, the control socket's detach, restart and systemd all drive the
+// recorded; back to ready when its cause goes away, e.g. a path to the target returns) beside
+// them. Signals, the control socket's detach, restart and systemd all drive the
 // same Machine, and everything that reports the state (status, metrics, sd_notify, a detach's
 // progress lines) observes it instead of keeping its own copy.
 //
@@ -37,14 +38,16 @@ var States = []State{Starting, Ready, Recovering, Draining, Flushing, Stopped, F
 
 // next holds the allowed transitions. Draining and flushing may return to ready: a detach
 // refused after draining began, or a write-back that failed, keeps the gateway serving with its
-// data (issue 16: "a write-back that fails keeps the data and the gateway running").
+// data (issue 16: "a write-back that fails keeps the data and the gateway running"). Failed may
+// return to ready too: a gateway that failed because no path reached the target serves again
+// once one is back.
 var next = map[State][]State{
 	Starting:   {Ready, Recovering, Failed, Draining, Stopped},
 	Recovering: {Ready, Failed, Draining},
 	Ready:      {Draining, Recovering, Failed},
 	Draining:   {Flushing, Stopped, Ready, Failed},
 	Flushing:   {Stopped, Ready, Failed},
-	Failed:     {Draining, Stopped},
+	Failed:     {Ready, Draining, Stopped},
 	Stopped:    nil,
 }
 
@@ -101,17 +104,25 @@ func (m *Machine) Started() time.Time { return m.started }
 // nothing; moving to the current state is a no-op (no observer call), so repeated signals are
 // harmless.
 func (m *Machine) To(s State, reason string) error {
+	_, err := m.ToIf(nil, s, reason)
+	return err
+}
+
+// ToIf is To only if cond (nil: always) holds for the current state and its reason, checked
+// under the same lock as the move: a condition such as "still ready" cannot be overtaken by a
+// concurrent shutdown. moved reports whether the state changed.
+func (m *Machine) ToIf(cond func(State, string) bool, s State, reason string) (moved bool, err error) {
 	m.notify.Lock()
 	defer m.notify.Unlock()
 	m.mu.Lock()
 	from := m.state
-	if from == s {
+	if from == s || (cond != nil && !cond(from, m.reason)) {
 		m.mu.Unlock()
-		return nil
+		return false, nil
 	}
 	if !allowed(from, s) {
 		m.mu.Unlock()
-		return fmt.Errorf("lifecycle: %s → %s is not a valid transition", from, s)
+		return false, fmt.Errorf("lifecycle: %s → %s is not a valid transition", from, s)
 	}
 	t := Transition{From: from, To: s, Reason: reason, At: time.Now()}
 	m.state, m.reason, m.since = s, reason, t.At
@@ -120,7 +131,7 @@ func (m *Machine) To(s State, reason string) error {
 	for _, o := range obs {
 		o.StateChanged(t)
 	}
-	return nil
+	return true, nil
 }
 
 // ReportFlush tells observers how a write-back is progressing (sd_notify extends the stop

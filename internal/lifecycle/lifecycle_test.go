@@ -102,3 +102,34 @@ func TestEveryStateHasATableEntry(t *testing.T) {
 		}
 	}
 }
+
+// TestToIfChecksUnderTheLock: a conditional move happens only while its condition holds, and a
+// gateway that failed for want of a path returns to ready while one that was stopped meanwhile
+// does not.
+func TestToIfChecksUnderTheLock(t *testing.T) {
+	m := New()
+	var r recorder
+	m.Subscribe(&r)
+	_ = m.To(Ready, "")
+	isReady := func(s State, _ string) bool { return s == Ready }
+	if moved, err := m.ToIf(isReady, Failed, "no path"); !moved || err != nil {
+		t.Fatalf("ready → failed: moved %v, %v", moved, err)
+	}
+	if moved, _ := m.ToIf(isReady, Failed, "again"); moved {
+		t.Fatal("a move whose condition no longer held happened")
+	}
+	failedForNoPath := func(s State, reason string) bool { return s == Failed && reason == "no path" }
+	if moved, err := m.ToIf(failedForNoPath, Ready, "path back"); !moved || err != nil {
+		t.Fatalf("failed → ready: moved %v, %v", moved, err)
+	}
+	_ = m.To(Draining, "detach")
+	if moved, _ := m.ToIf(isReady, Failed, "no path"); moved {
+		t.Fatal("a draining gateway was marked failed by a condition on ready")
+	}
+	if s, reason := m.State(); s != Draining || reason != "detach" {
+		t.Fatalf("state %s %q, want draining", s, reason)
+	}
+	if len(r.transitions) != 4 {
+		t.Fatalf("observer saw %d transitions, want 4", len(r.transitions))
+	}
+}

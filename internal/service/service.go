@@ -33,7 +33,7 @@ type Options struct {
 	// RunDir is the --run-dir flag's value ("" for $ISERBLK_RUN_DIR or /run/iser-blk).
 	RunDir string
 	// Identity names the gateway (Identity.Name is the claimed name) and what it serves;
-	// Targets must already be redacted (status.RedactTarget).
+	// Targets must already be redacted (the caller's: iser.RedactURL).
 	Identity status.Identity
 	// MetricsListen is --metrics-listen; "" serves no metrics.
 	MetricsListen string
@@ -110,8 +110,8 @@ func (s *Service) startMetrics(opts Options) error {
 	return nil
 }
 
-// Detached is closed once a control-socket detach has succeeded and been answered: the gateway
-// then exits (after Close).
+// Detached is closed once a control-socket detach has succeeded and been answered (see
+// control.Server.Detached; Close lets a running detach answer, so a gateway need not wait).
 func (s *Service) Detached() <-chan struct{} { return s.control.Detached() }
 
 // MetricsAddr is the metrics server's address, "" without one.

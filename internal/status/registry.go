@@ -25,7 +25,7 @@ type Identity struct {
 	Device       string
 	FrontendKind string
 	FrontendPath string
-	Targets      []string // already redacted: Registry does not parse URLs
+	Targets      []string // already redacted by the caller (iser.RedactURL): Registry does not parse URLs
 	CacheMode    string
 	BuildVersion string
 }

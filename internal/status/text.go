@@ -3,25 +3,12 @@ package status
 import (
 	"fmt"
 	"io"
-	"net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/dustin/go-humanize"
 )
-
-// RedactTarget returns a target URL fit for status, list and logs: the user part is dropped
-// whole, as cmd/iser-blk's log lines do (CHAP secrets never belong in a URL, but an operator
-// may have put one there). A string that does not parse as a URL is replaced entirely.
-func RedactTarget(target string) string {
-	u, err := url.Parse(target)
-	if err != nil || u.Scheme == "" {
-		return "(target)"
-	}
-	u.User = nil
-	return u.String()
-}
 
 // WriteList prints one line per gateway, as `iser-blk list` shows them. unresponsive names the
 // gateways that hold their name but did not answer.

@@ -51,6 +51,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import curves  # noqa: E402  (beside this file)
+import metrics_ab  # noqa: E402  (beside this file)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("ISERBLK_BIN", os.path.join(ROOT, "bin", "iser-blk"))
@@ -401,10 +402,6 @@ def systems(tgt, work, pprof_addr=None, alt_bin=None, preexec=None):
                                            str(tgt.size)], sock, work, preexec=preexec)
     out = [("qemu-nbd", qemu, False), ("iser-blk-nocache", iserblk("off"), False),
            ("iser-blk-wb-cold", iserblk("writeback"), True)]
-    # Issue 16's metrics-cost A/B: the same binary, cache off, with /metrics served (and so the
-    # per-request counters read) beside the plain iser-blk-nocache, in the same repetition.
-    out += [("iser-blk-nocache-metrics", iserblk("off", suffix="-metrics", extra=(
-        "--metrics-listen", "127.0.0.1:0", "--name", "bench-metrics", "--run-dir", os.path.join(work, "run"))), False)]
     if alt_bin:
         out += [("iser-blk-nocache-alt", iserblk("off", alt_bin, "-alt"), False),
                 ("iser-blk-wb-cold-alt", iserblk("writeback", alt_bin, "-alt"), True)]
@@ -459,7 +456,8 @@ def main():
     ap.add_argument("--jobs", default="", help="comma-separated subset of job names")
     ap.add_argument("--systems", default="", help="comma-separated subset of systems (quick profiling "
                     "runs): qemu-nbd, iser-blk-nocache, iser-blk-wb-cold (also runs warm), "
-                    "nbdkit-memory, libiscsi-direct, and the TLS row's " + ", ".join(TLS_SYSTEMS))
+                    "nbdkit-memory, libiscsi-direct, the TLS row's " + ", ".join(TLS_SYSTEMS) +
+                    ", and " + metrics_ab.NAME + " (the metrics on/off A/B)")
     ap.add_argument("--pprof", default=os.environ.get("BENCH_PPROF", ""),
                     help="directory for CPU and allocation profiles of iser-blk per job (see Profiler)")
     ap.add_argument("--alt-bin", default=os.environ.get("BENCH_ALT_BIN", ""),
@@ -475,6 +473,11 @@ def main():
     ap.add_argument("--curve-conns", default="1,2,3,4", help="NBD connections (fio jobs) of the sessions curve")
     ap.add_argument("--rss-caches", default="64,256,1024,4096", help="--cache-size values (MiB) of the rss curve")
     ap.add_argument("--rss-runtime", type=int, default=60, help="cap in seconds on each rss curve point")
+    ap.add_argument("--metrics-ab-pairs", type=int, default=int(os.environ.get("BENCH_METRICS_AB_PAIRS", 3)),
+                    help="metrics on/off pairs per job and repetition (test/bench/metrics_ab.py; 0: none; "
+                    "--systems metrics-ab runs only them)")
+    ap.add_argument("--metrics-ab-runtime", type=int, default=5, help="seconds per metrics A/B run")
+    ap.add_argument("--metrics-ab-scrape", type=float, default=1.0, help="seconds between /metrics scrapes")
     a = ap.parse_args()
     global PLACEMENTS
     PLACEMENTS = placements(a.placements.split(","))
@@ -498,6 +501,8 @@ def main():
                 log(f"== repetition {rep + 1}/{a.reps}, placement {placement}")
                 pin_tasks(tgt.proc.pid, pl[0] if pl else set(range(os.cpu_count() or 1)))
                 results += run_pass(a, jobs, tgt, work, prof, rep, placement, wanted)
+                if placement == "shared" and wanted(metrics_ab.NAME):
+                    results += metrics_ab.run(sys.modules[__name__], a, tgt, work, rep)
         pin_tasks(tgt.proc.pid, set(range(os.cpu_count() or 1)))  # the curves run shared
         curve_rows = curves.run_curves(sys.modules[__name__], a, tgt, work)
     finally:
@@ -593,13 +598,16 @@ def report(a, jobs, results, started, load_before, work, curve_rows):
     lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in VERSIONS.items()) + "\n")
     lines.append("Each cell: median (min–max) over repetitions. Ratio columns are computed per "
                  "repetition against qemu-nbd + libiscsi in the same placement, then summarised.\n")
+    ab = [r for r in results if r.get("ab")]  # the metrics A/B has its own table
     names = []
     for r in results:
         if r.get("placement", "shared") not in names:
             names.append(r.get("placement", "shared"))
     for placement in names:
-        rs = [r for r in results if r.get("placement", "shared") == placement]
-        lines += placement_report(a, jobs, rs, placement, work)
+        rs = [r for r in results if r.get("placement", "shared") == placement and not r.get("ab")]
+        if rs:  # none when only the metrics A/B ran (--systems metrics-ab)
+            lines += placement_report(a, jobs, rs, placement, work)
+    lines += metrics_ab.report(sys.modules[__name__], ab)
     if curve_rows:
         lines.append("\n# Scaling curves (shared placement, one run each; test/bench/curves.py)\n")
         lines += curves.report(curve_rows)
@@ -684,9 +692,7 @@ GOALS = [
     ("cache off: 4k randread QD1 p50 vs qemu-nbd (issue 18)", "iser-blk-nocache", "randread-4k-qd1", "p50_us", "qemu-nbd", "max", 0.9),
     # job None: the largest value over every job of the repetition; target None: rss_bound_mib()
     ("write-back: peak RSS MiB over all jobs ≤ cache + buffers + 64 MiB (issue 18)", "iser-blk-wb-cold", None, "gw_peak_rss_mib", None, "abs", None),
-    # issue 16: metrics on against off (same binary, same run) at most 3 % apart
-    ("metrics on vs off: 4k randread QD32", "iser-blk-nocache-metrics", "randread-4k-qd32", "iops", "iser-blk-nocache", "min", 0.97),
-    ("metrics on vs off: 1M seq write", "iser-blk-nocache-metrics", "seqwrite-1m-qd8", "bw_mib", "iser-blk-nocache", "min", 0.97),
+    # issue 16's metrics on against off: its own interleaved A/B and table (metrics_ab.py)
 ]
 
 

@@ -1,0 +1,127 @@
+"""Issue 16's metrics-cost A/B for make bench (bench.py calls it once per repetition, shared
+placement): what serving Prometheus metrics costs the data path, at 4 KiB random read QD32 and
+1 MiB sequential write QD8, the goal being at most 3 % apart.
+
+"On" is `serve --cache off --metrics-listen` with /metrics scraped every --metrics-ab-scrape
+seconds while fio runs (1 s by default, fifteen times Prometheus' default rate: an upper bound);
+"off" is the same binary without --metrics-listen. The per-request counters themselves
+(internal/status.IOCounters: atomics, no allocation) are kept in both, because `iser-blk status`
+reads them; their cost is what the Go benchmarks and -benchmem show, and --alt-bin with a binary
+from before issue 16 compares against none at all.
+
+Noise: both gateways stay up for the whole A/B (each its own session to the same LUN: iser-blk
+picks a random ISID), and short runs of the two alternate, the order flipped every pair (on,
+off, then off, on) so that a drift in the host's speed falls on both alike. Each pair gives one
+ratio on/off; the report is the median ratio over every pair of every repetition, with min–max
+and the interquartile range, so one disturbed run cannot decide the verdict.
+"""
+import os
+import statistics
+import threading
+import urllib.request
+
+NAME = "metrics-ab"  # for --systems
+ON, OFF = "iser-blk-metrics-on", "iser-blk-metrics-off"
+JOBS = ("randread-4k-qd32", "seqwrite-1m-qd8")
+TARGET = 0.97  # on/off, at least
+
+
+class Scraper:
+    """Fetches /metrics every interval seconds until stopped; counts the scrapes that worked."""
+
+    def __init__(self, addr, interval):
+        self.url, self.interval = f"http://{addr}/metrics", interval
+        self.ok, self.stopped = 0, threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def loop(self):
+        while not self.stopped.wait(self.interval):
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as r:
+                    r.read()
+                self.ok += 1
+            except OSError:
+                pass
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join()
+        return self.ok
+
+
+def run(bench, a, tgt, work, rep, preexec=None):
+    """One repetition of the A/B; returns result rows (marked ab=True, kept out of the job tables)."""
+    jobs = [(n, args) for n, args, _ in bench.JOBS if n in JOBS and (not a.jobs or n in a.jobs.split(","))]
+    if not jobs or a.metrics_ab_pairs <= 0:
+        return []
+    run_dir = os.path.join(work, "run")
+    addr = f"127.0.0.1:{bench.free_port()}"
+
+    def start(name, extra):
+        sock = os.path.join(work, f"{name}.sock")
+        argv = [bench.BIN, "serve", "--target", tgt.url, "--listen", f"unix://{sock}", "--cache", "off",
+                "--name", f"bench-{name}", "--run-dir", run_dir, *extra]
+        return bench.NBDServer(name, argv, sock, work, preexec=preexec)
+    servers = {}
+    rows = []
+    try:
+        servers[ON] = start(ON, ("--metrics-listen", addr))
+        servers[OFF] = start(OFF, ())
+        for job, args in jobs:
+            for pair in range(a.metrics_ab_pairs):
+                order = (ON, OFF) if pair % 2 == 0 else (OFF, ON)
+                for system in order:
+                    stale = os.path.join(work, f"fio-{job}.json")  # never read the other run's output
+                    if os.path.exists(stale):
+                        os.unlink(stale)
+                    scraper = Scraper(addr, a.metrics_ab_scrape) if system == ON else None
+                    m = bench.fio(servers[system].uri, job, args, a.metrics_ab_runtime, a.size, work, preexec)
+                    m.update(ab=True, rep=rep, placement="shared", system=system, job=job, pair=pair,
+                             scrapes=scraper.stop() if scraper else None)
+                    rows.append(m)
+                key = bench.metric_of(job)
+                on, off = [r[key] for r in rows[-2:] if r["system"] == ON], [r[key] for r in rows[-2:] if r["system"] == OFF]
+                bench.log(f"   metrics A/B {job:18s} pair {pair + 1}: on {on[0]:9.1f} off {off[0]:9.1f} "
+                          f"ratio {on[0] / off[0] if off[0] else 0:.3f}")
+    finally:
+        for s in servers.values():
+            s.stop()
+    return rows
+
+
+def ratios(rows, job, key):
+    """on/off of every pair of job (one per repetition and pair)."""
+    by = {}
+    for r in rows:
+        if r["job"] == job:
+            by.setdefault((r["rep"], r["pair"]), {})[r["system"]] = r[key]
+    return [p[ON] / p[OFF] for p in by.values() if p.get(ON) is not None and p.get(OFF)]
+
+
+def report(bench, rows):
+    """The A/B's section of the report: per job, the median on/off ratio and its spread."""
+    if not rows:
+        return []
+    out = ["\n## Metrics cost (issue 16): /metrics served and scraped against not served, same binary, "
+           "cache off, interleaved pairs\n",
+           f"Each pair is one run with metrics and one without, back to back, order alternating; "
+           f"ratio = on / off (higher is better), goal ≥ {TARGET:g}. Spread: min–max and "
+           "interquartile range over every pair of every repetition.\n",
+           "| job | on: median | off: median | on / off: median | min–max | IQR | pairs | scrapes per on-run | met |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for job in JOBS:
+        key = bench.metric_of(job)
+        rs = ratios(rows, job, key)
+        if not rs:
+            continue
+        unit = "IOPS" if key == "iops" else "MiB/s"
+        on = statistics.median(r[key] for r in rows if r["job"] == job and r["system"] == ON)
+        off = statistics.median(r[key] for r in rows if r["job"] == job and r["system"] == OFF)
+        q = statistics.quantiles(rs, n=4, method="inclusive") if len(rs) >= 2 else [rs[0], rs[0], rs[0]]
+        scrapes = [r["scrapes"] for r in rows if r["job"] == job and r["system"] == ON]
+        med = statistics.median(rs)
+        out.append(f"| {job} | {on:.0f} {unit} | {off:.0f} {unit} | {med:.3f} | {min(rs):.3f}–{max(rs):.3f} | "
+                   f"{q[0]:.3f}–{q[2]:.3f} | {len(rs)} | {statistics.median(scrapes):.0f} | "
+                   f"{'yes' if med >= TARGET else 'no'} |")
+    return out
