@@ -58,6 +58,8 @@ type gateway struct {
 	detaching chan struct{} // closed once a detach has stopped the frontend
 	// counters is the frontend's per-operation I/O counters, read by status and metrics.
 	counters *status.IOCounters
+	// restartable is attach --name's takeover, what a planned restart hands over (nil: none).
+	restartable *takeover
 }
 
 // startGateway claims the name and starts the service. stop ends the context the command serves
@@ -70,7 +72,7 @@ func startGateway(sf *serviceFlags, id status.Identity, stop context.CancelFunc,
 	id.BuildVersion = buildVersion()
 	g := &gateway{log: log, stop: stop, outcome: make(chan int, 1), detaching: make(chan struct{}),
 		counters: new(status.IOCounters)}
-	svc, err := service.Start(service.Options{RunDir: sf.runDir, Identity: id, MetricsListen: sf.metricsListen, Detach: g.detach, Log: log})
+	svc, err := service.Start(service.Options{RunDir: sf.runDir, Identity: id, MetricsListen: sf.metricsListen, Detach: g.detach, Restart: g.restart, Log: log})
 	if err != nil {
 		return nil, err
 	}
