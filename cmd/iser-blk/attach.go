@@ -133,9 +133,9 @@ type attachment struct {
 	stop   context.CancelFunc
 	log    *zap.Logger
 	dev    block.Device
-	g      *gateway // nil until named
+	g      *gateway  // nil until named
 	tk     *takeover // attach --name's takeover (nil without --name)
-	failed error    // the gateway could not start once the device existed
+	failed error     // the gateway could not start once the device existed
 	// counters is the frontend's I/O counters, the gateway's once it is named.
 	counters *status.IOCounters
 }

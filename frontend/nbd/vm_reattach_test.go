@@ -5,14 +5,12 @@ package nbd
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -186,25 +184,8 @@ func TestVMReattachWriteBackDirty(t *testing.T) {
 	if next.dev != g.dev {
 		t.Fatalf("successor attached %s, want %s", next.dev, g.dev)
 	}
-	t0 := time.Now()
-	readErr := make(chan error, 1)
-	go func() {
-		f, err := os.OpenFile(next.dev, os.O_RDONLY|syscall.O_DIRECT, 0)
-		if err == nil {
-			_, err = f.ReadAt(alignedBuf(4096), 1<<20)
-			f.Close()
-		}
-		readErr <- err
-	}()
-	select {
-	case err := <-readErr:
-		if !errors.Is(err, syscall.EIO) {
-			t.Fatalf("read on the fenced device: %v, want EIO", err)
-		}
-		t.Logf("read failed with EIO %v after the successor announced the device", time.Since(t0))
-	case <-time.After(2 * time.Second):
-		t.Fatal("a read on the fenced device did not fail within 2 s")
-	}
+	took := vmtest.ExpectEIO(t, next.dev, 1<<20, 2*time.Second)
+	t.Logf("read failed with EIO %v after the successor announced the device", took)
 	next.waitLog(t, "NOT resuming the device")
 	next.cmd.Process.Signal(os.Interrupt)
 	if err := <-next.exited; err != nil {

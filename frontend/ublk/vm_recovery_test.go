@@ -12,11 +12,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/iser-blk/iser-blk/internal/syncbuf"
+	"github.com/iser-blk/iser-blk/test/vm/vmtest"
 )
 
 // Issue 17: the gateway's own restart. These tests run the CLI (attach --ublk --name) against a
@@ -164,25 +164,8 @@ func TestVMRestartWriteBackDirty(t *testing.T) {
 	if next.path != p.path {
 		t.Fatalf("successor created %s, want the same %s", next.path, p.path)
 	}
-	t0 := time.Now()
-	readErr := make(chan error, 1)
-	go func() {
-		f, err := os.OpenFile(next.path, os.O_RDONLY|syscall.O_DIRECT, 0)
-		if err == nil {
-			_, err = f.ReadAt(alignedBuf(4096), 0)
-			f.Close()
-		}
-		readErr <- err
-	}()
-	select {
-	case err := <-readErr:
-		if !errors.Is(err, syscall.EIO) {
-			t.Fatalf("read on the fenced device: %v, want EIO", err)
-		}
-		t.Logf("read failed with EIO %v after the successor announced the device", time.Since(t0))
-	case <-time.After(2 * time.Second):
-		t.Fatal("a read on the device of a dirty write-back gateway's successor did not fail within 2 s")
-	}
+	took := vmtest.ExpectEIO(t, next.path, 0, 2*time.Second)
+	t.Logf("read failed with EIO %v after the successor announced the device", took)
 	waitLog(t, next, "NOT resuming the device", 10*time.Second)
 	if !strings.Contains(next.stderr.String(), "fsck") {
 		t.Fatalf("the successor's log does not say what to do:\n%s", next.stderr.String())
