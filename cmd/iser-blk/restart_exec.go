@@ -19,8 +19,11 @@ func executablePath() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return strings.TrimSuffix(p, " (deleted)"), nil
+	return trimDeleted(p), nil
 }
+
+// trimDeleted strips the kernel's " (deleted)" mark from an executable's path.
+func trimDeleted(p string) string { return strings.TrimSuffix(p, " (deleted)") }
 
 // reexecutable checks that path can be executed now (a restart refuses before it stops
 // anything when it could not re-execute).
