@@ -51,7 +51,8 @@ func (g *gateway) restart(ctx context.Context, _ control.Request) (func() error,
 		return nil, &control.Error{Code: control.CodeFailed, Message: "restart failed, the gateway keeps serving with its data: " + err.Error()}
 	}
 	g.log.Info("re-executing for a planned restart", zap.String("binary", startExecutable),
-		zap.Uint64("written_back_bytes", written), zap.String("written_back", humanize.IBytes(written)))
+		zap.Uint64("written_back_bytes", written.bytes), zap.String("written_back", humanize.IBytes(written.bytes)),
+		zap.String("dirty_before", humanize.IBytes(uint64(written.dirtyBefore))))
 	closeForRestart(dev, g.log)
 	return func() error {
 		err := reexec(startExecutable)
@@ -96,28 +97,41 @@ func (g *gateway) restartReady() (*takeover, block.Device, error) {
 	return t, dev, nil
 }
 
+// writeBack is what a restart's write-back did: the cache's dirty bytes when it began, and the
+// bytes its write-back counter moved (the cache's own accounting, which may differ: pages
+// written back while the drain ran, rewrites of one page).
+type writeBack struct {
+	dirtyBefore int64
+	bytes       uint64
+}
+
 // handOver closes the gate, waits for the requests in flight, writes back every dirty byte and
-// records the clean state. It returns how many bytes were written back.
-func (g *gateway) handOver(ctx context.Context, t *takeover, dev block.Device) (uint64, error) {
+// records the clean state.
+func (g *gateway) handOver(ctx context.Context, t *takeover, dev block.Device) (writeBack, error) {
+	var wb writeBack
 	if n := t.gate.Inflight(); n > 0 {
 		g.log.Info("restart: waiting for the requests in flight", zap.Int64("in_flight", n))
 	}
 	if err := t.gate.close(ctx); err != nil {
-		return 0, fmt.Errorf("requests in flight did not end: %w", err)
+		return wb, fmt.Errorf("requests in flight did not end: %w", err)
 	}
 	g.to(lifecycle.Flushing, "write-back before restart")
 	before := writtenBack(dev)
-	if err := flushWithProgress(ctx, dev, g.log, g.svc.Lifecycle); err != nil {
-		return 0, fmt.Errorf("write-back: %w", err)
+	dr, isCache := dev.(dirtyReporter)
+	if isCache {
+		wb.dirtyBefore = dr.DirtyBytes()
 	}
-	written := writtenBack(dev) - before
-	if dr, ok := dev.(dirtyReporter); ok && dr.DirtyBytes() > 0 { // nothing passes the closed gate
-		return 0, fmt.Errorf("%s still dirty after the write-back", humanize.IBytes(uint64(dr.DirtyBytes())))
+	if err := flushWithProgress(ctx, dev, g.log, g.svc.Lifecycle); err != nil {
+		return wb, fmt.Errorf("write-back: %w", err)
+	}
+	wb.bytes = writtenBack(dev) - before
+	if isCache && dr.DirtyBytes() > 0 { // nothing passes the closed gate
+		return wb, fmt.Errorf("%s still dirty after the write-back", humanize.IBytes(uint64(dr.DirtyBytes())))
 	}
 	if err := t.recordClean(); err != nil {
-		return 0, fmt.Errorf("recording the clean state: %w", err)
+		return wb, fmt.Errorf("recording the clean state: %w", err)
 	}
-	return written, nil
+	return wb, nil
 }
 
 // closeForRestart logs out of the target without touching the kernel device (the frontend is

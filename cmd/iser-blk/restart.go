@@ -49,6 +49,6 @@ func runRestart(ctx context.Context, args []string) int {
 	if err != nil {
 		return manageFail("restart", err)
 	}
-	fmt.Printf("gateway %s (PID %d) is re-executing: %s written back\n", c.Name, res.PID, humanize.IBytes(written))
+	fmt.Printf("gateway %s (PID %d) is re-executing: %s dirty written back\n", c.Name, res.PID, humanize.IBytes(written))
 	return exitOK
 }
