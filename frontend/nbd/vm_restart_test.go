@@ -28,25 +28,7 @@ func TestVMPlannedRestart(t *testing.T) {
 		"--cache", "writeback", "--name", "gw-nbd-planned", "--run-dir", runDir}
 	g := startGateway(t, args...)
 	pid := g.cmd.Process.Pid
-	exec.Command("dmesg", "-C").Run()
-	mnt := t.TempDir()
-	for _, c := range [][]string{{"mkfs.ext4", "-q", "-F", g.dev}, {"mount", g.dev, mnt}} {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v\n%s", c, err, out)
-		}
-	}
-	defer exec.Command("umount", "-l", mnt).Run()
-	fio := exec.Command("fio", "--name=verify", "--filename="+filepath.Join(mnt, "verify.dat"), "--size=32M",
-		"--rw=randwrite", "--bs=4k", "--ioengine=libaio", "--direct=1", "--iodepth=16", "--verify=crc32c",
-		"--do_verify=1", "--verify_fatal=1")
-	var fioOut bytes.Buffer
-	fio.Stdout, fio.Stderr = &fioOut, &fioOut
-	if err := fio.Start(); err != nil {
-		t.Fatal(err)
-	}
-	fioDone := make(chan error, 1)
-	go func() { fioDone <- fio.Wait() }()
-	t.Cleanup(func() { fio.Process.Kill() })
+	mnt, fioDone, fioOut := mountAndVerify(t, g.dev)
 	base := filepath.Base(g.dev)
 	for i := range 3 {
 		waitMoreWrites(t, base, 200+int64(time.Now().UnixNano()%800))
@@ -67,23 +49,8 @@ func TestVMPlannedRestart(t *testing.T) {
 	if n := strings.Count(g.stderr.String(), "re-executing for a planned restart"); n != 3 {
 		t.Fatalf("%d re-exec lines in the log, want 3", n)
 	}
-	select {
-	case err := <-fioDone:
-		if err != nil {
-			t.Fatalf("fio: %v\n%s", err, fioOut.String())
-		}
-		t.Logf("fio: %s", lastLine(fioOut.String(), "err="))
-	case <-time.After(4 * time.Minute):
-		t.Fatal("fio still running 4 min after the last restart")
-	}
-	if out, _ := exec.Command("sh", "-c", "dmesg | grep -i 'I/O error' | grep "+base).CombinedOutput(); len(bytes.TrimSpace(out)) != 0 {
-		t.Fatalf("kernel I/O errors for %s:\n%s", base, out)
-	}
-	for _, c := range [][]string{{"umount", mnt}, {"fsck.ext4", "-fn", g.dev}} {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v\n%s", c, err, out)
-		}
-	}
+	finishVerify(t, fioDone, fioOut, g.dev, mnt)
+	t.Logf("fio: %s", lastLine(fioOut.String(), "err="))
 	g.cmd.Process.Signal(os.Interrupt)
 	if err := <-g.exited; err != nil {
 		t.Fatalf("detach: %v\n%s", err, g.stderr.String())

@@ -80,21 +80,29 @@ func testRestartKill9(t *testing.T, cacheMode string) {
 		t.Logf("restart %d: %s served again %v after kill -9", i+1, next.path, time.Since(t0))
 		p = next
 	}
+	finishVerify(t, fioDone, fioOut, p.path, mnt)
+	p.terminate(t, 60*time.Second)
+	if _, err := os.Stat(filepath.Join(args[5], args[3]+".json")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("state file left after a clean detach: %v", err)
+	}
+}
+
+// finishVerify waits for fio verify to end without an error, then requires no kernel I/O error
+// for dev, unmounts mnt and requires fsck to find the filesystem clean.
+func finishVerify(t *testing.T, fioDone chan error, fioOut *syncbuf.Buffer, dev, mnt string) {
+	t.Helper()
 	select {
 	case err := <-fioDone:
 		checkFioVerify(t, err, fioOut)
 	case <-time.After(4 * time.Minute):
 		t.Fatal("fio still running 4 min after the last restart")
 	}
+	base := filepath.Base(dev)
 	if out, _ := exec.Command("sh", "-c", "dmesg | grep -i 'error' | grep -i "+base).CombinedOutput(); len(bytes.TrimSpace(out)) != 0 {
 		t.Fatalf("kernel I/O errors for %s:\n%s", base, out)
 	}
 	run(t, "umount", mnt)
-	run(t, "fsck.ext4", "-fn", p.path)
-	p.terminate(t, 60*time.Second)
-	if _, err := os.Stat(filepath.Join(args[5], args[3]+".json")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("state file left after a clean detach: %v", err)
-	}
+	run(t, "fsck.ext4", "-fn", dev)
 }
 
 // startFioVerify writes a file in the filesystem with 4 KiB random writes (libaio, direct,

@@ -3,7 +3,6 @@
 package ublk
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -56,17 +55,7 @@ func TestVMPlannedRestart(t *testing.T) {
 			t.Logf("log: %s", l)
 		}
 	}
-	select {
-	case err := <-fioDone:
-		checkFioVerify(t, err, fioOut)
-	case <-time.After(4 * time.Minute):
-		t.Fatal("fio still running 4 min after the last restart")
-	}
-	if out, _ := exec.Command("sh", "-c", "dmesg | grep -i 'error' | grep -i "+base).CombinedOutput(); len(bytes.TrimSpace(out)) != 0 {
-		t.Fatalf("kernel I/O errors for %s:\n%s", base, out)
-	}
-	run(t, "umount", mnt)
-	run(t, "fsck.ext4", "-fn", p.path)
+	finishVerify(t, fioDone, fioOut, p.path, mnt)
 	p.terminate(t, 60*time.Second)
 }
 
