@@ -178,6 +178,11 @@ func TestVMRestartWriteBackDirty(t *testing.T) {
 	if !strings.Contains(next.stderr.String(), "fsck") {
 		t.Fatalf("the successor's log does not say what to do:\n%s", next.stderr.String())
 	}
+	st, err := exec.Command(os.Getenv("ISERBLK_BIN"), "status", "gw-wb", "--run-dir", args[5]).CombinedOutput()
+	if err != nil || !strings.Contains(string(st), "failed: device fenced") || !strings.Contains(string(st), "fsck") {
+		t.Fatalf("status does not say the device is fenced and why (%v):\n%s", err, st)
+	}
+	t.Logf("status of the fenced gateway:\n%s", st)
 	select {
 	case err := <-fioDone:
 		t.Logf("fio ended: %v\n%s", err, lastLines(fioOut.String(), 4))
