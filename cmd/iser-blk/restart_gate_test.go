@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/iser-blk/iser-blk/backend/memdev"
 	"github.com/iser-blk/iser-blk/block"
 )
 
@@ -171,5 +172,29 @@ func TestGateAllocatesNothing(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations per request through the gate, want 0", allocs)
+	}
+}
+
+// BenchmarkGate is the cost the gate adds to a request (attach --name): compare with/without.
+func BenchmarkGate(b *testing.B) {
+	dev, err := memdev.New(1<<20, memdev.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dev.Close()
+	buf := make([]byte, 4096)
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		d    block.Device
+	}{{"direct", dev}, {"gated", newRestartGate(dev)}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := c.d.ReadAt(ctx, buf, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
