@@ -19,6 +19,7 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
+	"github.com/iser-blk/iser-blk/internal/lifecycle"
 	"github.com/iser-blk/iser-blk/internal/statefile"
 	"github.com/iser-blk/iser-blk/internal/status"
 	"github.com/iser-blk/iser-blk/pool"
@@ -112,6 +113,7 @@ func runAttach(ctx context.Context, args []string) int {
 		if af.uo.Takeover, err = prepareTakeover(&af.takeover, statefile.KindUblk, ef.target, ef.cache.mode, dev, log); err != nil {
 			code = failTakeover(err)
 		} else {
+			at.tk = af.uo.Takeover
 			code = attachUblk(ctx, dev, af.uo, at.announceUblk, log)
 		}
 	} else {
@@ -131,8 +133,9 @@ type attachment struct {
 	stop   context.CancelFunc
 	log    *zap.Logger
 	dev    block.Device
-	g      *gateway // nil until named
-	failed error    // the gateway could not start once the device existed
+	g      *gateway  // nil until named
+	tk     *takeover // attach --name's takeover (nil without --name)
+	failed error     // the gateway could not start once the device existed
 	// counters is the frontend's I/O counters, the gateway's once it is named.
 	counters *status.IOCounters
 }
@@ -172,6 +175,12 @@ func (at *attachment) announced(path string, fe status.Frontend) {
 	at.g.svc.Status.SetFrontendPath(path)
 	at.g.serving(at.dev, path, fe)
 	at.g.ready()
+	if at.tk != nil {
+		at.g.canRestart(at.tk)
+		if why := at.tk.fenceReason(); why != "" { // status shows why every I/O fails
+			at.g.to(lifecycle.Failed, "device fenced: "+why)
+		}
+	}
 }
 
 func (at *attachment) announceUblk(path string) {
@@ -217,6 +226,7 @@ func attachNBD(ctx context.Context, at *attachment, p *pool.Pool, mem int64) int
 	if err != nil {
 		return failTakeover(err)
 	}
+	at.tk = tk
 	srv, err := newExportServer(tk.serving(at.dev), at.ef, p, mem, at.counters, log)
 	if err != nil {
 		return fail("attach", err)

@@ -68,6 +68,8 @@ type gateway struct {
 	// gateway is failed with this reason while ready otherwise, and only that failure is undone
 	// when a path returns.
 	pathFailure string
+	// restartable is attach --name's takeover, what a planned restart hands over (nil: none).
+	restartable *takeover
 }
 
 // startGateway claims the name and starts the service. counters are the frontend's I/O
@@ -81,7 +83,7 @@ func startGateway(sf *serviceFlags, id status.Identity, counters *status.IOCount
 	}
 	id.BuildVersion = buildVersion()
 	g := &gateway{log: log, stop: stop, outcome: make(chan int, 1), counters: counters}
-	svc, err := service.Start(service.Options{RunDir: sf.runDir, Identity: id, MetricsListen: sf.metricsListen, Detach: g.detach, Log: log})
+	svc, err := service.Start(service.Options{RunDir: sf.runDir, Identity: id, MetricsListen: sf.metricsListen, Detach: g.detach, Restart: g.restart, Log: log})
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"sync"
 
 	"go.uber.org/zap"
 
@@ -41,6 +42,16 @@ type takeover struct {
 	cacheMode string
 	prev      *statefile.State
 	log       *zap.Logger
+
+	// What a planned restart (gateway_restart.go) needs: the gate in front of the served device,
+	// the device's id once recorded, and the frontend's check that the kernel device can wait
+	// for the next process image.
+	gate  *restartGate
+	mu    sync.Mutex // guards kind, devID, canWait: set by the frontend, read by a restart
+	kind  string
+	devID int
+	// canWait reports why the kernel device would not wait for a successor (nil: it would).
+	canWait func() error
 }
 
 // prepareTakeover reads NAME.json for attach --name. A missing file means a fresh device; an
@@ -88,7 +99,56 @@ func (t *takeover) record(kind string, devID int) error {
 	if t.prev != nil && t.prev.Dirty {
 		st.Dirty = true // a fenced device stays fenced for the next successor too
 	}
+	if err := statefile.Write(t.path, st); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	t.kind, t.devID = kind, devID
+	t.mu.Unlock()
+	return nil
+}
+
+// recordClean records that nothing acknowledged is only in this gateway's memory any more:
+// the planned restart's last word before the re-exec, which lets the successor resume the
+// device even with a write-back cache (statefile's rule). The successor's record makes the
+// state dirty again before it serves.
+func (t *takeover) recordClean() error {
+	t.mu.Lock()
+	kind, devID := t.kind, t.devID
+	t.mu.Unlock()
+	if kind == "" {
+		return errors.New("the device's state was never recorded")
+	}
+	st := statefile.Fresh(t.name, kind, devID, t.lun, t.cacheMode, os.Getpid())
+	st.Dirty = false
 	return statefile.Write(t.path, st)
+}
+
+// setCanWait installs the frontend's check that its kernel device waits for a successor.
+func (t *takeover) setCanWait(check func() error) {
+	t.mu.Lock()
+	t.canWait = check
+	t.mu.Unlock()
+}
+
+// checkCanWait is canWait's answer (an error if none was installed: the device is not up).
+func (t *takeover) checkCanWait() error {
+	t.mu.Lock()
+	check := t.canWait
+	t.mu.Unlock()
+	if check == nil {
+		return errors.New("the kernel device is not set up yet")
+	}
+	return check()
+}
+
+// fenceReason is why the device is fenced ("" when it is served).
+func (t *takeover) fenceReason() string {
+	if t == nil || t.prev == nil {
+		return ""
+	}
+	_, why := t.prev.Resumable()
+	return why
 }
 
 // forget removes the state file once the device is gone.
@@ -109,12 +169,17 @@ func (t *takeover) serveDevice(dev block.Device) block.Device {
 	return fence(dev, why)
 }
 
-// serving is serveDevice for a takeover, dev itself without one (no --name, or no predecessor).
+// serving is what the frontend serves: without --name dev itself; with it dev (fenced when the
+// predecessor's state says so) behind the gate a planned restart closes.
 func (t *takeover) serving(dev block.Device) block.Device {
-	if t == nil || t.prev == nil {
+	if t == nil {
 		return dev
 	}
-	return t.serveDevice(dev)
+	if t.prev != nil {
+		dev = t.serveDevice(dev)
+	}
+	t.gate = newRestartGate(dev)
+	return t.gate
 }
 
 // forgetIfSet is forget when attach has a --name.

@@ -107,39 +107,58 @@ func parseDeviceIndex(dev string) (int, error) {
 // per connection, the server serving its ends before the kernel gets the others (through netlink,
 // or the ioctl path when the kernel has no nbd netlink family or opts.ForceIoctl says so).
 func Attach(srv *Server, opts AttachOptions) (*Attachment, error) {
-	if opts.Connections <= 0 {
-		opts.Connections = 1
-	}
-	if opts.Connections > 1 && srv.Flags()&FlagCanMultiConn == 0 {
-		return nil, fmt.Errorf("nbd: %d connections need a device that supports multi-conn", opts.Connections)
-	}
-	if opts.Logger == nil {
-		opts.Logger = zap.NewNop()
+	opts, err := checkAttachOptions(srv, opts)
+	if err != nil {
+		return nil, err
 	}
 	index, err := parseDeviceIndex(opts.Device)
 	if err != nil {
 		return nil, err
 	}
-	locals, remotes, err := socketPairs(opts.Connections)
-	if err != nil {
+	a := &Attachment{srv: srv, index: index, log: opts.Logger, done: make(chan struct{})}
+	if err := a.start(opts.Connections, func(remotes []*os.File) error { return a.connect(remotes, opts) }); err != nil {
 		return nil, err
 	}
-	a := &Attachment{srv: srv, index: index, log: opts.Logger, done: make(chan struct{})}
+	a.log.Info("nbd device attached", zap.String("device", a.Path()), zap.Bool("netlink", a.viaNetlink),
+		zap.Int("connections", opts.Connections), zap.Uint16("flags", srv.Flags()))
+	return a, nil
+}
+
+// checkAttachOptions applies the defaults and refuses more than one connection to a device that
+// does not support multi-conn (Attach and Reattach alike).
+func checkAttachOptions(srv *Server, opts AttachOptions) (AttachOptions, error) {
+	if opts.Connections <= 0 {
+		opts.Connections = 1
+	}
+	if opts.Connections > 1 && srv.Flags()&FlagCanMultiConn == 0 {
+		return opts, fmt.Errorf("nbd: %d connections need a device that supports multi-conn", opts.Connections)
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	return opts, nil
+}
+
+// start makes n socket pairs, serves the server's ends and hands the kernel's ends to connect;
+// the kernel keeps its own references, so ours are closed either way. If connect fails the
+// server's ends are closed and their connections have ended when start returns.
+func (a *Attachment) start(n int, connect func(remotes []*os.File) error) error {
+	locals, remotes, err := socketPairs(n)
+	if err != nil {
+		return err
+	}
 	a.serve(locals)
-	err = a.connect(remotes, opts)
+	err = connect(remotes)
 	for _, f := range remotes {
-		f.Close() // the kernel holds its own reference once connected
+		f.Close()
 	}
 	if err != nil {
 		for _, c := range locals {
 			c.Close()
 		}
 		<-a.done
-		return nil, err
 	}
-	a.log.Info("nbd device attached", zap.String("device", a.Path()), zap.Bool("netlink", a.viaNetlink),
-		zap.Int("connections", len(locals)), zap.Uint16("flags", srv.Flags()))
-	return a, nil
+	return err
 }
 
 // socketPairs makes n socket pairs: the server's ends and the kernel's.
@@ -338,16 +357,22 @@ func connectAttrs(srv *Server, index int, fds []int, opts AttachOptions) []byte 
 	}
 	e.u64(nbdAttrSizeBytes, uint64(srv.dev.Size()))
 	e.u64(nbdAttrBlockSizeBytes, uint64(srv.dev.BlockSize()))
+	e.u64(nbdAttrServerFlags, uint64(srv.Flags()))
+	connectionAttrs(&e, srv, fds, opts)
+	return e.b
+}
+
+// connectionAttrs adds what NBD_CMD_CONNECT and NBD_CMD_RECONFIGURE both carry: the timeouts,
+// the sockets and the backend identifier (include/uapi/linux/nbd-netlink.h).
+func connectionAttrs(e *attrEncoder, srv *Server, fds []int, opts AttachOptions) {
 	e.u64(nbdAttrTimeout, uint64(opts.Timeout/time.Second))
 	e.u64(nbdAttrDeadConnTimeout, uint64(opts.DeadConnTimeout/time.Second))
-	e.u64(nbdAttrServerFlags, uint64(srv.Flags()))
 	e.nested(nbdAttrSockets, func(s *attrEncoder) {
 		for _, fd := range fds {
 			s.nested(nbdSockItem, func(it *attrEncoder) { it.u32(nbdSockFD, uint32(fd)) })
 		}
 	})
 	e.str(nbdAttrBackendID, backendID(srv, opts))
-	return e.b
 }
 
 func netlinkConnect(srv *Server, index int, remotes []*os.File, opts AttachOptions) (int, error) {

@@ -35,13 +35,12 @@ func backendID(srv *Server, opts AttachOptions) string {
 	return "iser-blk:" + srv.opts.ExportName
 }
 
-// Reattach gives opts.Device, whose server died, fresh connections to srv.
+// Reattach gives opts.Device, whose server died, fresh connections to srv: the same checks and
+// socket handling as Attach, NBD_CMD_RECONFIGURE in place of NBD_CMD_CONNECT.
 func Reattach(srv *Server, opts AttachOptions) (*Attachment, error) {
-	if opts.Logger == nil {
-		opts.Logger = zap.NewNop()
-	}
-	if opts.Connections <= 0 {
-		opts.Connections = 1
+	opts, err := checkAttachOptions(srv, opts)
+	if err != nil {
+		return nil, err
 	}
 	index, err := parseDeviceIndex(opts.Device)
 	if err != nil || index < 0 {
@@ -50,24 +49,11 @@ func Reattach(srv *Server, opts AttachOptions) (*Attachment, error) {
 	if err := checkBackend(index, backendID(srv, opts)); err != nil {
 		return nil, err
 	}
-	locals, remotes, err := socketPairs(opts.Connections)
-	if err != nil {
-		return nil, err
-	}
 	a := &Attachment{srv: srv, index: index, viaNetlink: true, log: opts.Logger, done: make(chan struct{})}
-	a.serve(locals)
-	err = netlinkReconfigure(srv, index, remotes, opts)
-	for _, f := range remotes {
-		f.Close()
-	}
-	if err != nil {
-		for _, c := range locals {
-			c.Close()
-		}
-		<-a.done
+	if err := a.start(opts.Connections, func(remotes []*os.File) error { return netlinkReconfigure(srv, index, remotes, opts) }); err != nil {
 		return nil, err
 	}
-	a.log.Info("nbd device reattached: the kernel has new connections", zap.String("device", a.Path()), zap.Int("connections", len(locals)))
+	a.log.Info("nbd device reattached: the kernel has new connections", zap.String("device", a.Path()), zap.Int("connections", opts.Connections))
 	return a, nil
 }
 
@@ -99,15 +85,7 @@ func netlinkReconfigure(srv *Server, index int, remotes []*os.File, opts AttachO
 	for i, f := range remotes {
 		fds[i] = int(f.Fd())
 	}
-	var e attrEncoder
-	e.u32(nbdAttrIndex, uint32(index))
-	e.u64(nbdAttrDeadConnTimeout, uint64(opts.DeadConnTimeout/time.Second))
-	e.nested(nbdAttrSockets, func(s *attrEncoder) {
-		for _, fd := range fds {
-			s.nested(nbdSockItem, func(it *attrEncoder) { it.u32(nbdSockFD, uint32(fd)) })
-		}
-	})
-	e.str(nbdAttrBackendID, backendID(srv, opts))
+	e := reconfigureAttrs(srv, index, fds, opts)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		_, err = g.request(fam, nbdCmdReconfigure, nbdGenlVersion, e.b)
@@ -127,6 +105,15 @@ func netlinkReconfigure(srv *Server, index int, remotes []*os.File, opts AttachO
 	return nil
 }
 
+// reconfigureAttrs builds the NBD_CMD_RECONFIGURE attributes: the device and what a connect
+// gives a connection, so that a reattached device keeps the timeouts it was attached with.
+func reconfigureAttrs(srv *Server, index int, fds []int, opts AttachOptions) attrEncoder {
+	var e attrEncoder
+	e.u32(nbdAttrIndex, uint32(index))
+	connectionAttrs(&e, srv, fds, opts)
+	return e
+}
+
 // openNBDFamily opens a generic netlink socket and resolves the nbd family's id.
 func openNBDFamily() (*genlConn, uint16, error) {
 	g, err := openGenl()
@@ -140,3 +127,7 @@ func openNBDFamily() (*genlConn, uint16, error) {
 	}
 	return g, fam, nil
 }
+
+// Reconfigurable reports whether a successor can give the device new sockets: only a device
+// configured through netlink outlives the process serving it.
+func (a *Attachment) Reconfigurable() bool { return a.viaNetlink }

@@ -5,14 +5,12 @@ package nbd
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -92,25 +90,7 @@ func TestVMReattachKill9(t *testing.T) {
 	if got := sysBlock(t, g.dev, "backend"); !strings.HasPrefix(got, "iser-blk:gw-nbd:") {
 		t.Fatalf("backend identifier %q does not name the gateway", got)
 	}
-	exec.Command("dmesg", "-C").Run()
-	mnt := t.TempDir()
-	for _, c := range [][]string{{"mkfs.ext4", "-q", "-F", g.dev}, {"mount", g.dev, mnt}} {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v\n%s", c, err, out)
-		}
-	}
-	defer exec.Command("umount", "-l", mnt).Run()
-	fio := exec.Command("fio", "--name=verify", "--filename="+filepath.Join(mnt, "verify.dat"), "--size=32M",
-		"--rw=randwrite", "--bs=4k", "--ioengine=libaio", "--direct=1", "--iodepth=16", "--verify=crc32c",
-		"--do_verify=1", "--verify_fatal=1")
-	var fioOut bytes.Buffer
-	fio.Stdout, fio.Stderr = &fioOut, &fioOut
-	if err := fio.Start(); err != nil {
-		t.Fatal(err)
-	}
-	fioDone := make(chan error, 1)
-	go func() { fioDone <- fio.Wait() }()
-	t.Cleanup(func() { fio.Process.Kill() })
+	mnt, fioDone, fioOut := mountAndVerify(t, g.dev)
 	base := filepath.Base(g.dev)
 	for i := range 3 {
 		waitMoreWrites(t, base, 200+int64(time.Now().UnixNano()%800))
@@ -125,6 +105,43 @@ func TestVMReattachKill9(t *testing.T) {
 		t.Logf("restart %d: %s has new connections %v after kill -9", i+1, next.dev, time.Since(t0))
 		g = next
 	}
+	finishVerify(t, fioDone, fioOut, g.dev, mnt)
+	g.cmd.Process.Signal(os.Interrupt)
+	if err := <-g.exited; err != nil {
+		t.Fatalf("detach: %v\n%s", err, g.stderr.String())
+	}
+}
+
+// mountAndVerify makes ext4 on dev, mounts it and starts fio verify on a file in it (4 KiB random
+// writes, libaio, direct, QD16) after clearing the kernel log.
+func mountAndVerify(t *testing.T, dev string) (mnt string, fioDone chan error, fioOut *syncbuf.Buffer) {
+	t.Helper()
+	exec.Command("dmesg", "-C").Run()
+	mnt = t.TempDir()
+	for _, c := range [][]string{{"mkfs.ext4", "-q", "-F", dev}, {"mount", dev, mnt}} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", c, err, out)
+		}
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
+	fio := exec.Command("fio", "--name=verify", "--filename="+filepath.Join(mnt, "verify.dat"), "--size=32M",
+		"--rw=randwrite", "--bs=4k", "--ioengine=libaio", "--direct=1", "--iodepth=16", "--verify=crc32c",
+		"--do_verify=1", "--verify_fatal=1")
+	fioOut = &syncbuf.Buffer{}
+	fio.Stdout, fio.Stderr = fioOut, fioOut
+	if err := fio.Start(); err != nil {
+		t.Fatal(err)
+	}
+	fioDone = make(chan error, 1)
+	go func() { fioDone <- fio.Wait() }()
+	t.Cleanup(func() { fio.Process.Kill() })
+	return mnt, fioDone, fioOut
+}
+
+// finishVerify waits for fio to end without a verify or I/O error (fio exits non-zero on
+// either), requires no kernel I/O error for dev, unmounts mnt and requires a clean fsck.
+func finishVerify(t *testing.T, fioDone chan error, fioOut *syncbuf.Buffer, dev, mnt string) {
+	t.Helper()
 	select {
 	case err := <-fioDone:
 		if err != nil {
@@ -133,17 +150,14 @@ func TestVMReattachKill9(t *testing.T) {
 	case <-time.After(4 * time.Minute):
 		t.Fatal("fio still running 4 min after the last restart")
 	}
+	base := filepath.Base(dev)
 	if out, _ := exec.Command("sh", "-c", "dmesg | grep -i 'I/O error' | grep "+base).CombinedOutput(); len(bytes.TrimSpace(out)) != 0 {
 		t.Fatalf("kernel I/O errors for %s:\n%s", base, out)
 	}
-	for _, c := range [][]string{{"umount", mnt}, {"fsck.ext4", "-fn", g.dev}} {
+	for _, c := range [][]string{{"umount", mnt}, {"fsck.ext4", "-fn", dev}} {
 		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
 			t.Fatalf("%v: %v\n%s", c, err, out)
 		}
-	}
-	g.cmd.Process.Signal(os.Interrupt)
-	if err := <-g.exited; err != nil {
-		t.Fatalf("detach: %v\n%s", err, g.stderr.String())
 	}
 }
 
@@ -186,25 +200,8 @@ func TestVMReattachWriteBackDirty(t *testing.T) {
 	if next.dev != g.dev {
 		t.Fatalf("successor attached %s, want %s", next.dev, g.dev)
 	}
-	t0 := time.Now()
-	readErr := make(chan error, 1)
-	go func() {
-		f, err := os.OpenFile(next.dev, os.O_RDONLY|syscall.O_DIRECT, 0)
-		if err == nil {
-			_, err = f.ReadAt(alignedBuf(4096), 1<<20)
-			f.Close()
-		}
-		readErr <- err
-	}()
-	select {
-	case err := <-readErr:
-		if !errors.Is(err, syscall.EIO) {
-			t.Fatalf("read on the fenced device: %v, want EIO", err)
-		}
-		t.Logf("read failed with EIO %v after the successor announced the device", time.Since(t0))
-	case <-time.After(2 * time.Second):
-		t.Fatal("a read on the fenced device did not fail within 2 s")
-	}
+	took := vmtest.ExpectEIO(t, next.dev, 1<<20, 2*time.Second)
+	t.Logf("read failed with EIO %v after the successor announced the device", took)
 	next.waitLog(t, "NOT resuming the device")
 	next.cmd.Process.Signal(os.Interrupt)
 	if err := <-next.exited; err != nil {

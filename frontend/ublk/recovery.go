@@ -149,7 +149,40 @@ func (s *Server) adopt(id uint32) error {
 		return err
 	}
 	s.maxIO = min(int(info.MaxIOBufBytes), int(params.Basic.MaxSectors)<<sectorShift)
+	if err := checkPoolClass(s.pool, s.maxIO); err != nil {
+		return err
+	}
 	return s.startRecovery(id)
+}
+
+// checkPoolClass refuses a pool whose largest buffer is smaller than the device's requests: the
+// device keeps the request size it was created with, and every tag's buffer must be one pool
+// buffer (Start lowers the size to the pool's instead; a recovered device cannot).
+func checkPoolClass(p BufferPool, maxIO int) error {
+	mc, ok := p.(interface{ MaxClass() int })
+	if !ok || mc.MaxClass() >= maxIO {
+		return nil
+	}
+	return fmt.Errorf("%w: the device takes requests of up to %d bytes, the buffer pool's largest buffer is %d bytes (raise --buffer-memory or start with the flags the device was created with)",
+		ErrMismatch, maxIO, mc.MaxClass())
+}
+
+// DeviceReissues reports whether device id would hand the requests its server holds to the next
+// server (UBLK_F_USER_RECOVERY_REISSUE) when the server goes: what a planned restart needs.
+// Without it the driver fails them with EIO (ublk_drv's __ublk_fail_req), and with
+// UBLK_F_USER_RECOVERY_FAIL_IO it fails every request until the next server is up.
+func DeviceReissues(id uint32) (bool, error) {
+	ctrl, err := OpenControl("")
+	if err != nil {
+		return false, err
+	}
+	defer ctrl.Close()
+	info, err := ctrl.DevInfo(id)
+	if err != nil {
+		return false, fmt.Errorf("ublk: device %d: %w", id, err)
+	}
+	const want = FeatUserRecovery | FeatUserRecoveryReissue
+	return info.Flags&want == want && info.Flags&FeatUserRecoveryFailIO == 0, nil
 }
 
 // waitForOrphan returns the device's info once it waits for a server. A device that is still

@@ -63,3 +63,25 @@ func TestPidAlive(t *testing.T) {
 		t.Fatal("reaped child is alive")
 	}
 }
+
+// classPool is a BufferPool whose largest buffer is max bytes.
+type classPool struct {
+	BufferPool
+	max int
+}
+
+func (p classPool) MaxClass() int { return p.max }
+
+// A recovered device keeps its request size, so a pool whose buffers are smaller is refused
+// (Start lowers the size to the pool's instead).
+func TestRecoverChecksThePoolClass(t *testing.T) {
+	if err := checkPoolClass(classPool{max: 256 << 10}, 512<<10); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("pool of 256 KiB buffers for 512 KiB requests: %v, want ErrMismatch", err)
+	}
+	if err := checkPoolClass(classPool{max: 1 << 20}, 512<<10); err != nil {
+		t.Fatalf("pool of 1 MiB buffers for 512 KiB requests: %v", err)
+	}
+	if err := checkPoolClass(nil, 512<<10); err != nil {
+		t.Fatalf("anonymous buffers: %v", err)
+	}
+}

@@ -12,11 +12,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/iser-blk/iser-blk/internal/syncbuf"
+	"github.com/iser-blk/iser-blk/test/vm/vmtest"
 )
 
 // Issue 17: the gateway's own restart. These tests run the CLI (attach --ublk --name) against a
@@ -80,21 +80,29 @@ func testRestartKill9(t *testing.T, cacheMode string) {
 		t.Logf("restart %d: %s served again %v after kill -9", i+1, next.path, time.Since(t0))
 		p = next
 	}
+	finishVerify(t, fioDone, fioOut, p.path, mnt)
+	p.terminate(t, 60*time.Second)
+	if _, err := os.Stat(filepath.Join(args[5], args[3]+".json")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("state file left after a clean detach: %v", err)
+	}
+}
+
+// finishVerify waits for fio verify to end without an error, then requires no kernel I/O error
+// for dev, unmounts mnt and requires fsck to find the filesystem clean.
+func finishVerify(t *testing.T, fioDone chan error, fioOut *syncbuf.Buffer, dev, mnt string) {
+	t.Helper()
 	select {
 	case err := <-fioDone:
 		checkFioVerify(t, err, fioOut)
 	case <-time.After(4 * time.Minute):
 		t.Fatal("fio still running 4 min after the last restart")
 	}
+	base := filepath.Base(dev)
 	if out, _ := exec.Command("sh", "-c", "dmesg | grep -i 'error' | grep -i "+base).CombinedOutput(); len(bytes.TrimSpace(out)) != 0 {
 		t.Fatalf("kernel I/O errors for %s:\n%s", base, out)
 	}
 	run(t, "umount", mnt)
-	run(t, "fsck.ext4", "-fn", p.path)
-	p.terminate(t, 60*time.Second)
-	if _, err := os.Stat(filepath.Join(args[5], args[3]+".json")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("state file left after a clean detach: %v", err)
-	}
+	run(t, "fsck.ext4", "-fn", dev)
 }
 
 // startFioVerify writes a file in the filesystem with 4 KiB random writes (libaio, direct,
@@ -164,29 +172,17 @@ func TestVMRestartWriteBackDirty(t *testing.T) {
 	if next.path != p.path {
 		t.Fatalf("successor created %s, want the same %s", next.path, p.path)
 	}
-	t0 := time.Now()
-	readErr := make(chan error, 1)
-	go func() {
-		f, err := os.OpenFile(next.path, os.O_RDONLY|syscall.O_DIRECT, 0)
-		if err == nil {
-			_, err = f.ReadAt(alignedBuf(4096), 0)
-			f.Close()
-		}
-		readErr <- err
-	}()
-	select {
-	case err := <-readErr:
-		if !errors.Is(err, syscall.EIO) {
-			t.Fatalf("read on the fenced device: %v, want EIO", err)
-		}
-		t.Logf("read failed with EIO %v after the successor announced the device", time.Since(t0))
-	case <-time.After(2 * time.Second):
-		t.Fatal("a read on the device of a dirty write-back gateway's successor did not fail within 2 s")
-	}
+	took := vmtest.ExpectEIO(t, next.path, 0, 2*time.Second)
+	t.Logf("read failed with EIO %v after the successor announced the device", took)
 	waitLog(t, next, "NOT resuming the device", 10*time.Second)
 	if !strings.Contains(next.stderr.String(), "fsck") {
 		t.Fatalf("the successor's log does not say what to do:\n%s", next.stderr.String())
 	}
+	st, err := exec.Command(os.Getenv("ISERBLK_BIN"), "status", "gw-wb", "--run-dir", args[5]).CombinedOutput()
+	if err != nil || !strings.Contains(string(st), "failed: device fenced") || !strings.Contains(string(st), "fsck") {
+		t.Fatalf("status does not say the device is fenced and why (%v):\n%s", err, st)
+	}
+	t.Logf("status of the fenced gateway:\n%s", st)
 	select {
 	case err := <-fioDone:
 		t.Logf("fio ended: %v\n%s", err, lastLines(fioOut.String(), 4))

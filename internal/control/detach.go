@@ -38,8 +38,19 @@ func (s *Server) detach(w *replyWriter, req Request) bool {
 
 // runDetach calls the handler, one detach at a time, with progress streamed to w.
 func (s *Server) runDetach(w *replyWriter, req Request) (DetachResult, error) {
+	var res DetachResult
+	err := s.exclusive(w, req, func(ctx context.Context) (err error) {
+		res, err = s.handler.Detach(ctx, req)
+		return err
+	})
+	return res, err
+}
+
+// exclusive runs op under req's timeout with the lifecycle streamed to w as progress lines; one
+// detach or restart runs at a time (a second one is answered "busy").
+func (s *Server) exclusive(w *replyWriter, req Request, op func(ctx context.Context) error) error {
 	if !s.detachMu.TryLock() {
-		return DetachResult{}, &Error{Code: CodeBusy, Message: "a detach is already running"}
+		return &Error{Code: CodeBusy, Message: "a detach or restart is already running"}
 	}
 	defer s.detachMu.Unlock()
 	ctx := context.Background()
@@ -54,10 +65,10 @@ func (s *Server) runDetach(w *replyWriter, req Request) (DetachResult, error) {
 	if s.opts.Lifecycle != nil {
 		unsubscribe = s.opts.Lifecycle.Subscribe(stream)
 	}
-	res, err := s.handler.Detach(ctx, req)
+	err := op(ctx)
 	unsubscribe()
 	stream.stop()
-	return res, err
+	return err
 }
 
 // progressStream is a lifecycle.Observer that hands lines to a writer goroutine through a

@@ -27,7 +27,7 @@ const (
 const (
 	OpStatus  = "status"
 	OpDetach  = "detach"
-	OpRestart = "restart" // reserved for issue 17; answered "unsupported" until a handler offers it
+	OpRestart = "restart" // a planned restart (issue 17); "unsupported" unless the handler is a Restarter
 )
 
 // Reply types.

@@ -5,16 +5,22 @@ import (
 	"errors"
 	"os"
 	"testing"
+	"time"
 )
 
 // restartingGateway is a fakeGateway that offers OpRestart.
 type restartingGateway struct {
 	*fakeGateway
 	flushErr error
+	stuck    bool // the drain never ends: Restart waits for its context
 	reexeced chan struct{}
 }
 
-func (g *restartingGateway) Restart(context.Context, Request) (func() error, error) {
+func (g *restartingGateway) Restart(ctx context.Context, _ Request) (func() error, error) {
+	if g.stuck {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
 	if g.flushErr != nil {
 		return nil, g.flushErr
 	}
@@ -38,7 +44,7 @@ func TestRestartAnswersThenReexecs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := c.Restart(context.Background())
+	res, err := c.Restart(context.Background(), RestartOptions{}, nil)
 	if err != nil || res.PID != os.Getpid() {
 		t.Fatalf("restart: %+v, %v", res, err)
 	}
@@ -53,7 +59,7 @@ func TestRestartFailedFlushKeepsServing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Restart(context.Background()); err == nil || ExitCode(err) != 1 {
+	if _, err := c.Restart(context.Background(), RestartOptions{}, nil); err == nil || ExitCode(err) != 1 {
 		t.Fatalf("restart with a failed flush: %v (exit %d), want an error and exit 1", err, ExitCode(err))
 	}
 	if _, err := c.Status(context.Background()); err != nil {
@@ -74,7 +80,25 @@ func TestRestartUnsupported(t *testing.T) {
 		t.Fatal(err)
 	}
 	var e *Error
-	if _, err := c.Restart(context.Background()); !errors.As(err, &e) || e.Code != CodeUnsupported {
+	if _, err := c.Restart(context.Background(), RestartOptions{}, nil); !errors.As(err, &e) || e.Code != CodeUnsupported {
 		t.Fatalf("restart of a gateway without it: %v", err)
+	}
+}
+
+func TestRestartTimeoutKeepsServing(t *testing.T) {
+	dir := testRunDir(t)
+	g := &restartingGateway{fakeGateway: newFakeGateway("gw"), stuck: true, reexeced: make(chan struct{})}
+	serveRestarting(t, dir, "gw", g)
+	c, err := Dial(context.Background(), dir, "gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e *Error
+	_, err = c.Restart(context.Background(), RestartOptions{Timeout: 50 * time.Millisecond}, nil)
+	if !errors.As(err, &e) || e.Code != CodeTimeout || ExitCode(err) != 1 {
+		t.Fatalf("restart past its timeout: %v (exit %d), want a timeout error and exit 1", err, ExitCode(err))
+	}
+	if _, err := c.Status(context.Background()); err != nil {
+		t.Fatalf("the gateway stopped serving after a restart timed out: %v", err)
 	}
 }

@@ -224,19 +224,7 @@ func (s *Server) dispatch(w *replyWriter, req Request) bool {
 	case OpDetach:
 		return s.detach(w, req)
 	case OpRestart:
-		r, ok := s.handler.(Restarter)
-		if !ok {
-			return w.error(&Error{Code: CodeUnsupported, Message: "restart is not implemented by this gateway"})
-		}
-		reexec, err := r.Restart(context.Background(), req)
-		if err != nil {
-			return w.error(err)
-		}
-		ok = w.write(Reply{Type: ReplyDone, Result: &DetachResult{PID: os.Getpid()}})
-		if err = reexec(); err != nil {
-			s.opts.Log.Error("restart: re-executing the gateway failed", zap.Error(err))
-		}
-		return ok
+		return s.restart(w, req)
 	}
 	return w.error(&Error{Code: CodeUnknownOp, Message: req.Op}) // DecodeRequest lets none through
 }

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/control"
+	"github.com/iser-blk/iser-blk/internal/lifecycle"
+	"github.com/iser-blk/iser-blk/internal/statefile"
+	"github.com/iser-blk/iser-blk/internal/status"
+)
+
+// restartFixture is an attach gateway named gw serving dev through a takeover, as attach --name
+// sets it up, with the lifecycle at ready.
+type restartFixture struct {
+	g    *gateway
+	tk   *takeover
+	dev  block.Device
+	path string // the state file
+}
+
+func newRestartFixture(t *testing.T, kind string, dev block.Device, withTakeover bool) *restartFixture {
+	t.Helper()
+	dir := t.TempDir()
+	g, err := startGateway(&serviceFlags{name: "gw", runDir: dir}, identity("gw", kind, "", &exportFlags{}), new(status.IOCounters), func() {}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.svc.Close() })
+	f := &restartFixture{g: g, dev: dev, path: statefile.Path(dir, "gw")}
+	if withTakeover {
+		tk, err := prepareTakeover(&takeoverFlags{name: "gw", runDir: dir}, statefile.KindUblk, testTarget, "writeback", dev, zap.NewNop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tk.record(statefile.KindUblk, 3); err != nil {
+			t.Fatal(err)
+		}
+		tk.serving(dev)
+		tk.setCanWait(func() error { return nil })
+		f.tk = tk
+		g.canRestart(tk)
+	}
+	g.serving(dev, "", status.Frontend{Kind: kind})
+	g.ready()
+	return f
+}
+
+func wantControlError(t *testing.T, err error, code, contains string) {
+	t.Helper()
+	var ce *control.Error
+	if !errors.As(err, &ce) || ce.Code != code || !strings.Contains(ce.Message, contains) {
+		t.Fatalf("restart: %v; want a %q error saying %q", err, code, contains)
+	}
+}
+
+func TestRestartRefusals(t *testing.T) {
+	t.Run("serve", func(t *testing.T) {
+		f := newRestartFixture(t, "nbd-socket", memDevice(t, 1<<20), false)
+		_, err := f.g.restart(context.Background(), control.Request{})
+		wantControlError(t, err, control.CodeUnsupported, "restart applies to attach")
+	})
+	t.Run("no --name", func(t *testing.T) {
+		f := newRestartFixture(t, "ublk", memDevice(t, 1<<20), false)
+		_, err := f.g.restart(context.Background(), control.Request{})
+		wantControlError(t, err, control.CodeRefused, "--name")
+	})
+	t.Run("kernel device cannot wait", func(t *testing.T) {
+		f := newRestartFixture(t, "ublk", memDevice(t, 1<<20), true)
+		f.tk.setCanWait(func() error { return errors.New("created without UBLK_F_USER_RECOVERY_REISSUE") })
+		_, err := f.g.restart(context.Background(), control.Request{})
+		wantControlError(t, err, control.CodeRefused, "REISSUE")
+	})
+	t.Run("fenced", func(t *testing.T) {
+		f := newRestartFixture(t, "ublk", memDevice(t, 1<<20), true)
+		f.tk.prev = &statefile.State{CacheMode: statefile.CacheWriteBack, Dirty: true, PID: 1}
+		_, err := f.g.restart(context.Background(), control.Request{})
+		wantControlError(t, err, control.CodeRefused, "fenced")
+	})
+}
+
+// failingFlush is a device whose write-back fails.
+type failingFlush struct{ block.Device }
+
+func (failingFlush) Flush(context.Context) error { return block.ErrIO }
+
+func TestRestartFailedWriteBackKeepsServing(t *testing.T) {
+	f := newRestartFixture(t, "ublk", failingFlush{memDevice(t, 1<<20)}, true)
+	_, err := f.g.restart(context.Background(), control.Request{})
+	wantControlError(t, err, control.CodeFailed, "keeps serving")
+	if st, _ := f.g.svc.Lifecycle.State(); st != lifecycle.Ready {
+		t.Fatalf("lifecycle %s after a failed restart, want ready", st)
+	}
+	if f.tk.gate.closed.Load() {
+		t.Fatal("the gate stayed closed after a failed restart")
+	}
+	if err := f.tk.gate.WriteAt(context.Background(), make([]byte, 512), 0, 0); err != nil {
+		t.Fatalf("write after a failed restart: %v", err)
+	}
+	st, err := statefile.Read(f.path)
+	if err != nil || !st.Dirty {
+		t.Fatalf("state after a failed restart: %+v, %v; want it still dirty", st, err)
+	}
+}
+
+func TestRestartHandsOverCleanState(t *testing.T) {
+	f := newRestartFixture(t, "ublk", memDevice(t, 1<<20), true)
+	reexec, err := f.g.restart(context.Background(), control.Request{})
+	if err != nil || reexec == nil {
+		t.Fatalf("restart: %v", err)
+	}
+	// reexec is not run: it would replace the test binary.
+	st, err := statefile.Read(f.path)
+	if err != nil || st.Dirty || st.DevID != 3 {
+		t.Fatalf("state before the re-exec: %+v, %v; want device 3, clean", st, err)
+	}
+	if ok, why := st.Resumable(); !ok {
+		t.Fatalf("the successor would not resume a planned restart's write-back device: %s", why)
+	}
+	if !f.tk.gate.closed.Load() {
+		t.Fatal("the gate is open before the re-exec")
+	}
+	if err := f.dev.ReadAt(context.Background(), make([]byte, 512), 0); !errors.Is(err, block.ErrClosed) {
+		t.Fatalf("the device is still open before the re-exec (read: %v): the session was not closed", err)
+	}
+}
+
+func TestRestartReexecutesThePathOnDisk(t *testing.T) {
+	if got := trimDeleted("/usr/local/bin/iser-blk (deleted)"); got != "/usr/local/bin/iser-blk" {
+		t.Fatalf("an upgraded binary's path: %q", got)
+	}
+	if startExecutableErr != nil || startExecutable == "" || strings.HasSuffix(startExecutable, "(deleted)") {
+		t.Fatalf("executable resolved at start: %q, %v", startExecutable, startExecutableErr)
+	}
+}

@@ -1,0 +1,92 @@
+//go:build vm
+
+package nbd
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/iser-blk/iser-blk/test/vm/vmtest"
+)
+
+// TestVMPlannedRestart is issue 17's planned-restart acceptance on kernel NBD (netlink, 2
+// connections): ext4 on /dev/nbdX with the write-back cache under fio verify, `iser-blk restart
+// NAME` three times: the same device and PID throughout, the log says how much was written back
+// before each re-exec, fio ends without a verify or I/O error, no kernel I/O error, fsck clean.
+func TestVMPlannedRestart(t *testing.T) {
+	requireNBD(t)
+	bin := os.Getenv("ISERBLK_BIN")
+	lio := vmtest.StartLIO(t, vmtest.LIOOptions{File: true, SizeMiB: 256, NoISER: true})
+	runDir := t.TempDir()
+	args := []string{"--target", lio.URL("iscsi"), "--nbd", "/dev/nbd5", "--connections", "2",
+		"--cache", "writeback", "--name", "gw-nbd-planned", "--run-dir", runDir}
+	g := startGateway(t, args...)
+	pid := g.cmd.Process.Pid
+	mnt, fioDone, fioOut := mountAndVerify(t, g.dev)
+	base := filepath.Base(g.dev)
+	for i := range 3 {
+		waitMoreWrites(t, base, 200+int64(time.Now().UnixNano()%800))
+		t0 := time.Now()
+		out, err := exec.Command(bin, "restart", "gw-nbd-planned", "--run-dir", runDir).CombinedOutput()
+		if err != nil {
+			t.Fatalf("restart %d: %v\n%s\n%s", i+1, err, out, g.stderr.String())
+		}
+		g.waitLogCount(t, "nbd device reattached", i+1, time.Minute)
+		t.Logf("restart %d: %s reattached %v after the request (%s)", i+1, g.dev, time.Since(t0), bytes.TrimSpace(out))
+		g.checkSameProcess(t, pid)
+	}
+	for _, l := range strings.Split(g.stderr.String(), "\n") {
+		if strings.Contains(l, "re-executing for a planned restart") {
+			t.Logf("log: %s", l)
+		}
+	}
+	if n := strings.Count(g.stderr.String(), "re-executing for a planned restart"); n != 3 {
+		t.Fatalf("%d re-exec lines in the log, want 3", n)
+	}
+	finishVerify(t, fioDone, fioOut, g.dev, mnt)
+	t.Logf("fio: %s", lastLine(fioOut.String(), "err="))
+	g.cmd.Process.Signal(os.Interrupt)
+	if err := <-g.exited; err != nil {
+		t.Fatalf("detach: %v\n%s", err, g.stderr.String())
+	}
+}
+
+// waitLogCount waits until msg is in the gateway's log n times.
+func (g *gateway) waitLogCount(t *testing.T, msg string, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for strings.Count(g.stderr.String(), msg) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%q not %d times in the gateway's log within %v:\n%s", msg, n, within, g.stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond) // polling the log, not synchronising
+	}
+}
+
+// checkSameProcess requires the gateway to be running as pid still.
+func (g *gateway) checkSameProcess(t *testing.T, pid int) {
+	t.Helper()
+	if g.cmd.ProcessState != nil {
+		t.Fatalf("the gateway exited: %v", g.cmd.ProcessState)
+	}
+	if _, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil {
+		t.Fatalf("pid %d is gone: %v", pid, err)
+	}
+}
+
+// lastLine is the last line of s containing sub ("" if none).
+func lastLine(s, sub string) string {
+	last := ""
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			last = strings.TrimSpace(l)
+		}
+	}
+	return last
+}
