@@ -22,6 +22,9 @@ func (c *conn) reader() {
 	var bhs pdu.BHS
 	var err error
 	for err == nil {
+		if c.flushDue() {
+			c.flushCompletions()
+		}
 		if _, err = c.tc.ReadHeader(&bhs); err != nil {
 			break
 		}
@@ -48,6 +51,7 @@ func (c *conn) reader() {
 		}
 		t.mu.Unlock()
 	}
+	c.flushCompletions()
 }
 
 func (c *conn) dispatch(bhs *pdu.BHS) error {
