@@ -30,7 +30,7 @@ type request struct {
 	bufs     [][]byte  // payload segments (pool buffers): WRITE data from the socket, READ data from the device
 	pipe     *spipe    // a spliced READ's data (splice.go), instead of bufs
 	spliced  bool      // the pipe's payload was written to the client (the pipe is empty)
-	started  time.Time // when the reader decoded it, for Options.Counters (counters.go)
+	started  time.Time // when the reader read it from the socket, for Options.Counters (counters.go)
 	raw      [requestHeaderLen]byte
 	hdr      [32]byte // reply header scratch
 }
@@ -75,6 +75,11 @@ type conn struct {
 	replyMu sync.Mutex
 	replies []*request
 	writing bool
+
+	// reader-only: when the reader last read requests from the socket, for Options.Counters;
+	// readStale: that read is over, the next counted request reads the clock (counters.go)
+	readAt    time.Time
+	readStale bool
 
 	// writer-only state (owned by whoever set writing)
 	batch  []*request

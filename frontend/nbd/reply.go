@@ -141,8 +141,8 @@ func (c *conn) writeReplies(batch []*request) {
 			c.writeIov(iov)
 		}
 	}
+	c.countReplies(batch)
 	for _, r := range batch {
-		c.countReply(r)
 		c.releaseBufs(r)
 		c.inflight.Done()
 		c.free <- r
