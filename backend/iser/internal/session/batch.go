@@ -3,7 +3,6 @@ package session
 import (
 	"slices"
 
-	"github.com/iser-blk/iser-blk/backend/iser/internal/pdu"
 	"github.com/iser-blk/iser-blk/block"
 )
 
@@ -11,7 +10,8 @@ import (
 // commands (4 KiB reads at a deep queue). A Completer that is a BatchCompleter is completed with
 // CompleteBatched, and whatever it left waiting (the NBD connection's reply writer, see
 // block.BatchCompletion) is flushed once when the run ends: before the reader next reads from the
-// socket, so nothing waits on input that may never come, or after maxBatchedCompletions, so a
+// socket (a header, or a data segment that is not all buffered), so nothing waits on input that
+// may be slow to come, or after maxBatchedCompletions, so a
 // stream that never drains the receive buffer does not hold replies back. The state is the
 // reader's alone: every complete call runs on the reader goroutine.
 
@@ -51,9 +51,10 @@ func (c *conn) completeAsync(done Completer, err error) {
 	c.batch.n++
 }
 
-// flushDue reports whether the run must end before the reader reads again: something waits and
-// either the next read may block (less than a header is buffered) or the run is long enough.
-func (c *conn) flushDue() bool {
+// flushDue reports whether the run must end before the reader reads the next need bytes:
+// something waits and either that read may block (less than need is buffered) or the run is
+// long enough.
+func (c *conn) flushDue(need int) bool {
 	if len(c.batch.flushes) == 0 {
 		return false
 	}
@@ -61,7 +62,7 @@ func (c *conn) flushDue() bool {
 		return true
 	}
 	b, ok := c.tc.(bufferedInput)
-	return !ok || b.Buffered() < pdu.BHSLen
+	return !ok || b.Buffered() < need
 }
 
 // flushCompletions ends the run: every Flusher it collected is flushed once.

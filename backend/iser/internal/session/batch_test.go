@@ -20,9 +20,13 @@ type batchRecorder struct {
 	events []byte
 	errs   []error
 	flushd chan struct{} // a token per Flush
+	first  chan struct{} // closed by the first Flush
+	once   sync.Once
 }
 
-func newBatchRecorder() *batchRecorder { return &batchRecorder{flushd: make(chan struct{}, 1024)} }
+func newBatchRecorder() *batchRecorder {
+	return &batchRecorder{flushd: make(chan struct{}, 1024), first: make(chan struct{})}
+}
 
 func (b *batchRecorder) Complete(error) { panic("Complete called on a BatchCompleter") }
 
@@ -38,6 +42,7 @@ func (b *batchRecorder) Flush() {
 	b.mu.Lock()
 	b.events = append(b.events, 'f')
 	b.mu.Unlock()
+	b.once.Do(func() { close(b.first) })
 	b.flushd <- struct{}{}
 }
 
@@ -206,6 +211,67 @@ func TestBatchedCompletionsConnectionLoss(t *testing.T) {
 		var ce *ConnError
 		if !errors.As(err, &ce) {
 			t.Fatalf("command %d ended with %v, want a ConnError", i, err)
+		}
+	}
+}
+
+// TestBatchedCompletionsFlushBeforeData: a run ends before the reader waits for a data segment
+// that is not all buffered: a completed command's reply must not wait for another command's data.
+func TestBatchedCompletionsFlushBeforeData(t *testing.T) {
+	d := &pipeDialer{}
+	keys := map[string]string{"ImmediateData": "Yes"}
+	f := newFakeTCP(t, d, "fake:3260", keys)
+	dt := newDataTarget(t, keys, 4096) // logout
+	b := newBatchRecorder()
+	itts := map[byte]uint32{}
+	f.serve(func(f *fakeTarget, p wirePDU) error {
+		if p.bhs.Opcode() != pdu.OpSCSICommand {
+			return dt.handle(f, p)
+		}
+		itts[p.bhs.CDB()[0]] = p.bhs.ITT()
+		if len(itts) < 2 {
+			return nil
+		}
+		// The TEST UNIT READY's response and the READ's Data-In header with half its data in
+		// one write; the other half only once the first completion was flushed.
+		real := f.nc
+		hc := &holdConn{Conn: real, hold: true}
+		f.nc = hc
+		if err := f.respond(itts[0x00], 0, nil, 0, 0); err != nil {
+			return err
+		}
+		var r pdu.BHS
+		pdu.EncodeDataIn(&r, pdu.FlagFinal|pdu.FlagStatus, 0, 4096, itts[0x88], pdu.ReservedTag, f.sns(), 0, 0, 0)
+		f.statSN++
+		if err := f.write(&r, make([]byte, 4096)); err != nil {
+			return err
+		}
+		f.nc = real
+		cut := len(hc.buf) - 2048
+		if _, err := real.Write(hc.buf[:cut]); err != nil {
+			return err
+		}
+		select {
+		case <-b.first:
+		case <-time.After(10 * time.Second):
+			t.Error("the TEST UNIT READY's completion was not flushed while the reader waited for data")
+		}
+		_, err := real.Write(hc.buf[cut:])
+		return err
+	})
+	s := newTestSession(t, d, nil)
+	mustLogin(t, s)
+	var resps [2]scsi.Response
+	var read scsi.Command
+	rw16(&read, false, 0, make([]byte, 4096))
+	if !s.Submit(tur(), &resps[0], b) || !s.Submit(&read, &resps[1], b) {
+		t.Fatal("not submitted")
+	}
+	s.Kick()
+	b.waitFlushed(t, 2)
+	for i, err := range b.errs {
+		if err != nil || resps[i].Status != scsi.StatusGood {
+			t.Fatalf("command %d: %v, status %v", i, err, resps[i].Status)
 		}
 	}
 }

@@ -22,11 +22,14 @@ func (c *conn) reader() {
 	var bhs pdu.BHS
 	var err error
 	for err == nil {
-		if c.flushDue() {
+		if c.flushDue(pdu.BHSLen) {
 			c.flushCompletions()
 		}
 		if _, err = c.tc.ReadHeader(&bhs); err != nil {
 			break
+		}
+		if c.flushDue(bhs.DataSegmentLength()) {
+			c.flushCompletions()
 		}
 		err = c.dispatch(&bhs)
 	}
