@@ -19,6 +19,14 @@ import (
 // batched into few syscalls; payloads larger than it are read straight into pool buffers.
 const readBufferSize = 64 << 10
 
+// replySocketBuffer is the send buffer asked for the client's socket (SO_SNDBUF; Linux doubles
+// it, net.core.wmem_max caps it). With the default (208 KiB on a unix socket) a 1 MiB READ reply
+// went out in ~10 writevs, each after the writer parked for the client to drain the socket:
+// 1M seqread QD8 through the iSCSI backend took 7.3 context switches and 10.7 writevs per I/O,
+// with this 2.0 and 1.2, and ~25% less gateway CPU per I/O. The bytes it holds are replies
+// already sent, whose pool buffers are free again.
+const replySocketBuffer = 2 << 20
+
 // request is one request slot. A connection owns MaxInflight of them; they cycle through
 // free -> reader -> worker -> reply queue -> free (a read served from the device's memory, see
 // block.CachedReader, skips the worker), so serving a request allocates nothing.
@@ -92,6 +100,9 @@ type conn struct {
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
+	if wb, ok := nc.(interface{ SetWriteBuffer(int) error }); ok {
+		_ = wb.SetWriteBuffer(replySocketBuffer)
+	}
 	raw := rawio.New(nc)
 	return &conn{
 		s:      s,
