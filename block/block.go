@@ -130,6 +130,35 @@ type Completion interface {
 	Complete(err error)
 }
 
+// BatchCompletion is an optional interface of a Completion whose result is acted on elsewhere (an
+// NBD reply sent by the connection's writer) and can wait until the device has delivered every
+// completion it has at hand: one wake-up of that writer and one vectored write then answer the
+// whole run instead of one per request. A device that completes requests in runs on one
+// goroutine (the iSCSI session's reader, between two reads of its socket) calls CompleteBatched
+// instead of Complete, and Flush once on every distinct Flusher it got back, on the same
+// goroutine, before it next waits for input. CompleteBatched must not block either.
+type BatchCompletion interface {
+	Completion
+	// CompleteBatched is Complete except that the work it starts may wait for the returned
+	// Flusher's Flush (nil: nothing waits).
+	CompleteBatched(err error) Flusher
+}
+
+// Flusher starts the work that CompleteBatched left waiting (see BatchCompletion).
+type Flusher interface {
+	Flush()
+}
+
+// CompleteBatched delivers err to done: through CompleteBatched if done is a BatchCompletion
+// (the caller must then Flush what it returns, see BatchCompletion), else through Complete.
+func CompleteBatched(done Completion, err error) Flusher {
+	if bc, ok := done.(BatchCompletion); ok {
+		return bc.CompleteBatched(err)
+	}
+	done.Complete(err)
+	return nil
+}
+
 // Submitter is an optional interface of a Device that can start a read or a write without
 // blocking the caller and report its end to a Completion, so that a frontend serving many
 // requests from one goroutine needs no goroutine per request in flight. SubmitAt starts a read of

@@ -128,6 +128,15 @@ func (d *Device) Kick() {
 // Complete implements session.Completer for a request started by SubmitAt. It runs on the
 // session's reader goroutine.
 func (r *request) Complete(err error) {
+	if f := r.CompleteBatched(err); f != nil {
+		f.Flush()
+	}
+}
+
+// CompleteBatched is Complete for the session's reader, which completes the responses of one read
+// in a row and flushes what the requests' block.BatchCompletion left waiting before it reads
+// again (session.BatchCompleter).
+func (r *request) CompleteBatched(err error) block.Flusher {
 	d, a := r.dev, r.async
 	p := a.path
 	p.outstanding.Add(-1)
@@ -150,14 +159,13 @@ func (r *request) Complete(err error) {
 			r.async = asyncReq{}
 			d.put(r)
 			go d.readToPipeSync(a)
-			return
+			return nil
 		} else if r.resp.Residual != 0 {
 			err = fmt.Errorf("iser: %s [%d, +%d): target reported residual %d: %w", op, a.off, len(a.p), r.resp.Residual, block.ErrIO)
 		}
 		r.async = asyncReq{}
 		d.put(r)
-		a.done.Complete(err)
-		return
+		return block.CompleteBatched(a.done, err)
 	}
 	// Not a final answer: the synchronous path starts over (it retries, re-issues on another
 	// path, waits for recovery), on its own goroutine since this one is the session's reader.
@@ -172,9 +180,10 @@ func (r *request) Complete(err error) {
 	if a.toPipe {
 		d.log.Debug("spliced read retried through ReadAt", zap.Int64("offset", a.off), zap.Int("length", a.n), zap.Error(err))
 		go d.readToPipeSync(a)
-		return
+		return nil
 	}
 	go d.rwSync(a)
+	return nil
 }
 
 // rwSync serves a request that SubmitAt started but could not finish on the fast path with

@@ -32,6 +32,9 @@ func checkCounted(b *testing.B, c *status.IOCounters, op status.Op, size int) {
 	if o.Requests != uint64(b.N) || o.Bytes != uint64(b.N*size) || o.Errors != 0 || o.Duration.Count != uint64(b.N) {
 		b.Fatalf("%s counted %d requests %d bytes %d errors, want %d requests of %d bytes", op, o.Requests, o.Bytes, o.Errors, b.N, size)
 	}
+	if o.Duration.SumSeconds <= 0 {
+		b.Fatalf("%s: %d requests took %v s in all", op, o.Requests, o.Duration.SumSeconds)
+	}
 	if st.InFlight != 0 {
 		b.Fatalf("%d requests still in flight after all replies", st.InFlight)
 	}

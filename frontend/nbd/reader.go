@@ -45,6 +45,7 @@ func (c *conn) takeSlot() *request {
 // readHeader reads and decodes the next request header into r. end reports that reading stops
 // (with err nil for a clean end: EOF between requests, shutdown, DISC); r is then unused.
 func (c *conn) readHeader(r *request) (end bool, err error) {
+	c.stampRead()
 	if _, err := io.ReadFull(c.br, r.raw[:]); err != nil {
 		if errors.Is(err, io.EOF) || c.shutting.Load() {
 			return true, nil
@@ -132,12 +133,14 @@ func (c *conn) receivePayload(r *request) error {
 		c.free <- r
 		return err
 	}
+	refill := c.br.Buffered() < int(r.Length) // the payload needs socket reads, which may bring the next header
 	if err := c.readPayload(r); err != nil {
 		c.releaseBufs(r)
 		c.countDropped(r)
 		c.free <- r
 		return c.readErr(err)
 	}
+	c.readStale = c.readStale || refill
 	return nil
 }
 

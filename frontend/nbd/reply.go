@@ -5,6 +5,8 @@ import (
 	"runtime"
 
 	"go.uber.org/zap"
+
+	"github.com/iser-blk/iser-blk/block"
 )
 
 // maxBatch bounds the replies gathered into one vectored write.
@@ -14,6 +16,16 @@ const maxBatch = 64
 // device goroutine (the iSCSI session's reader), so it only records the result and queues the
 // reply; the connection's reply writer sends it, with whatever else completed meanwhile.
 func (r *request) Complete(err error) {
+	if f := r.CompleteBatched(err); f != nil {
+		f.Flush()
+	}
+}
+
+// CompleteBatched implements block.BatchCompletion: Complete, except that the writer, if this
+// reply made the caller take the writer role, is woken by the Flush of the conn it returns. The
+// iSCSI session's reader completes all the responses of one socket read first, so that one
+// wake-up and one writev send their replies.
+func (r *request) CompleteBatched(err error) block.Flusher {
 	c := r.c
 	if err != nil {
 		r.errno = wireErrno(err)
@@ -21,11 +33,16 @@ func (r *request) Complete(err error) {
 			zap.Uint32("length", r.Length), zap.Error(err))
 	}
 	if !c.enqueueReply(r) {
-		return
+		return nil
 	}
-	// Never blocks: the writer role was free, so no wake is pending (only a completion that
-	// takes the role sends one, and the writer goroutine gives the role back only after
-	// receiving it).
+	return c
+}
+
+// Flush implements block.Flusher for CompleteBatched: it hands the writer role, which a
+// completion took, to the reply writer goroutine. It never blocks: the role was free, so no wake
+// is pending (only a completion that takes the role sends one, and the writer goroutine gives the
+// role back only after receiving it).
+func (c *conn) Flush() {
 	c.wake <- struct{}{}
 }
 
@@ -124,8 +141,8 @@ func (c *conn) writeReplies(batch []*request) {
 			c.writeIov(iov)
 		}
 	}
+	c.countReplies(batch)
 	for _, r := range batch {
-		c.countReply(r)
 		c.releaseBufs(r)
 		c.inflight.Done()
 		c.free <- r

@@ -12,6 +12,7 @@ import (
 	"github.com/iser-blk/iser-blk/backend/iser/internal/pdu"
 	"github.com/iser-blk/iser-blk/backend/iser/internal/transport"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
+	"github.com/iser-blk/iser-blk/block"
 )
 
 // maxTasks bounds the task table: the slot index lives in the low 16 bits of the ITT and a
@@ -137,7 +138,8 @@ type conn struct {
 	err        error
 	readerDone chan struct{}
 
-	respBuf []byte // reader scratch for response data segments
+	respBuf []byte     // reader scratch for response data segments
+	batch   batchState // the reader's run of batched completions (batch.go)
 }
 
 func newConn(s *Session, tc transport.Conn, portal string, p *login.Params) *conn {
@@ -152,6 +154,7 @@ func newConn(s *Session, tc transport.Conn, portal string, p *login.Params) *con
 		done:       make(chan struct{}),
 		readerDone: make(chan struct{}),
 		respBuf:    make([]byte, p.MaxRecvDataSegmentLength),
+		batch:      batchState{flushes: make([]block.Flusher, 0, 8)},
 	}
 	c.expCmdSN.Store(p.ExpCmdSN)
 	c.maxCmdSN.Store(p.MaxCmdSN)
@@ -379,7 +382,7 @@ func (c *conn) complete(t *task, err error) {
 		t.async = nil
 		t.mu.Unlock()
 		c.release(t)
-		done.Complete(err)
+		c.completeAsync(done, err)
 		return
 	}
 	t.mu.Unlock()

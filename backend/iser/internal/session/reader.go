@@ -22,8 +22,14 @@ func (c *conn) reader() {
 	var bhs pdu.BHS
 	var err error
 	for err == nil {
+		if c.flushDue(pdu.BHSLen) {
+			c.flushCompletions()
+		}
 		if _, err = c.tc.ReadHeader(&bhs); err != nil {
 			break
+		}
+		if c.flushDue(bhs.DataSegmentLength()) {
+			c.flushCompletions()
 		}
 		err = c.dispatch(&bhs)
 	}
@@ -48,6 +54,7 @@ func (c *conn) reader() {
 		}
 		t.mu.Unlock()
 	}
+	c.flushCompletions()
 }
 
 func (c *conn) dispatch(bhs *pdu.BHS) error {

@@ -223,6 +223,11 @@ func (c *TCPConn) WriteCommand(bhs *pdu.BHS, ahs []byte, t *Task) error {
 	return c.WritePDU(bhs, ahs, t.Buf[:t.Immediate])
 }
 
+// Buffered is the number of received bytes read from the socket and not yet consumed: the
+// session's reader flushes its batched completions when less than a header is left (a next
+// ReadHeader might block).
+func (c *TCPConn) Buffered() int { return c.br.Buffered() }
+
 // ReadHeader implements Conn.
 func (c *TCPConn) ReadHeader(bhs *pdu.BHS) ([]byte, error) {
 	if c.hasData {
