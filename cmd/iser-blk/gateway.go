@@ -174,12 +174,7 @@ func (g *gateway) to(s lifecycle.State, reason string) {
 // outcome to a running detach, and closes the service (which lets that detach's client read its
 // answer first). code is the exit code so far.
 func (g *gateway) shutdown(code int) int {
-	g.stopMu.Lock()
-	g.stopping = true
-	if g.abortWB != nil {
-		g.abortWB() // SIGTERM during a detach's write-back: the final flush below takes over
-	}
-	g.stopMu.Unlock()
+	g.beginShutdown()
 	g.to(lifecycle.Draining, "shutting down")
 	g.to(lifecycle.Flushing, "")
 	g.flushMu.Lock()
@@ -199,6 +194,17 @@ func (g *gateway) shutdown(code int) int {
 		g.log.Warn("closing the service", zap.Error(err))
 	}
 	return code
+}
+
+// beginShutdown marks the gateway stopping (a new detach or restart is refused) and cancels a
+// running detach's write-back or restart's hand-over: the final flush takes over.
+func (g *gateway) beginShutdown() {
+	g.stopMu.Lock()
+	defer g.stopMu.Unlock()
+	g.stopping = true
+	if g.abortWB != nil {
+		g.abortWB()
+	}
 }
 
 // detach is the control socket's detach (service.DetachFunc).
@@ -265,15 +271,28 @@ func (g *gateway) commitDetach(err error) bool {
 	}
 	if err != nil {
 		g.detachOn = false
-		if g.pathFailure != "" { // it failed for want of a path: it still has none
-			g.to(lifecycle.Failed, g.pathFailure)
-		} else {
-			g.to(lifecycle.Ready, "write-back before detach failed: "+err.Error())
-		}
+		g.resumeLocked("write-back before detach failed: " + err.Error())
 		return false
 	}
 	g.stop()
 	return true
+}
+
+// resumeLocked returns a gateway whose detach or restart failed (why) to serving: failed while
+// its backend has no path (it failed for want of one) or its device is fenced, ready otherwise.
+// The caller holds stopMu.
+func (g *gateway) resumeLocked(why string) {
+	g.mu.Lock()
+	fenced := g.restartable.fenceReason()
+	g.mu.Unlock()
+	switch {
+	case g.pathFailure != "":
+		g.to(lifecycle.Failed, g.pathFailure)
+	case fenced != "":
+		g.to(lifecycle.Failed, "device fenced: "+fenced)
+	default:
+		g.to(lifecycle.Ready, why)
+	}
 }
 
 // checkHolders refuses to detach a kernel device that is mounted or held open, unless forced.

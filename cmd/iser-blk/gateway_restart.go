@@ -14,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
@@ -39,12 +41,14 @@ func (g *gateway) restart(ctx context.Context, _ control.Request) (func() error,
 	if err != nil {
 		return nil, err
 	}
-	// The shutdown's final flush and a detach's write-back hold flushMu too: a SIGTERM during
-	// the restart waits for the hand-over, then the restart sees it and yields (below).
+	// The shutdown's final flush and a detach's write-back hold flushMu too. A SIGTERM during
+	// the restart cancels its hand-over (beginRestart registers the cancel as the shutdown's
+	// abortWB), waits here for the restart to give up, then flushes and stops as usual.
 	g.flushMu.Lock()
 	defer g.flushMu.Unlock()
-	if g.isStopping() {
-		return nil, &control.Error{Code: control.CodeBusy, Message: "the gateway is already stopping (a signal began its shutdown)"}
+	ctx, err = g.beginRestart(ctx)
+	if err != nil {
+		return nil, err
 	}
 	g.to(lifecycle.Draining, "restart requested")
 	written, err := g.handOver(ctx, t, dev)
@@ -52,16 +56,17 @@ func (g *gateway) restart(ctx context.Context, _ control.Request) (func() error,
 		err = errors.New("a shutdown began during the restart: the shutdown proceeds instead")
 	}
 	if err != nil {
-		t.gate.reopen()
-		if !g.isStopping() { // else the shutdown drives the lifecycle
-			g.to(lifecycle.Ready, "restart failed: "+err.Error())
-		}
-		g.log.Error("planned restart failed: the gateway keeps serving", zap.Error(err))
+		g.undoHandOver(t, err)
 		if errors.Is(err, context.DeadlineExceeded) {
 			return nil, &control.Error{Code: control.CodeTimeout, Message: "restart timed out, the gateway keeps serving: " + err.Error()}
 		}
 		return nil, &control.Error{Code: control.CodeFailed, Message: "restart failed, the gateway keeps serving with its data: " + err.Error()}
 	}
+	// Committed: from here the old image only logs out and re-executes. A SIGINT or SIGTERM now
+	// would cancel the serving context and tear the kernel device down (NBD disconnect, parked
+	// ublk requests failed) under the re-exec, so they are ignored until the new image installs
+	// its handlers (os/signal's Notify does, even for a signal inherited as ignored).
+	ignoreStopSignals()
 	g.log.Info("re-executing for a planned restart", zap.String("binary", startExecutable),
 		zap.Uint64("written_back_bytes", written.bytes), zap.String("written_back", humanize.IBytes(written.bytes)),
 		zap.String("dirty_before", humanize.IBytes(uint64(written.dirtyBefore))))
@@ -146,24 +151,55 @@ func (g *gateway) handOver(ctx context.Context, t *takeover, dev block.Device) (
 	return wb, nil
 }
 
-// isStopping reports whether the shutdown began.
-func (g *gateway) isStopping() bool {
+// ignoreStopSignals is signal.Ignore of SIGINT and SIGTERM; tests replace it, so that a test
+// binary keeps its own.
+var ignoreStopSignals = func() { signal.Ignore(os.Interrupt, syscall.SIGTERM) }
+
+// beginRestart refuses a restart once the shutdown began, and returns the context its hand-over
+// runs under: ctx, also cancelled if a shutdown begins meanwhile (shutdown calls abortWB).
+func (g *gateway) beginRestart(ctx context.Context) (context.Context, error) {
 	g.stopMu.Lock()
 	defer g.stopMu.Unlock()
-	return g.stopping
+	if g.stopping {
+		return nil, &control.Error{Code: control.CodeBusy, Message: "the gateway is already stopping (a signal began its shutdown)"}
+	}
+	ctx, g.abortWB = context.WithCancel(ctx)
+	return ctx, nil
 }
 
 // commitRestart marks the gateway stopping for the re-exec, unless a shutdown began first
-// (false: the restart yields to it). From here a detach is refused; a signal that arrives
-// between this and the exec is lost with the old image, and the new one serves.
+// (false: the restart yields to it). From here a detach is refused.
 func (g *gateway) commitRestart() bool {
 	g.stopMu.Lock()
 	defer g.stopMu.Unlock()
+	g.abortWB()
+	g.abortWB = nil
 	if g.stopping {
 		return false
 	}
 	g.stopping = true
 	return true
+}
+
+// undoHandOver puts a gateway whose restart failed (err) back to serving: the state file dirty
+// again if the hand-over had recorded it clean (requests parked at the gate are about to be
+// served into the cache, and a successor must not resume after losing them), the gate open, and
+// the lifecycle where it belongs unless a shutdown drives it now.
+func (g *gateway) undoHandOver(t *takeover, err error) {
+	if rerr := t.recordAgain(false); rerr != nil {
+		g.log.Error("could not record the state dirty again after a failed restart", zap.Error(rerr))
+	}
+	t.gate.reopen()
+	g.stopMu.Lock()
+	if g.abortWB != nil {
+		g.abortWB()
+		g.abortWB = nil
+	}
+	if !g.stopping {
+		g.resumeLocked("restart failed: " + err.Error())
+	}
+	g.stopMu.Unlock()
+	g.log.Error("planned restart failed: the gateway keeps serving", zap.Error(err))
 }
 
 // closeForRestart logs out of the target without touching the kernel device (the frontend is

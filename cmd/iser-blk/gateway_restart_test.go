@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 
@@ -59,6 +60,11 @@ func wantControlError(t *testing.T, err error, code, contains string) {
 	}
 }
 
+func TestMain(m *testing.M) {
+	ignoreStopSignals = func() {} // the test binary keeps SIGINT and SIGTERM
+	os.Exit(m.Run())
+}
+
 func TestRestartRefusals(t *testing.T) {
 	t.Run("serve", func(t *testing.T) {
 		f := newRestartFixture(t, "nbd-socket", memDevice(t, 1<<20), false)
@@ -105,6 +111,65 @@ func TestRestartFailedWriteBackKeepsServing(t *testing.T) {
 	st, err := statefile.Read(f.path)
 	if err != nil || !st.Dirty {
 		t.Fatalf("state after a failed restart: %+v, %v; want it still dirty", st, err)
+	}
+}
+
+// flushHook is a device whose write-back runs hook first and fails when hook returns an error.
+type flushHook struct {
+	block.Device
+	hook func() error
+}
+
+func (d flushHook) Flush(ctx context.Context) error {
+	if err := d.hook(); err != nil {
+		return err
+	}
+	return d.Device.Flush(ctx)
+}
+
+// shutdownAfterFlush is a device whose write-back completes just as a SIGTERM begins the
+// shutdown.
+type shutdownAfterFlush struct {
+	block.Device
+	g *gateway
+}
+
+func (d *shutdownAfterFlush) Flush(ctx context.Context) error {
+	err := d.Device.Flush(ctx)
+	d.g.beginShutdown()
+	return err
+}
+
+// A SIGTERM that arrives while the restart writes back (after its write-back, before its
+// commit) wins: the restart yields, reopens the gate, and records the state dirty again, since
+// the requests it had parked are now served into the write-back cache.
+func TestRestartYieldsToShutdownAndStaysDirty(t *testing.T) {
+	dev := &shutdownAfterFlush{Device: memDevice(t, 1<<20)}
+	f := newRestartFixture(t, "ublk", dev, true)
+	dev.g = f.g
+	_, err := f.g.restart(context.Background(), control.Request{})
+	wantControlError(t, err, control.CodeFailed, "a shutdown began")
+	if f.tk.gate.closed.Load() {
+		t.Fatal("the gate stayed closed: the shutdown's final flush would hang on parked requests")
+	}
+	st, err := statefile.Read(f.path)
+	if err != nil || !st.Dirty {
+		t.Fatalf("state after the restart yielded: %+v, %v; want dirty (a crash now must fence)", st, err)
+	}
+}
+
+// A restart whose write-back failed because every path is down leaves the gateway failed with
+// that reason, not ready.
+func TestRestartFailedWithoutPathStaysFailed(t *testing.T) {
+	var f *restartFixture
+	f = newRestartFixture(t, "ublk", flushHook{Device: memDevice(t, 1<<20), hook: func() error {
+		f.g.availabilityChanged(false, "every path down for 2m0s")
+		return block.ErrIO
+	}}, true)
+	_, err := f.g.restart(context.Background(), control.Request{})
+	wantControlError(t, err, control.CodeFailed, "keeps serving")
+	if st, why := f.g.svc.Lifecycle.State(); st != lifecycle.Failed || !strings.Contains(why, "every path down") {
+		t.Fatalf("lifecycle %s (%s) after a restart failed for want of a path, want failed", st, why)
 	}
 }
 

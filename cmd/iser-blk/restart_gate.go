@@ -225,3 +225,15 @@ func (c *gatedCompletion) Complete(err error) {
 	done.Complete(err)
 	g.exit() // after the answer: the restart's write-back must see what this request stored
 }
+
+// CompleteBatched keeps the backend's completions in runs (block.BatchCompletion) through the
+// gate. Leaving the gate before the returned Flush is safe: the request's data is stored when
+// its completion runs, and the flush only sends a reply already queued.
+func (c *gatedCompletion) CompleteBatched(err error) block.Flusher {
+	g, done := c.g, c.done
+	c.done = nil
+	g.pool.Put(c)
+	f := block.CompleteBatched(done, err)
+	g.exit()
+	return f
+}

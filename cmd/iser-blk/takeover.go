@@ -95,11 +95,7 @@ func prepareTakeover(tf *takeoverFlags, kind, target, cacheMode string, dev bloc
 // record writes the state of a device this gateway now serves: Dirty exactly with a write-back
 // cache, written before the device takes its first request.
 func (t *takeover) record(kind string, devID int) error {
-	st := statefile.Fresh(t.name, kind, devID, t.lun, t.cacheMode, os.Getpid())
-	if t.prev != nil && t.prev.Dirty {
-		st.Dirty = true // a fenced device stays fenced for the next successor too
-	}
-	if err := statefile.Write(t.path, st); err != nil {
+	if err := statefile.Write(t.path, t.state(kind, devID)); err != nil {
 		return err
 	}
 	t.mu.Lock()
@@ -108,19 +104,32 @@ func (t *takeover) record(kind string, devID int) error {
 	return nil
 }
 
-// recordClean records that nothing acknowledged is only in this gateway's memory any more:
-// the planned restart's last word before the re-exec, which lets the successor resume the
-// device even with a write-back cache (statefile's rule). The successor's record makes the
-// state dirty again before it serves.
-func (t *takeover) recordClean() error {
+// state is what record writes: Dirty exactly with a write-back cache, or when the predecessor's
+// was (a fenced device stays fenced for the next successor too).
+func (t *takeover) state(kind string, devID int) statefile.State {
+	st := statefile.Fresh(t.name, kind, devID, t.lun, t.cacheMode, os.Getpid())
+	if t.prev != nil && t.prev.Dirty {
+		st.Dirty = true
+	}
+	return st
+}
+
+// recordClean records, before a planned restart's re-exec, that every acknowledged write is on
+// the target: the successor resumes even with a write-back cache.
+func (t *takeover) recordClean() error { return t.recordAgain(true) }
+
+// recordAgain rewrites the recorded device's state: clean, or as record wrote it.
+func (t *takeover) recordAgain(clean bool) error {
 	t.mu.Lock()
 	kind, devID := t.kind, t.devID
 	t.mu.Unlock()
 	if kind == "" {
 		return errors.New("the device's state was never recorded")
 	}
-	st := statefile.Fresh(t.name, kind, devID, t.lun, t.cacheMode, os.Getpid())
-	st.Dirty = false
+	st := t.state(kind, devID)
+	if clean {
+		st.Dirty = false
+	}
 	return statefile.Write(t.path, st)
 }
 

@@ -7,9 +7,11 @@ import (
 )
 
 // Request counting for status and metrics (Options.Counters; issue 16). A request is counted
-// from the moment the reader has decoded it to the moment its reply is written (or the
+// from the socket read that brought its header to the moment its reply is written (or the
 // connection drops it), per operation, with atomics only: no lock, no allocation. With
-// Options.Counters nil nothing is counted and nothing is timed.
+// Options.Counters nil nothing is counted and nothing is timed. A request whose header was
+// already buffered while the reader waited for a free slot (MaxInflight) is timed from that
+// read, so its duration includes the wait: the client's view, as fio's clat is.
 //
 // The clock is read once per socket read on the reader's side and once per vectored write on the
 // writer's, not twice per request: the requests that one read(2) brought in arrived together,

@@ -45,7 +45,11 @@ func (c *conn) completeAsync(done Completer, err error) {
 		done.Complete(err)
 		return
 	}
-	if f := bc.CompleteBatched(err); f != nil && !slices.Contains(c.batch.flushes, f) {
+	f := bc.CompleteBatched(err)
+	if f == nil {
+		return // nothing waits on this one: it does not lengthen the run
+	}
+	if !slices.Contains(c.batch.flushes, f) {
 		c.batch.flushes = append(c.batch.flushes, f)
 	}
 	c.batch.n++

@@ -28,7 +28,7 @@ func (c *conn) reader() {
 		if _, err = c.tc.ReadHeader(&bhs); err != nil {
 			break
 		}
-		if c.flushDue(bhs.DataSegmentLength()) {
+		if c.flushDue(pdu.Padded(bhs.DataSegmentLength())) { // a data digest, when negotiated, is 4 more: it comes with the PDU
 			c.flushCompletions()
 		}
 		err = c.dispatch(&bhs)
