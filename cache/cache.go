@@ -55,6 +55,10 @@ type Cache struct {
 
 	reserved   atomic.Int64 // dirty pages plus reservations; <= limitPages
 	dirtyPages atomic.Int64
+	// dirtyRegions counts the dirty pages of each region of the device (regionShift bytes,
+	// hashed onto nRegions counters), so that a read-around finds a range without dirty pages
+	// without taking a lock (readaround.go). Changed under dmu with dirtyPages.
+	dirtyRegions [nRegions]atomic.Int32
 	throttled  atomic.Int32 // writers waiting for room now
 
 	progress  notifier
@@ -71,10 +75,8 @@ type Cache struct {
 	fills     sync.Pool // *asyncFill (submit.go)
 	arounds   sync.Pool // *asyncAround (submit.go)
 
-	streams    [8]atomic.Int64 // sequential read streams (read.go)
-	streamNext atomic.Uint32
-	wstreams   streamSet // sequential write streams for the write-around cutoff (writearound.go)
-	rstreams   streamSet // sequential read streams for the read-around cutoff (readaround.go)
+	wstreams streamSet // sequential write streams, for the write-around cutoff (writearound.go)
+	rstreams streamSet // sequential read misses, for read-ahead and the read-around cutoff (streams.go)
 	zeroOnce   sync.Once
 	zeroBuf    []byte // for WriteZeroes emulation
 

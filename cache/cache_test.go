@@ -961,10 +961,11 @@ func TestFlushNotStarvedByNewWrites(t *testing.T) {
 
 // TestConcurrentSequentialReadsShareFills: readers streaming through the same region at once
 // (like the kernel's parallel read-ahead requests) wait for fills in progress instead of reading
-// the same pages from the backend again.
+// the same pages from the backend again. Read-around is off: a stream of 64 KiB reads goes around
+// the pages once it has read ReadAround bytes, and reads around are not shared.
 func TestConcurrentSequentialReadsShareFills(t *testing.T) {
 	ctx := context.Background()
-	c, dev := newTest(t, 16<<20, stdLimits(4096), Config{Size: 16 << 20, ReadAhead: 512 << 10})
+	c, dev := newTest(t, 16<<20, stdLimits(4096), Config{Size: 16 << 20, ReadAhead: 512 << 10, ReadAround: -1})
 	dev.SetBefore(func(op fakedev.Op) { runtime.Gosched() })
 	const span = 8 << 20
 	var wg sync.WaitGroup

@@ -93,18 +93,12 @@ func (c *Cache) directOp(ctx context.Context, off, length int64, op func(context
 	if err := c.beginDirect(ctx, off, length, supersede, nil); err != nil {
 		return err
 	}
-	for length > 0 {
-		n := length
-		if maxLen > 0 && n > maxLen {
-			n = maxLen / c.bs * c.bs
+	return c.inPieces(off, length, maxLen, func(o, n int64) error {
+		if err := op(ctx, o, n); err != nil {
+			return fmt.Errorf("cache: [%d, +%d): %w", o, n, err)
 		}
-		if err := op(ctx, off, n); err != nil {
-			return fmt.Errorf("cache: [%d, +%d): %w", off, n, err)
-		}
-		off += n
-		length -= n
-	}
-	return nil
+		return nil
+	})
 }
 
 // beginDirect registers [off, off+length) as a direct operation (no write-back of a page in it

@@ -45,10 +45,14 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 	if pos == int64(len(p)) {
 		return nil
 	}
-	around := c.readsAround(off, len(p))
-	c.rstreams.note(off, len(p), c.cfg.ReadAround)
-	if around {
-		return c.readAround(ctx, p[pos:], off+pos)
+	// The stream is looked up where the miss is: after a run of hits on read-ahead pages that
+	// is where the stream's last miss stopped filling.
+	if c.readsAround(off+pos, len(p)) {
+		if err := c.readAround(ctx, p[pos:], off+pos); err != nil {
+			return err
+		}
+		c.rstreams.note(off+pos, off+int64(len(p)), 0)
+		return nil
 	}
 	return c.readMiss(ctx, p[pos:], off+pos)
 }
@@ -85,18 +89,6 @@ func (c *Cache) beingFilled(page int64) bool {
 	return filling
 }
 
-// Sequential detection runs on misses only, so hits stay cheap: each stream slot holds the
-// offset where the stream's next miss is expected (the end of what its last miss filled,
-// read-ahead included). A miss there is sequential; any other miss takes a slot round-robin.
-func (c *Cache) sequentialMiss(off int64) (slot int, ok bool) {
-	for i := range c.streams {
-		if c.streams[i].Load() == off {
-			return i, true
-		}
-	}
-	return int(c.streamNext.Add(1) % uint32(len(c.streams))), false
-}
-
 func (c *Cache) readHit(page, pOff int64, dst []byte) bool {
 	sh := c.shard(page)
 	sh.mu.Lock()
@@ -127,9 +119,11 @@ type fillPage struct {
 // readMiss reads [off, off+len(p)) (page-aligned, plus read-ahead when sequential) from the
 // backend into placeholder pages, merges it with what the cache holds and copies p out.
 func (c *Cache) readMiss(ctx context.Context, p []byte, off int64) error {
-	stream, sequential := c.sequentialMiss(off)
+	// Sequential detection runs on misses only, so hits stay cheap: the stream expects its next
+	// miss where this one stops filling, read-ahead included.
+	sequential := c.rstreams.continues(off)
 	filledEnd := off + int64(len(p))
-	defer func() { c.streams[stream].Store(filledEnd) }()
+	defer func() { c.rstreams.note(off, filledEnd, 0) }()
 	first := off / c.ps
 	last := (off + int64(len(p)) - 1) / c.ps
 	reqLast := last
@@ -307,20 +301,19 @@ func (c *Cache) finishFill(pg int64, fp fillPage, data []byte, install bool, p [
 	if !requested || !haveData {
 		return
 	}
-	// Copy out the part of p in this page: valid sectors from the page, others from the backend.
+	// Copy out the part of p in this page: valid sectors from the page (they are at least as new
+	// as what the backend returned), others from the backend.
 	pageOff := pg * c.ps
-	lo := max(off, pageOff)
-	hi := min(off+int64(len(p)), pageOff+c.ps)
-	for x := lo; x < hi; x += c.bs {
-		k := (x - pageOff) / c.bs
-		dst := p[x-off : x-off+c.bs]
-		if sl != nil && sl.valid&(1<<uint(k)) != 0 {
-			copy(dst, c.bufs[s][k*c.bs:])
-		} else {
-			copy(dst, data[k*c.bs:])
-		}
+	lo, hi := max(off, pageOff), min(off+int64(len(p)), pageOff+c.ps)
+	var valid uint64
+	if sl != nil {
+		valid = sl.valid
+		sl.ref = true
+	}
+	if need := c.sectorMask(lo-pageOff, hi-lo); valid&need != need {
+		copy(p[lo-off:hi-off], data[lo-pageOff:])
 	}
 	if sl != nil {
-		sl.ref = true
+		c.copyValid(p, off, s, pg, valid)
 	}
 }

@@ -69,8 +69,7 @@ func (c *Cache) startFill(ctx context.Context, p []byte, off, pg int64, done blo
 	if c.beingFilled(pg) {
 		return false // ReadAt waits for that fill instead of reading the page twice
 	}
-	stream, sequential := c.sequentialMiss(off)
-	if sequential && c.cfg.raPages > 0 {
+	if c.cfg.raPages > 0 && c.rstreams.continues(off) {
 		return false // readMiss reads ahead
 	}
 	n := min(c.ps, c.size-pg*c.ps)
@@ -82,7 +81,7 @@ func (c *Cache) startFill(ctx context.Context, p []byte, off, pg int64, done blo
 	*f = asyncFill{c: c, p: p, off: off, pg: pg, buf: buf[:n], done: done}
 	f.fp = c.placeholder(pg, false)
 	f.install = !c.directOverlaps(pg*c.ps, c.ps)
-	c.streams[stream].Store(off + int64(len(p)))
+	c.rstreams.note(off, off+int64(len(p)), 0)
 	if c.sub.SubmitAt(ctx, f.buf, pg*c.ps, false, 0, f) {
 		return true
 	}

@@ -169,6 +169,7 @@ func (c *Cache) markDirtyLocked(s int32, sl *slot, page int64, mask uint64) bool
 	c.tail = s
 	c.dirtyIdx.put(page, s)
 	c.dirtyPages.Add(1)
+	c.dirtyRegions[regionOf(page*c.ps)].Add(1)
 	sl.busy.Store(1)
 	// Wake a flusher when there is enough to write, or when this is the only dirty page: the
 	// flushers may all be idle without an age timer armed.
@@ -194,6 +195,7 @@ func (c *Cache) cleanLocked(s int32, sl *slot, page int64) {
 	sl.prev, sl.next = -1, -1
 	c.dirtyIdx.del(page)
 	c.dirtyPages.Add(-1)
+	c.dirtyRegions[regionOf(page*c.ps)].Add(-1)
 	c.reserved.Add(-1)
 	if !sl.inflight {
 		sl.busy.Store(0)
