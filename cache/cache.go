@@ -59,7 +59,7 @@ type Cache struct {
 	// hashed onto nRegions counters), so that a read-around finds a range without dirty pages
 	// without taking a lock (readaround.go). Changed under dmu with dirtyPages.
 	dirtyRegions [nRegions]atomic.Int32
-	throttled  atomic.Int32 // writers waiting for room now
+	throttled    atomic.Int32 // writers waiting for room now
 
 	progress  notifier
 	kick      chan struct{}
@@ -77,14 +77,14 @@ type Cache struct {
 
 	wstreams streamSet // sequential write streams, for the write-around cutoff (writearound.go)
 	rstreams streamSet // sequential read misses, for read-ahead and the read-around cutoff (streams.go)
-	zeroOnce   sync.Once
-	zeroBuf    []byte // for WriteZeroes emulation
+	zeroOnce sync.Once
+	zeroBuf  []byte // for WriteZeroes emulation
 
 	st counters
 }
 
 type counters struct {
-	misses, readAhead, wbBytes, wbErrors, writeAround, readAround, flushes, flushErrors, throttledWrites, evictions atomic.Uint64
+	misses, readAhead, wbBytes, wbErrors, writeAround, readAround, overlaid, flushes, flushErrors, throttledWrites, evictions atomic.Uint64
 }
 
 // notifier is a broadcast: waiters take the current channel, broadcast closes it. It allocates

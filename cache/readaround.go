@@ -107,6 +107,7 @@ func (c *Cache) readOverlaid(ctx context.Context, p []byte, off int64) error {
 		sh.mu.Unlock()
 	}
 	if len(pinned) > 0 {
+		c.st.overlaid.Add(uint64(len(pinned)))
 		c.progress.broadcast() // unpinned pages may be evictable now
 	}
 	return err

@@ -13,6 +13,7 @@ type Stats struct {
 	WriteBackErrors  uint64
 	WriteAroundBytes uint64 // written straight to the backend (Config.WriteAround)
 	ReadAroundBytes  uint64 // read straight from the backend (Config.ReadAround)
+	OverlaidPages    uint64 // dirty pages copied over a read-around's data (readaround.go)
 	Flushes          uint64
 	FlushErrors      uint64
 	ThrottledWrites  uint64 // writes that waited for dirty room
@@ -38,6 +39,7 @@ func (c *Cache) Stats() Stats {
 		WriteBackErrors:  c.st.wbErrors.Load(),
 		WriteAroundBytes: c.st.writeAround.Load(),
 		ReadAroundBytes:  c.st.readAround.Load(),
+		OverlaidPages:    c.st.overlaid.Load(),
 		Flushes:          c.st.flushes.Load(),
 		FlushErrors:      c.st.flushErrors.Load(),
 		ThrottledWrites:  c.st.throttledWrites.Load(),
