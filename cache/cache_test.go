@@ -697,7 +697,7 @@ func TestReadHitZeroAllocs(t *testing.T) {
 func BenchmarkReadHit(b *testing.B) {
 	for _, bc := range []struct {
 		size, par int
-	}{{4096, 1}, {65536, 1}, {4096, 64}} {
+	}{{4096, 1}, {65536, 1}, {1 << 20, 1}, {4096, 64}} {
 		size := bc.size
 		b.Run(fmt.Sprintf("%d/qd%d", size, bc.par*runtime.GOMAXPROCS(0)), func(b *testing.B) {
 			ctx := context.Background()
