@@ -18,8 +18,9 @@ import (
 // Cache is a caching block.Device. Create it with New or Wrap.
 type Cache struct {
 	be     block.Device
-	sub    block.Submitter // be's asynchronous path, or nil (submit.go)
-	lim    block.Limits    // of the backend
+	sub    block.Submitter     // be's asynchronous path, or nil (submit.go)
+	psub   block.PipeSubmitter // be's spliced reads, or nil (submitaround.go)
+	lim    block.Limits        // of the backend
 	cfg    resolved
 	log    *zap.Logger
 	ps     int64 // page size
@@ -61,19 +62,20 @@ type Cache struct {
 	dirtyRegions [nRegions]atomic.Int32
 	throttled    atomic.Int32 // writers waiting for room now
 
-	progress  notifier
-	kick      chan struct{}
-	stop      chan struct{}
-	wg        sync.WaitGroup
-	bgCtx     context.Context
-	bgCancel  context.CancelFunc
-	closed    atomic.Bool  // set by shutdown: calls fail with ErrClosed
-	closeMu   sync.Mutex   // serialises CloseContext
-	closeDone bool         // guarded by closeMu: a Close has run (or is running under closeMu)
-	ops       atomic.Int64 // calls in progress; page memory is released only when none is
-	jobs      sync.Pool
-	fills     sync.Pool // *asyncFill (submit.go)
-	arounds   sync.Pool // *asyncAround (submit.go)
+	progress    notifier
+	kick        chan struct{}
+	stop        chan struct{}
+	wg          sync.WaitGroup
+	bgCtx       context.Context
+	bgCancel    context.CancelFunc
+	closed      atomic.Bool  // set by shutdown: calls fail with ErrClosed
+	closeMu     sync.Mutex   // serialises CloseContext
+	closeDone   bool         // guarded by closeMu: a Close has run (or is running under closeMu)
+	ops         atomic.Int64 // calls in progress; page memory is released only when none is
+	jobs        sync.Pool
+	fills       sync.Pool // *asyncFill (submit.go)
+	arounds     sync.Pool // *asyncAround (submit.go)
+	readArounds sync.Pool // *asyncReadAround (submitaround.go)
 
 	wstreams streamSet // sequential write streams, for the write-around cutoff (writearound.go)
 	rstreams streamSet // sequential read misses, for read-ahead and the read-around cutoff (streams.go)
@@ -185,6 +187,10 @@ func New(dev block.Device, cfg Config, log *zap.Logger) (*Cache, error) {
 	c.fills.New = func() any { return new(asyncFill) }
 	c.arounds.New = func() any { return new(asyncAround) }
 	c.sub, _ = dev.(block.Submitter)
+	if c.sub != nil {
+		c.psub, _ = dev.(block.PipeSubmitter)
+	}
+	c.readArounds.New = func() any { return new(asyncReadAround) }
 	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
 	for i := 0; i < r.Workers; i++ {
 		c.wg.Add(1)

@@ -58,8 +58,13 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 }
 
 // ReadCached implements block.CachedReader: it copies p from cache pages when every sector of
-// it is valid there, without touching the backend or waiting for a fill in progress.
+// it is valid there, without touching the backend or waiting for a fill in progress. It declines
+// a read that goes around the pages by its size when the backend can take it asynchronously
+// (submitaround.go).
 func (c *Cache) ReadCached(p []byte, off int64) bool {
+	if c.sub != nil && c.largeRead(len(p)) {
+		return false
+	}
 	if c.enter() != nil {
 		return false
 	}
@@ -269,51 +274,77 @@ func (c *Cache) fillChunk(ctx context.Context, p []byte, off, a, b, reqLast int6
 	return err
 }
 
-// finishFill installs a filled page (if still wanted), copies the requested part out and unpins.
+// finishFill copies the requested part of a filled page out (when requested and the backend read
+// succeeded), installs the page (if still wanted) and unpins it.
 func (c *Cache) finishFill(pg int64, fp fillPage, data []byte, install bool, p []byte, off int64, requested, haveData bool) {
+	if requested && haveData {
+		c.copyOutFill(pg, fp, data, p, off)
+	}
+	c.installFill(pg, fp, data, install)
+}
+
+// copyOutFill copies the part of p in page pg out of a fill: the page's valid sectors (they are at
+// least as new as what the backend returned) over the backend's data. It reads no page memory
+// when the page has no valid sector, so a fresh page is not faulted in here (see installFill).
+func (c *Cache) copyOutFill(pg int64, fp fillPage, data []byte, p []byte, off int64) {
 	sh := c.shard(pg)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	var sl *slot
-	var s int32 = -1
-	if fp.slot >= 0 {
-		s = fp.slot
-		sl = &c.slots[s]
-		sl.pins--
-		if fp.created {
-			sl.filling = false
+	s := fp.slot // pinned, so still page pg's
+	if s < 0 {
+		cur, ok := sh.m[pg]
+		if !ok {
+			cur = -1
 		}
-		if install && sl.invalSeq == fp.invalSeq {
-			have := c.full // the last page of a device may be cut short
-			if int64(len(data)) < c.ps {
-				have = c.sectorMask(0, int64(len(data)))
-			}
-			page := c.bufs[s]
-			for m := have &^ sl.valid; m != 0; m &= m - 1 {
-				k := int64(bits.TrailingZeros64(m))
-				copy(page[k*c.bs:(k+1)*c.bs], data[k*c.bs:])
-			}
-			sl.valid |= have
-		}
-	} else if cur, ok := sh.m[pg]; ok {
-		s, sl = cur, &c.slots[cur]
+		s = cur
 	}
-	if !requested || !haveData {
-		return
-	}
-	// Copy out the part of p in this page: valid sectors from the page (they are at least as new
-	// as what the backend returned), others from the backend.
 	pageOff := pg * c.ps
 	lo, hi := max(off, pageOff), min(off+int64(len(p)), pageOff+c.ps)
 	var valid uint64
-	if sl != nil {
-		valid = sl.valid
-		sl.ref = true
+	if s >= 0 {
+		valid = c.slots[s].valid
 	}
 	if need := c.sectorMask(lo-pageOff, hi-lo); valid&need != need {
 		copy(p[lo-off:hi-off], data[lo-pageOff:])
 	}
-	if sl != nil {
+	if valid != 0 {
 		c.copyValid(p, off, s, pg, valid)
 	}
+}
+
+// installFill installs the data of a fill into its page's invalid sectors (if install and the page
+// was not invalidated meanwhile) and unpins the page. The copy into the page is where a page never
+// used before is faulted in, which costs tens of microseconds on a virtual machine whose host
+// backs guest memory lazily: the asynchronous miss reports its data before this (submit.go).
+func (c *Cache) installFill(pg int64, fp fillPage, data []byte, install bool) {
+	if fp.slot < 0 {
+		return
+	}
+	sh := c.shard(pg)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s := fp.slot
+	sl := &c.slots[s]
+	sl.pins--
+	if fp.created {
+		sl.filling = false
+	}
+	sl.ref = true
+	if !install || sl.invalSeq != fp.invalSeq {
+		return
+	}
+	have := c.full // the last page of a device may be cut short
+	if int64(len(data)) < c.ps {
+		have = c.sectorMask(0, int64(len(data)))
+	}
+	page := c.bufs[s]
+	if sl.valid == 0 {
+		copy(page, data)
+	} else {
+		for m := have &^ sl.valid; m != 0; m &= m - 1 {
+			k := int64(bits.TrailingZeros64(m))
+			copy(page[k*c.bs:(k+1)*c.bs], data[k*c.bs:])
+		}
+	}
+	sl.valid |= have
 }

@@ -34,13 +34,20 @@ type asyncFill struct {
 }
 
 // SubmitAt implements block.Submitter for reads within one page (a hit completes at once, a miss
-// is started on the backend's Submitter, see above) and for writes that go around the pages
+// is started on the backend's Submitter, see above), for reads that go around the pages over a
+// range without dirty pages (submitReadAround), and for writes that go around the pages
 // (submitAround). It declines everything else.
 func (c *Cache) SubmitAt(ctx context.Context, p []byte, off int64, write bool, flags block.WriteFlags, done block.Completion) bool {
 	if write {
 		return c.submitAround(ctx, p, off, flags, done)
 	}
-	if c.sub == nil || c.cfg.IOPool == nil || len(p) == 0 {
+	if c.sub == nil || len(p) == 0 {
+		return false
+	}
+	if int64(len(p)) > c.ps {
+		return c.submitReadAround(ctx, p, off, done)
+	}
+	if c.cfg.IOPool == nil {
 		return false
 	}
 	if c.enter() != nil {
@@ -93,21 +100,26 @@ func (c *Cache) startFill(ctx context.Context, p []byte, off, pg int64, done blo
 	return false
 }
 
-// Complete implements block.Completion: the backend read of the page ended.
+// Complete implements block.Completion: the backend read of the page ended. The caller's data is
+// copied out and reported first, and the page installed after: installing a page never used
+// before faults its memory in (installFill), which is then off the request's latency. The page
+// stays pinned and marked filling until it is installed, so readers of it wait for the install,
+// and the call stays inside enter/exit, so the page memory stays mapped until then.
 func (f *asyncFill) Complete(err error) {
 	c := f.c
 	if err != nil {
 		err = fmt.Errorf("cache: read miss [%d, +%d): %w", f.pg*c.ps, len(f.buf), err)
+	} else {
+		c.copyOutFill(f.pg, f.fp, f.buf, f.p, f.off)
 	}
-	c.finishFill(f.pg, f.fp, f.buf, f.install && err == nil, f.p, f.off, true, err == nil)
-	c.cfg.IOPool.Put(f.buf)
 	c.st.misses.Add(1)
+	f.done.Complete(err)
+	c.installFill(f.pg, f.fp, f.buf, f.install && err == nil)
+	c.cfg.IOPool.Put(f.buf)
 	c.progress.broadcast() // waiters for this fill, and the page may now be evictable
-	done := f.done
 	*f = asyncFill{}
 	c.fills.Put(f)
 	c.exit()
-	done.Complete(err)
 }
 
 // asyncAround is a write-around in flight on the backend's Submitter; pooled (Cache.arounds).
