@@ -87,6 +87,15 @@ type Cache struct {
 
 type counters struct {
 	misses, readAhead, wbBytes, wbErrors, writeAround, readAround, overlaid, flushes, flushErrors, throttledWrites, evictions atomic.Uint64
+	throttledNanos                                                                                                            atomic.Int64              // time writers waited for dirty room (reserveDirty)
+	lastWBFailure                                                                                                             atomic.Pointer[wbFailure] // the latest write-back failure, nil before the first
+}
+
+// wbFailure is a failed write-back as the status reports it. One is allocated per failure (the
+// error string is built only then), none per I/O.
+type wbFailure struct {
+	err string
+	at  time.Time
 }
 
 // notifier is a broadcast: waiters take the current channel, broadcast closes it. It allocates

@@ -232,7 +232,11 @@ func (c *Cache) reserveDirty(ctx context.Context) error {
 	}
 	c.st.throttledWrites.Add(1)
 	c.throttled.Add(1)
-	defer c.throttled.Add(-1)
+	start := nanotime()
+	defer func() {
+		c.throttled.Add(-1)
+		c.st.throttledNanos.Add(nanotime() - start)
+	}()
 	for {
 		ch := c.progress.wait()
 		if c.tryReserve() {
