@@ -9,7 +9,9 @@ import (
 )
 
 // ReadAt serves p from cache pages where they are valid and fills the rest from the backend. A
-// large miss (Config.ReadAround) is read from the backend straight into p (readaround.go).
+// read of Config.ReadAround bytes or more, and a large miss continuing a sequential stream, are
+// read from the backend straight into p with the dirty pages of the range copied over
+// (readaround.go).
 func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 	if err := c.enter(); err != nil {
 		return err
@@ -17,6 +19,16 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 	defer c.exit()
 	if err := block.CheckRange(c, off, int64(len(p))); err != nil {
 		return err
+	}
+	if c.largeRead(len(p)) {
+		// Not even its cached pages are copied out: the backend's read into p costs the gateway
+		// less than copying a large read out of the pages (submitaround.go), and the two paths
+		// of a large read (asynchronous and this) then agree.
+		if err := c.readAround(ctx, p, off); err != nil {
+			return err
+		}
+		c.rstreams.note(off, off+int64(len(p)), 0)
+		return nil
 	}
 	pos := int64(0)
 	for pos < int64(len(p)) {

@@ -405,3 +405,30 @@ func TestPiecesNeverEmpty(t *testing.T) {
 		}
 	}
 }
+
+// TestLargeReadSkipsCachedPages checks the decision for large single reads: a read of
+// ReadAround bytes whose pages are all cached still goes to the backend (only dirty pages are
+// copied over it), so that ReadAt agrees with ReadCached, which declines it.
+func TestLargeReadSkipsCachedPages(t *testing.T) {
+	ctx := context.Background()
+	c, _ := newTest(t, 4<<20, stdLimits(4096), Config{Size: 2 << 20, MaxDirtyAge: time.Hour, ReadAhead: -1})
+	want := make([]byte, DefaultReadAround)
+	for off := int64(0); off < DefaultReadAround; off += 32 << 10 { // cached by small misses
+		if err := c.ReadAt(ctx, want[off:off+32<<10], off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dirty := fill(4096, 6)
+	copy(want[8192:], dirty)
+	if err := c.WriteAt(ctx, dirty, 8192, 0); err != nil {
+		t.Fatal(err)
+	}
+	before := c.Stats()
+	got := make([]byte, DefaultReadAround)
+	if err := c.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("large read over cached pages: %v, data differs", err)
+	}
+	if st := c.Stats(); st.Hits != before.Hits || st.ReadAroundBytes != before.ReadAroundBytes+DefaultReadAround || st.OverlaidPages != 1 {
+		t.Fatalf("stats before %+v, after %+v: want the read around with the dirty page overlaid", before, st)
+	}
+}
