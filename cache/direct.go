@@ -141,7 +141,9 @@ func (c *Cache) endDirect(off, length int64) {
 	c.directActive.Add(-1)
 	c.directMu.Unlock()
 	c.progress.broadcast()
-	c.doKick()
+	if c.rangeDirty(off, length) {
+		c.doKick() // write-backs of the range may start now; with none dirty, no flusher is woken
+	}
 }
 
 // rangeAction is what invalidate does to the cached sectors of a range.
@@ -170,6 +172,16 @@ func (c *Cache) invalidate(off, length int64, act rangeAction, src []byte) (infl
 		hi := min(off+length, pageOff+c.ps) - pageOff
 		mask := c.sectorMask(lo, hi-lo)
 		sl := &c.slots[s]
+		if sl.busy.Load() == 0 {
+			// Clean and not in flight, and it stays so while the shard lock is held (a page
+			// becomes dirty only under it): no need for dmu, which the flusher and every writer
+			// contend for. A write-around over cached pages took it once per page.
+			if act != checkInflight {
+				sl.valid &^= mask
+				sl.invalSeq++
+			}
+			return
+		}
 		c.dmu.Lock()
 		switch {
 		case act == checkInflight:
