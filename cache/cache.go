@@ -52,6 +52,7 @@ type Cache struct {
 
 	directMu     sync.Mutex
 	direct       []directRange
+	directSeq    uint64 // tokens of direct operations (registerDirect)
 	directActive atomic.Int32
 
 	reserved   atomic.Int64 // dirty pages plus reservations; <= limitPages

@@ -126,6 +126,7 @@ func (f *asyncFill) Complete(err error) {
 type asyncAround struct {
 	c      *Cache
 	off, n int64
+	token  uint64 // of the direct operation (registerDirect)
 	done   block.Completion
 }
 
@@ -149,13 +150,10 @@ func (c *Cache) submitAround(ctx context.Context, p []byte, off int64, flags blo
 		c.exit()
 		return false
 	}
-	c.directMu.Lock()
-	c.direct = append(c.direct, directRange{off, off + n})
-	c.directActive.Add(1)
-	c.directMu.Unlock()
-	if !c.invalidate(off, n, supersede, p) {
+	token := c.registerDirect(off, n)
+	if !c.invalidate(off, n, token, supersede, p) {
 		w := c.arounds.Get().(*asyncAround)
-		*w = asyncAround{c: c, off: off, n: n, done: done}
+		*w = asyncAround{c: c, off: off, n: n, token: token, done: done}
 		if c.sub.SubmitAt(ctx, p, off, true, flags&block.FUA, w) {
 			c.noteWrite(off, len(p))
 			return true
@@ -163,7 +161,7 @@ func (c *Cache) submitAround(ctx context.Context, p []byte, off int64, flags blo
 		*w = asyncAround{}
 		c.arounds.Put(w)
 	}
-	c.endDirect(off, n)
+	c.endDirect(token)
 	c.exit()
 	return false
 }
@@ -175,8 +173,9 @@ func (w *asyncAround) Complete(err error) {
 		err = fmt.Errorf("cache: write-around [%d, +%d): %w", w.off, w.n, err)
 	} else {
 		c.st.writeAround.Add(uint64(w.n))
+		c.cleanSuperseded(w.off, w.n, w.token)
 	}
-	c.endDirect(w.off, w.n)
+	c.endDirect(w.token)
 	done := w.done
 	*w = asyncAround{}
 	c.arounds.Put(w)

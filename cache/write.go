@@ -152,6 +152,7 @@ func (c *Cache) writePage(ctx context.Context, page, pOff int64, data []byte, he
 // to dirty (consuming the caller's reservation). Called with the shard lock and dmu held.
 func (c *Cache) markDirtyLocked(s int32, sl *slot, page int64, mask uint64) bool {
 	sl.gen++
+	sl.superseded = 0 // newer than any write-around's data: cleanSuperseded leaves it dirty
 	if sl.dirty != 0 {
 		sl.dirty |= mask
 		return false

@@ -43,8 +43,9 @@ func (c *Cache) noteWrite(off int64, n int) {
 // the range consistent with it (see above).
 func (c *Cache) writeAround(ctx context.Context, p []byte, off int64, flags block.WriteFlags) error {
 	length := int64(len(p))
-	defer c.endDirect(off, length)
-	if err := c.beginDirect(ctx, off, length, supersede, p); err != nil {
+	token := c.registerDirect(off, length)
+	defer c.endDirect(token)
+	if err := c.beginDirect(ctx, off, length, token, supersede, p); err != nil {
 		return err
 	}
 	fua := flags&block.FUA != 0
@@ -61,6 +62,7 @@ func (c *Cache) writeAround(ctx context.Context, p []byte, off int64, flags bloc
 	if err != nil {
 		return err
 	}
+	c.cleanSuperseded(off, length, token)
 	if fua && beFlags == 0 && c.lim.CanFlush {
 		if err := c.be.Flush(ctx); err != nil {
 			return fmt.Errorf("cache: flush for FUA emulation: %w", err)
@@ -68,4 +70,53 @@ func (c *Cache) writeAround(ctx context.Context, p []byte, off int64, flags bloc
 	}
 	c.st.writeAround.Add(uint64(length))
 	return nil
+}
+
+// cleanSuperseded runs when the write-around token's backend write of [off, off+length)
+// succeeded: the dirty sectors of that range in the pages it superseded, which nothing modified
+// since (slot.superseded is still token), hold exactly what the backend now has, as after a
+// completed write-back; so they are clean. Before, they stayed dirty and were written again: a
+// 1 MiB sequential write over the dirty backlog of a random-write job made the target write most
+// of it twice. Pages with dirty sectors outside the range keep those. No write-back of the range
+// is in flight (the operation is still registered and waited for those before its write). It
+// cleans nothing when another direct operation overlaps the range: that one's backend write may
+// land after this one's, and the page must then stay dirty to be written back last.
+func (c *Cache) cleanSuperseded(off, length int64, token uint64) {
+	if !c.rangeDirty(off, length) || c.otherDirectOverlaps(off, length, token) {
+		return
+	}
+	first, last := off/c.ps, (off+length-1)/c.ps
+	for a := first; a <= last; a += maxOverlay { // dmu in bounded stretches
+		c.dmu.Lock()
+		for pg := a; pg <= min(last, a+maxOverlay-1); pg++ {
+			s, ok := c.dirtyIdx.get(pg)
+			if !ok {
+				continue
+			}
+			sl := &c.slots[s]
+			if sl.superseded != token || sl.inflight {
+				continue
+			}
+			pageOff := pg * c.ps
+			lo, hi := max(off, pageOff)-pageOff, min(off+length, pageOff+c.ps)-pageOff
+			if sl.dirty &^= c.sectorMask(lo, hi-lo); sl.dirty == 0 {
+				c.cleanLocked(s, sl, pg)
+			}
+		}
+		c.dmu.Unlock()
+	}
+	c.progress.broadcast() // a Flush may be waiting for these pages
+}
+
+// otherDirectOverlaps reports whether a direct operation other than token is registered over
+// [off, off+length).
+func (c *Cache) otherDirectOverlaps(off, length int64, token uint64) bool {
+	c.directMu.Lock()
+	defer c.directMu.Unlock()
+	for _, r := range c.direct {
+		if r.token != token && r.off < off+length && off < r.end {
+			return true
+		}
+	}
+	return false
 }
