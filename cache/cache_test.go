@@ -873,11 +873,18 @@ func TestFlushHonoursContext(t *testing.T) {
 
 // TestThrottledWriterHonoursContext: a writer blocked at the dirty limit gives up with its
 // context's error, never with a spurious I/O error.
+//
+// It also checks the status's ThrottledSeconds: zero while nobody waited, and at least about the
+// time the writer was held at the limit afterwards.
 func TestThrottledWriterHonoursContext(t *testing.T) {
 	c, dev := newTest(t, 4<<20, stdLimits(4096), Config{Size: 1 << 20, DirtyLimit: 64 << 10, MaxDirtyAge: time.Hour})
+	if s := c.CacheStatus().ThrottledSeconds; s != 0 {
+		t.Fatalf("throttled %v s before any write", s)
+	}
 	_, release := blockingWrites(dev, 0, 4<<20)
 	defer close(release)
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	const wait = 50 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	var err error
 	for i := int64(0); i < 64 && err == nil; i++ {
@@ -888,6 +895,9 @@ func TestThrottledWriterHonoursContext(t *testing.T) {
 	}
 	if c.Stats().DirtyBytes > 64<<10 || c.Stats().ThrottledWrites == 0 {
 		t.Fatalf("stats %+v", c.Stats())
+	}
+	if s := c.CacheStatus().ThrottledSeconds; s < wait.Seconds()/2 || s > 10 {
+		t.Fatalf("status: throttled %v s, want about %v", s, wait.Seconds())
 	}
 	dev.SetBefore(nil)
 }

@@ -2,7 +2,6 @@ package cache
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -12,31 +11,7 @@ import (
 	"github.com/iser-blk/iser-blk/cache/internal/fakedev"
 )
 
-// TestStatusThrottledSeconds checks that the status reports the time writers waited for dirty
-// room: zero while nobody waited, and at least the time a writer was held at the dirty limit
-// (here until its context's deadline, while the write-backs that would make room are held).
-func TestStatusThrottledSeconds(t *testing.T) {
-	c, dev := newTest(t, 4<<20, stdLimits(4096), Config{Size: 1 << 20, DirtyLimit: 64 << 10, MaxDirtyAge: time.Hour})
-	if s := c.CacheStatus().ThrottledSeconds; s != 0 {
-		t.Fatalf("throttled %v s before any write", s)
-	}
-	_, release := blockingWrites(dev, 0, 4<<20)
-	defer close(release)
-	const wait = 30 * time.Millisecond
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
-	var err error
-	for i := int64(0); i < 64 && err == nil; i++ {
-		err = c.WriteAt(ctx, fill(4096, byte(i)), i*4096, 0)
-	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("writer at the limit: %v, want the context's error", err)
-	}
-	dev.SetBefore(nil)
-	if s := c.CacheStatus().ThrottledSeconds; s < wait.Seconds()/2 || s > 10 {
-		t.Fatalf("throttled %v s, want about %v", s, wait.Seconds())
-	}
-}
+// The status's ThrottledSeconds is checked by TestThrottledWriterHonoursContext.
 
 // TestStatusLastWriteBackError checks that the status reports the latest failed write-back, its
 // error and when it failed, and nothing before the first failure.

@@ -120,29 +120,23 @@ func TestSubmitZeroAllocs(t *testing.T) {
 		t.Errorf("async 4 KiB read miss: %v allocs per call", n)
 	}
 	large := make([]byte, 1<<20)
-	write := func() {
-		if !c.SubmitAt(ctx, large, 32<<20, true, 0, done) {
-			t.Fatal("SubmitAt declined a write-around")
+	for _, tc := range []struct {
+		name  string
+		off   int64
+		write bool
+	}{{"write-around", 32 << 20, true}, {"read-around", 40 << 20, false}} {
+		submit := func() {
+			if !c.SubmitAt(ctx, large, tc.off, tc.write, 0, done) {
+				t.Fatalf("SubmitAt declined a 1 MiB %s", tc.name)
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
 		}
-		if err := <-done; err != nil {
-			t.Fatal(err)
+		submit()
+		if n := testing.AllocsPerRun(100, submit); n != 0 {
+			t.Errorf("async 1 MiB %s: %v allocs per call", tc.name, n)
 		}
-	}
-	write()
-	if n := testing.AllocsPerRun(100, write); n != 0 {
-		t.Errorf("async 1 MiB write-around: %v allocs per call", n)
-	}
-	readAround := func() {
-		if !c.SubmitAt(ctx, large, 40<<20, false, 0, done) {
-			t.Fatal("SubmitAt declined a read-around")
-		}
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-	}
-	readAround()
-	if n := testing.AllocsPerRun(100, readAround); n != 0 {
-		t.Errorf("async 1 MiB read-around: %v allocs per call", n)
 	}
 }
 
