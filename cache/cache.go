@@ -193,14 +193,7 @@ func New(dev block.Device, cfg Config, log *zap.Logger) (*Cache, error) {
 		c.slots[i].page = -1
 		c.freeSlots = append(c.freeSlots, int32(i))
 	}
-	c.jobs.New = func() any { return c.newJob() }
-	c.fills.New = func() any { return new(asyncFill) }
-	c.arounds.New = func() any { return new(asyncAround) }
-	c.sub, _ = dev.(block.Submitter)
-	if c.sub != nil {
-		c.psub, _ = dev.(block.PipeSubmitter)
-	}
-	c.readArounds.New = func() any { return new(asyncReadAround) }
+	c.initAsync(dev)
 	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
 	for i := 0; i < r.Workers; i++ {
 		c.wg.Add(1)
@@ -217,6 +210,18 @@ func New(dev block.Device, cfg Config, log *zap.Logger) (*Cache, error) {
 		zap.Int("page_size", r.PageSize),
 		zap.Int("huge_regions", pages.Stats().HugeRegions))
 	return c, nil
+}
+
+// initAsync sets up the pools of per-request state and finds the backend's asynchronous paths.
+func (c *Cache) initAsync(dev block.Device) {
+	c.jobs.New = func() any { return c.newJob() }
+	c.fills.New = func() any { return new(asyncFill) }
+	c.arounds.New = func() any { return new(asyncAround) }
+	c.readArounds.New = func() any { return new(asyncReadAround) }
+	c.sub, _ = dev.(block.Submitter)
+	if c.sub != nil {
+		c.psub, _ = dev.(block.PipeSubmitter)
+	}
 }
 
 func (c *Cache) releasePages() {
