@@ -87,9 +87,9 @@ type Cache struct {
 }
 
 type counters struct {
-	misses, readAhead, wbBytes, wbErrors, writeAround, readAround, overlaid, flushes, flushErrors, throttledWrites, evictions atomic.Uint64
-	throttledNanos                                                                                                            atomic.Int64              // time writers waited for dirty room (reserveDirty)
-	lastWBFailure                                                                                                             atomic.Pointer[wbFailure] // the latest write-back failure, nil before the first
+	misses, readAhead, wbBytes, wbErrors, writeAround, readAround, overlaid, supersededClean, flushes, flushErrors, throttledWrites, evictions atomic.Uint64
+	throttledNanos                                                                                                                             atomic.Int64              // time writers waited for dirty room (reserveDirty)
+	lastWBFailure                                                                                                                              atomic.Pointer[wbFailure] // the latest write-back failure, nil before the first
 }
 
 // wbFailure is a failed write-back as the status reports it. One is allocated per failure (the

@@ -16,11 +16,14 @@ type Stats struct {
 	WriteAroundBytes uint64 // written straight to the backend (Config.WriteAround)
 	ReadAroundBytes  uint64 // read straight from the backend (Config.ReadAround)
 	OverlaidPages    uint64 // dirty pages copied over a read-around's data (readaround.go)
-	Flushes          uint64
-	FlushErrors      uint64
-	ThrottledWrites  uint64        // writes that waited for dirty room
-	ThrottledNow     int           // writers waiting for dirty room right now
-	ThrottledTime    time.Duration // time writers spent waiting for dirty room, summed over writers
+	// SupersededCleaned counts dirty pages a write-around cleaned because it wrote their data
+	// (cleanSuperseded).
+	SupersededCleaned uint64
+	Flushes           uint64
+	FlushErrors       uint64
+	ThrottledWrites   uint64        // writes that waited for dirty room
+	ThrottledNow      int           // writers waiting for dirty room right now
+	ThrottledTime     time.Duration // time writers spent waiting for dirty room, summed over writers
 	// LastWriteBackError is the error of the latest failed write-back ("" before the first),
 	// LastWriteBackErrorAt when it failed.
 	LastWriteBackError   string
@@ -52,6 +55,7 @@ func (c *Cache) Stats() Stats {
 		WriteAroundBytes:     c.st.writeAround.Load(),
 		ReadAroundBytes:      c.st.readAround.Load(),
 		OverlaidPages:        c.st.overlaid.Load(),
+		SupersededCleaned:    c.st.supersededClean.Load(),
 		Flushes:              c.st.flushes.Load(),
 		FlushErrors:          c.st.flushErrors.Load(),
 		ThrottledWrites:      c.st.throttledWrites.Load(),

@@ -101,6 +101,7 @@ func (c *Cache) cleanSuperseded(off, length int64, token uint64) {
 			lo, hi := max(off, pageOff)-pageOff, min(off+length, pageOff+c.ps)-pageOff
 			if sl.dirty &^= c.sectorMask(lo, hi-lo); sl.dirty == 0 {
 				c.cleanLocked(s, sl, pg)
+				c.st.supersededClean.Add(1)
 			}
 		}
 		c.dmu.Unlock()

@@ -441,6 +441,9 @@ func TestWriteAroundCleansSuperseded(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-held
+	if n := c.Stats().SupersededCleaned; n != 1 {
+		t.Fatalf("%d superseded pages cleaned, want 1 (page 1)", n)
+	}
 	if d := c.DirtyBytes(); d != 2*4096 {
 		t.Fatalf("dirty %d after the write-around, want pages 3 (rewritten) and 16 (partly outside)", d)
 	}
