@@ -18,8 +18,9 @@ import (
 // Cache is a caching block.Device. Create it with New or Wrap.
 type Cache struct {
 	be     block.Device
-	sub    block.Submitter // be's asynchronous path, or nil (submit.go)
-	lim    block.Limits    // of the backend
+	sub    block.Submitter     // be's asynchronous path, or nil (submit.go)
+	psub   block.PipeSubmitter // be's spliced reads, or nil (submitaround.go)
+	lim    block.Limits        // of the backend
 	cfg    resolved
 	log    *zap.Logger
 	ps     int64 // page size
@@ -51,38 +52,51 @@ type Cache struct {
 
 	directMu     sync.Mutex
 	direct       []directRange
+	directSeq    uint64 // tokens of direct operations (registerDirect)
 	directActive atomic.Int32
 
 	reserved   atomic.Int64 // dirty pages plus reservations; <= limitPages
 	dirtyPages atomic.Int64
-	throttled  atomic.Int32 // writers waiting for room now
+	// dirtyRegions counts the dirty pages of each region of the device (regionShift bytes,
+	// hashed onto nRegions counters), so that a read-around finds a range without dirty pages
+	// without taking a lock (readaround.go). Changed under dmu with dirtyPages.
+	dirtyRegions [nRegions]atomic.Int32
+	throttled    atomic.Int32 // writers waiting for room now
 
-	progress  notifier
-	kick      chan struct{}
-	stop      chan struct{}
-	wg        sync.WaitGroup
-	bgCtx     context.Context
-	bgCancel  context.CancelFunc
-	closed    atomic.Bool  // set by shutdown: calls fail with ErrClosed
-	closeMu   sync.Mutex   // serialises CloseContext
-	closeDone bool         // guarded by closeMu: a Close has run (or is running under closeMu)
-	ops       atomic.Int64 // calls in progress; page memory is released only when none is
-	jobs      sync.Pool
-	fills     sync.Pool // *asyncFill (submit.go)
-	arounds   sync.Pool // *asyncAround (submit.go)
+	progress    notifier
+	kick        chan struct{}
+	stop        chan struct{}
+	wg          sync.WaitGroup
+	bgCtx       context.Context
+	bgCancel    context.CancelFunc
+	closed      atomic.Bool  // set by shutdown: calls fail with ErrClosed
+	closeMu     sync.Mutex   // serialises CloseContext
+	closeDone   bool         // guarded by closeMu: a Close has run (or is running under closeMu)
+	ops         atomic.Int64 // calls in progress; page memory is released only when none is
+	jobs        sync.Pool
+	fills       sync.Pool // *asyncFill (submit.go)
+	arounds     sync.Pool // *asyncAround (submit.go)
+	readArounds sync.Pool // *asyncReadAround (submitaround.go)
 
-	streams    [8]atomic.Int64 // sequential read streams (read.go)
-	streamNext atomic.Uint32
-	wstreams   streamSet // sequential write streams for the write-around cutoff (writearound.go)
-	rstreams   streamSet // sequential read streams for the read-around cutoff (readaround.go)
-	zeroOnce   sync.Once
-	zeroBuf    []byte // for WriteZeroes emulation
+	wstreams streamSet // sequential write streams, for the write-around cutoff (writearound.go)
+	rstreams streamSet // sequential read misses, for read-ahead and the read-around cutoff (streams.go)
+	zeroOnce sync.Once
+	zeroBuf  []byte // for WriteZeroes emulation
 
 	st counters
 }
 
 type counters struct {
-	misses, readAhead, wbBytes, wbErrors, writeAround, readAround, flushes, flushErrors, throttledWrites, evictions atomic.Uint64
+	misses, readAhead, wbBytes, wbErrors, writeAround, readAround, overlaid, supersededClean, flushes, flushErrors, throttledWrites, evictions atomic.Uint64
+	throttledNanos                                                                                                                             atomic.Int64              // time writers waited for dirty room (reserveDirty)
+	lastWBFailure                                                                                                                              atomic.Pointer[wbFailure] // the latest write-back failure, nil before the first
+}
+
+// wbFailure is a failed write-back as the status reports it. One is allocated per failure (the
+// error string is built only then), none per I/O.
+type wbFailure struct {
+	err string
+	at  time.Time
 }
 
 // notifier is a broadcast: waiters take the current channel, broadcast closes it. It allocates
@@ -179,10 +193,7 @@ func New(dev block.Device, cfg Config, log *zap.Logger) (*Cache, error) {
 		c.slots[i].page = -1
 		c.freeSlots = append(c.freeSlots, int32(i))
 	}
-	c.jobs.New = func() any { return c.newJob() }
-	c.fills.New = func() any { return new(asyncFill) }
-	c.arounds.New = func() any { return new(asyncAround) }
-	c.sub, _ = dev.(block.Submitter)
+	c.initAsync(dev)
 	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
 	for i := 0; i < r.Workers; i++ {
 		c.wg.Add(1)
@@ -199,6 +210,18 @@ func New(dev block.Device, cfg Config, log *zap.Logger) (*Cache, error) {
 		zap.Int("page_size", r.PageSize),
 		zap.Int("huge_regions", pages.Stats().HugeRegions))
 	return c, nil
+}
+
+// initAsync sets up the pools of per-request state and finds the backend's asynchronous paths.
+func (c *Cache) initAsync(dev block.Device) {
+	c.jobs.New = func() any { return c.newJob() }
+	c.fills.New = func() any { return new(asyncFill) }
+	c.arounds.New = func() any { return new(asyncAround) }
+	c.readArounds.New = func() any { return new(asyncReadAround) }
+	c.sub, _ = dev.(block.Submitter)
+	if c.sub != nil {
+		c.psub, _ = dev.(block.PipeSubmitter)
+	}
 }
 
 func (c *Cache) releasePages() {

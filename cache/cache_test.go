@@ -697,7 +697,7 @@ func TestReadHitZeroAllocs(t *testing.T) {
 func BenchmarkReadHit(b *testing.B) {
 	for _, bc := range []struct {
 		size, par int
-	}{{4096, 1}, {65536, 1}, {4096, 64}} {
+	}{{4096, 1}, {65536, 1}, {1 << 20, 1}, {4096, 64}} {
 		size := bc.size
 		b.Run(fmt.Sprintf("%d/qd%d", size, bc.par*runtime.GOMAXPROCS(0)), func(b *testing.B) {
 			ctx := context.Background()
@@ -873,11 +873,18 @@ func TestFlushHonoursContext(t *testing.T) {
 
 // TestThrottledWriterHonoursContext: a writer blocked at the dirty limit gives up with its
 // context's error, never with a spurious I/O error.
+//
+// It also checks the status's ThrottledSeconds: zero while nobody waited, and at least about the
+// time the writer was held at the limit afterwards.
 func TestThrottledWriterHonoursContext(t *testing.T) {
 	c, dev := newTest(t, 4<<20, stdLimits(4096), Config{Size: 1 << 20, DirtyLimit: 64 << 10, MaxDirtyAge: time.Hour})
+	if s := c.CacheStatus().ThrottledSeconds; s != 0 {
+		t.Fatalf("throttled %v s before any write", s)
+	}
 	_, release := blockingWrites(dev, 0, 4<<20)
 	defer close(release)
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	const wait = 50 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	var err error
 	for i := int64(0); i < 64 && err == nil; i++ {
@@ -888,6 +895,9 @@ func TestThrottledWriterHonoursContext(t *testing.T) {
 	}
 	if c.Stats().DirtyBytes > 64<<10 || c.Stats().ThrottledWrites == 0 {
 		t.Fatalf("stats %+v", c.Stats())
+	}
+	if s := c.CacheStatus().ThrottledSeconds; s < wait.Seconds()/2 || s > 10 {
+		t.Fatalf("status: throttled %v s, want about %v", s, wait.Seconds())
 	}
 	dev.SetBefore(nil)
 }
@@ -961,10 +971,11 @@ func TestFlushNotStarvedByNewWrites(t *testing.T) {
 
 // TestConcurrentSequentialReadsShareFills: readers streaming through the same region at once
 // (like the kernel's parallel read-ahead requests) wait for fills in progress instead of reading
-// the same pages from the backend again.
+// the same pages from the backend again. Read-around is off: a stream of 64 KiB reads goes around
+// the pages once it has read ReadAround bytes, and reads around are not shared.
 func TestConcurrentSequentialReadsShareFills(t *testing.T) {
 	ctx := context.Background()
-	c, dev := newTest(t, 16<<20, stdLimits(4096), Config{Size: 16 << 20, ReadAhead: 512 << 10})
+	c, dev := newTest(t, 16<<20, stdLimits(4096), Config{Size: 16 << 20, ReadAhead: 512 << 10, ReadAround: -1})
 	dev.SetBefore(func(op fakedev.Op) { runtime.Gosched() })
 	const span = 8 << 20
 	var wg sync.WaitGroup

@@ -117,10 +117,10 @@ type Config struct {
 	// that has written WriteAround bytes in a row. Dirty pages it overlaps take its data (they
 	// never overwrite it later). Default 256 KiB; negative disables (every write is cached).
 	WriteAround int64
-	// ReadAround is the size from which a read miss goes from the backend straight into the
-	// caller's buffer instead of through the pages (what WriteAround is for writes), and a read of
-	// at least a quarter of it continuing a sequential stream too. Such a read is not cached. It
-	// goes through the pages after all when a page of its range is dirty or being written back,
+	// ReadAround is the size from which a read goes from the backend straight into the caller's
+	// buffer instead of through the pages (what WriteAround is for writes), even where its pages
+	// are cached, and a miss of at least a quarter of it continuing a sequential stream too. Such a
+	// read is not cached; the dirty pages of its range are copied over what the backend returned,
 	// so that it returns what the cache holds. Default 256 KiB; negative disables.
 	ReadAround int64
 	// PageSize is the cache page size: a multiple of the backend's block size holding at most

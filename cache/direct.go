@@ -7,8 +7,12 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 )
 
-// directRange is the byte range of a direct operation in progress.
-type directRange struct{ off, end int64 }
+// directRange is the byte range of a direct operation in progress; token names the operation
+// (registerDirect) in the pages it supersedes (slot.superseded).
+type directRange struct {
+	off, end int64
+	token    uint64
+}
 
 // checkModify validates a request that modifies [off, off+length): in range and aligned, and the
 // backend writable.
@@ -89,38 +93,40 @@ func (c *Cache) writeZeroPages(ctx context.Context, off, length int64, fua bool)
 // directOp runs a backend operation that bypasses the cache pages after invalidating them and
 // waiting for write-backs of the range already in flight (see the package comment).
 func (c *Cache) directOp(ctx context.Context, off, length int64, op func(context.Context, int64, int64) error, maxLen int64) error {
-	defer c.endDirect(off, length)
-	if err := c.beginDirect(ctx, off, length, supersede, nil); err != nil {
+	token := c.registerDirect(off, length)
+	defer c.endDirect(token)
+	if err := c.beginDirect(ctx, off, length, token, supersede, nil); err != nil {
 		return err
 	}
-	for length > 0 {
-		n := length
-		if maxLen > 0 && n > maxLen {
-			n = maxLen / c.bs * c.bs
+	return c.inPieces(off, length, maxLen, func(o, n int64) error {
+		if err := op(ctx, o, n); err != nil {
+			return fmt.Errorf("cache: [%d, +%d): %w", o, n, err)
 		}
-		if err := op(ctx, off, n); err != nil {
-			return fmt.Errorf("cache: [%d, +%d): %w", off, n, err)
-		}
-		off += n
-		length -= n
-	}
-	return nil
+		return nil
+	})
 }
 
-// beginDirect registers [off, off+length) as a direct operation (no write-back of a page in it
-// starts and no fill of it installs until endDirect), applies act to the cached sectors of the
-// range (src: the new data for supersede) and waits for the write-backs of the range already in
-// flight. endDirect must follow, whatever beginDirect returns.
-func (c *Cache) beginDirect(ctx context.Context, off, length int64, act rangeAction, src []byte) error {
+// registerDirect registers [off, off+length) as a direct operation: no write-back of a page in
+// it starts and no fill of it installs until endDirect. It returns the operation's token.
+func (c *Cache) registerDirect(off, length int64) uint64 {
 	c.directMu.Lock()
-	c.direct = append(c.direct, directRange{off, off + length})
+	c.directSeq++
+	token := c.directSeq
+	c.direct = append(c.direct, directRange{off, off + length, token})
 	c.directActive.Add(1)
 	c.directMu.Unlock()
+	return token
+}
+
+// beginDirect applies act to the cached sectors of the registered direct operation token's
+// range (src: the new data for supersede) and waits for the write-backs of the range already in
+// flight. endDirect must follow, whatever beginDirect returns.
+func (c *Cache) beginDirect(ctx context.Context, off, length int64, token uint64, act rangeAction, src []byte) error {
 	// The registration comes first: a write-back built before it is in flight when act looks
 	// (it marks its pages under dmu), one built after it sees the range blocked.
-	for busy := c.invalidate(off, length, act, src); busy; {
+	for busy := c.invalidate(off, length, token, act, src); busy; {
 		ch := c.progress.wait()
-		if busy = c.invalidate(off, length, checkInflight, nil); !busy {
+		if busy = c.invalidate(off, length, token, checkInflight, nil); !busy {
 			break
 		}
 		select {
@@ -134,12 +140,13 @@ func (c *Cache) beginDirect(ctx context.Context, off, length int64, act rangeAct
 	return nil
 }
 
-// endDirect unregisters the direct operation [off, off+length) and lets the write-backs it held
-// back go.
-func (c *Cache) endDirect(off, length int64) {
+// endDirect unregisters the direct operation token and lets the write-backs it held back go.
+func (c *Cache) endDirect(token uint64) {
 	c.directMu.Lock()
+	var off, length int64
 	for i, r := range c.direct {
-		if r.off == off && r.end == off+length {
+		if r.token == token {
+			off, length = r.off, r.end-r.off
 			c.direct = append(c.direct[:i], c.direct[i+1:]...)
 			break
 		}
@@ -147,7 +154,9 @@ func (c *Cache) endDirect(off, length int64) {
 	c.directActive.Add(-1)
 	c.directMu.Unlock()
 	c.progress.broadcast()
-	c.doKick()
+	if c.rangeDirty(off, length) {
+		c.doKick() // write-backs of the range may start now; with none dirty, no flusher is woken
+	}
 }
 
 // rangeAction is what invalidate does to the cached sectors of a range.
@@ -168,7 +177,7 @@ const (
 // invalidate applies act to the cached sectors of [off, off+length) (src holds the range's new
 // data for supersede, nil for zeroes) and reports whether a page of the range has a write-back in
 // flight.
-func (c *Cache) invalidate(off, length int64, act rangeAction, src []byte) (inflight bool) {
+func (c *Cache) invalidate(off, length int64, token uint64, act rangeAction, src []byte) (inflight bool) {
 	first, last := off/c.ps, (off+length-1)/c.ps
 	visit := func(pg int64, s int32) {
 		pageOff := pg * c.ps
@@ -176,6 +185,16 @@ func (c *Cache) invalidate(off, length int64, act rangeAction, src []byte) (infl
 		hi := min(off+length, pageOff+c.ps) - pageOff
 		mask := c.sectorMask(lo, hi-lo)
 		sl := &c.slots[s]
+		if sl.busy.Load() == 0 {
+			// Clean and not in flight, and it stays so while the shard lock is held (a page
+			// becomes dirty only under it): no need for dmu, which the flusher and every writer
+			// contend for. A write-around over cached pages took it once per page.
+			if act != checkInflight {
+				sl.valid &^= mask
+				sl.invalSeq++
+			}
+			return
+		}
 		c.dmu.Lock()
 		switch {
 		case act == checkInflight:
@@ -189,6 +208,7 @@ func (c *Cache) invalidate(off, length int64, act rangeAction, src []byte) (infl
 			sl.dirty |= mask
 			sl.gen++ // a write-back in flight must not clean what it did not carry
 			sl.invalSeq++
+			sl.superseded = token
 		default:
 			sl.valid &^= mask
 			sl.invalSeq++

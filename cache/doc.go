@@ -46,18 +46,22 @@
 // continuing a sequential stream that has written WriteAround bytes (bcache's sequential cutoff),
 // goes around the pages: from the caller's buffer straight to the backend, as a
 // direct operation whose data, not zeroes, the dirty pages it overlaps take (writearound.go).
-// WriteCached declines such writes.
+// Once its backend write succeeded, those pages are clean again unless modified since (the
+// backend has their data). WriteCached declines such writes.
 //
-// A read miss of Config.ReadAround bytes or more (256 KiB by default, or a quarter of that
-// continuing a sequential stream) goes from the backend straight into the caller's buffer and is
-// not cached, provided no page of its range is dirty or being written back: every write
-// acknowledged before the read is then on the backend (readaround.go). Otherwise it goes through
-// the pages like any miss.
+// A read of Config.ReadAround bytes or more (256 KiB by default), and a miss of a quarter of that
+// continuing a sequential stream (streams.go), goes from the backend straight into the caller's
+// buffer and is not cached. The dirty pages of its range are pinned before the backend read and
+// their valid sectors copied over what it returned, so newer data always wins (readaround.go); a
+// range with no dirty page (found without a lock: dirty pages are counted per 1 MiB region) is
+// started on the backend's own Submitter like a read with the cache off (submitaround.go), and
+// ReadCached declines such reads so that a frontend gets there.
 //
 // A miss within one page, and a write that goes around the pages, may also be started without
 // blocking (SubmitAt, block.Submitter) on the backend's own Submitter, so that a frontend's reader
 // goroutine starts them without handing them to a worker: the miss's completion fills the page
-// exactly as a synchronous miss does; the write-around registers and supersedes exactly as
+// exactly as a synchronous miss does, but replies before it copies the data into the page (the
+// first touch of a page costs a page fault); the write-around registers and supersedes exactly as
 // writeAround does, and declines instead of waiting when a write-back of its range is in flight
 // (submit.go).
 //
@@ -113,8 +117,10 @@
 // misses, read-ahead, fills); write.go writes (copying into pages, dirty accounting and
 // reservations); sync.go Flush and the write-back of a range for FUA and write-through;
 // direct.go Discard and WriteZeroes, which bypass the pages; writearound.go large writes, which
-// bypass them too; readaround.go large read misses, which bypass them as well; submit.go the
-// asynchronous one-page miss and write-around; writeback.go the write-back loop
-// (the workers that pick, coalesce and complete background write-backs); dirtyidx.go the index
-// of dirty pages; stats.go the counters; config.go the configuration and its defaults.
+// bypass them too; readaround.go large reads, which bypass them as well; streams.go the
+// sequential streams both sides detect; pieces.go the cutting of backend requests at the
+// backend's limits; submit.go the asynchronous one-page miss and write-around; submitaround.go
+// the asynchronous read-around; writeback.go the write-back loop (the workers that pick,
+// coalesce and complete background write-backs); dirtyidx.go the index of dirty pages; stats.go
+// the counters and status.go the status they feed; config.go the configuration and its defaults.
 package cache

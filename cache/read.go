@@ -9,7 +9,9 @@ import (
 )
 
 // ReadAt serves p from cache pages where they are valid and fills the rest from the backend. A
-// large miss (Config.ReadAround) is read from the backend straight into p (readaround.go).
+// read of Config.ReadAround bytes or more, and a large miss continuing a sequential stream, are
+// read from the backend straight into p with the dirty pages of the range copied over
+// (readaround.go).
 func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 	if err := c.enter(); err != nil {
 		return err
@@ -17,6 +19,16 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 	defer c.exit()
 	if err := block.CheckRange(c, off, int64(len(p))); err != nil {
 		return err
+	}
+	if c.largeRead(len(p)) {
+		// Not even its cached pages are copied out: the backend's read into p costs the gateway
+		// less than copying a large read out of the pages (submitaround.go), and the two paths
+		// of a large read (asynchronous and this) then agree.
+		if err := c.readAround(ctx, p, off); err != nil {
+			return err
+		}
+		c.rstreams.note(off, off+int64(len(p)), 0)
+		return nil
 	}
 	pos := int64(0)
 	for pos < int64(len(p)) {
@@ -45,17 +57,26 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 	if pos == int64(len(p)) {
 		return nil
 	}
-	around := c.readsAround(off, len(p))
-	c.rstreams.note(off, len(p), c.cfg.ReadAround)
-	if around {
-		return c.readAround(ctx, p[pos:], off+pos)
+	// The stream is looked up where the miss is: after a run of hits on read-ahead pages that
+	// is where the stream's last miss stopped filling.
+	if c.readsAround(off+pos, len(p)) {
+		if err := c.readAround(ctx, p[pos:], off+pos); err != nil {
+			return err
+		}
+		c.rstreams.note(off+pos, off+int64(len(p)), 0)
+		return nil
 	}
 	return c.readMiss(ctx, p[pos:], off+pos)
 }
 
 // ReadCached implements block.CachedReader: it copies p from cache pages when every sector of
-// it is valid there, without touching the backend or waiting for a fill in progress.
+// it is valid there, without touching the backend or waiting for a fill in progress. It declines
+// a read that goes around the pages by its size when the backend can take it asynchronously
+// (submitaround.go).
 func (c *Cache) ReadCached(p []byte, off int64) bool {
+	if c.sub != nil && c.largeRead(len(p)) {
+		return false
+	}
 	if c.enter() != nil {
 		return false
 	}
@@ -83,18 +104,6 @@ func (c *Cache) beingFilled(page int64) bool {
 	filling := ok && c.slots[s].filling
 	sh.mu.Unlock()
 	return filling
-}
-
-// Sequential detection runs on misses only, so hits stay cheap: each stream slot holds the
-// offset where the stream's next miss is expected (the end of what its last miss filled,
-// read-ahead included). A miss there is sequential; any other miss takes a slot round-robin.
-func (c *Cache) sequentialMiss(off int64) (slot int, ok bool) {
-	for i := range c.streams {
-		if c.streams[i].Load() == off {
-			return i, true
-		}
-	}
-	return int(c.streamNext.Add(1) % uint32(len(c.streams))), false
 }
 
 func (c *Cache) readHit(page, pOff int64, dst []byte) bool {
@@ -127,9 +136,11 @@ type fillPage struct {
 // readMiss reads [off, off+len(p)) (page-aligned, plus read-ahead when sequential) from the
 // backend into placeholder pages, merges it with what the cache holds and copies p out.
 func (c *Cache) readMiss(ctx context.Context, p []byte, off int64) error {
-	stream, sequential := c.sequentialMiss(off)
+	// Sequential detection runs on misses only, so hits stay cheap: the stream expects its next
+	// miss where this one stops filling, read-ahead included.
+	sequential := c.rstreams.continues(off)
 	filledEnd := off + int64(len(p))
-	defer func() { c.streams[stream].Store(filledEnd) }()
+	defer func() { c.rstreams.note(off, filledEnd, 0) }()
 	first := off / c.ps
 	last := (off + int64(len(p)) - 1) / c.ps
 	reqLast := last
@@ -275,52 +286,77 @@ func (c *Cache) fillChunk(ctx context.Context, p []byte, off, a, b, reqLast int6
 	return err
 }
 
-// finishFill installs a filled page (if still wanted), copies the requested part out and unpins.
+// finishFill copies the requested part of a filled page out (when requested and the backend read
+// succeeded), installs the page (if still wanted) and unpins it.
 func (c *Cache) finishFill(pg int64, fp fillPage, data []byte, install bool, p []byte, off int64, requested, haveData bool) {
+	if requested && haveData {
+		c.copyOutFill(pg, fp, data, p, off)
+	}
+	c.installFill(pg, fp, data, install)
+}
+
+// copyOutFill copies the part of p in page pg out of a fill: the page's valid sectors (they are at
+// least as new as what the backend returned) over the backend's data. It reads no page memory
+// when the page has no valid sector, so a fresh page is not faulted in here (see installFill).
+func (c *Cache) copyOutFill(pg int64, fp fillPage, data []byte, p []byte, off int64) {
 	sh := c.shard(pg)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	var sl *slot
-	var s int32 = -1
-	if fp.slot >= 0 {
-		s = fp.slot
-		sl = &c.slots[s]
-		sl.pins--
-		if fp.created {
-			sl.filling = false
+	s := fp.slot // pinned, so still page pg's
+	if s < 0 {
+		cur, ok := sh.m[pg]
+		if !ok {
+			cur = -1
 		}
-		if install && sl.invalSeq == fp.invalSeq {
-			have := c.full // the last page of a device may be cut short
-			if int64(len(data)) < c.ps {
-				have = c.sectorMask(0, int64(len(data)))
-			}
-			page := c.bufs[s]
-			for m := have &^ sl.valid; m != 0; m &= m - 1 {
-				k := int64(bits.TrailingZeros64(m))
-				copy(page[k*c.bs:(k+1)*c.bs], data[k*c.bs:])
-			}
-			sl.valid |= have
-		}
-	} else if cur, ok := sh.m[pg]; ok {
-		s, sl = cur, &c.slots[cur]
+		s = cur
 	}
-	if !requested || !haveData {
+	pageOff := pg * c.ps
+	lo, hi := max(off, pageOff), min(off+int64(len(p)), pageOff+c.ps)
+	var valid uint64
+	if s >= 0 {
+		valid = c.slots[s].valid
+	}
+	if need := c.sectorMask(lo-pageOff, hi-lo); valid&need != need {
+		copy(p[lo-off:hi-off], data[lo-pageOff:])
+	}
+	if valid != 0 {
+		c.copyValid(p, off, s, pg, valid)
+	}
+}
+
+// installFill installs the data of a fill into its page's invalid sectors (if install and the page
+// was not invalidated meanwhile) and unpins the page. The copy into the page is where a page never
+// used before is faulted in, which costs tens of microseconds on a virtual machine whose host
+// backs guest memory lazily: the asynchronous miss reports its data before this (submit.go).
+func (c *Cache) installFill(pg int64, fp fillPage, data []byte, install bool) {
+	if fp.slot < 0 {
 		return
 	}
-	// Copy out the part of p in this page: valid sectors from the page, others from the backend.
-	pageOff := pg * c.ps
-	lo := max(off, pageOff)
-	hi := min(off+int64(len(p)), pageOff+c.ps)
-	for x := lo; x < hi; x += c.bs {
-		k := (x - pageOff) / c.bs
-		dst := p[x-off : x-off+c.bs]
-		if sl != nil && sl.valid&(1<<uint(k)) != 0 {
-			copy(dst, c.bufs[s][k*c.bs:])
-		} else {
-			copy(dst, data[k*c.bs:])
+	sh := c.shard(pg)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s := fp.slot
+	sl := &c.slots[s]
+	sl.pins--
+	if fp.created {
+		sl.filling = false
+	}
+	sl.ref = true
+	if !install || sl.invalSeq != fp.invalSeq {
+		return
+	}
+	have := c.full // the last page of a device may be cut short
+	if int64(len(data)) < c.ps {
+		have = c.sectorMask(0, int64(len(data)))
+	}
+	page := c.bufs[s]
+	if sl.valid == 0 {
+		copy(page, data)
+	} else {
+		for m := have &^ sl.valid; m != 0; m &= m - 1 {
+			k := int64(bits.TrailingZeros64(m))
+			copy(page[k*c.bs:(k+1)*c.bs], data[k*c.bs:])
 		}
 	}
-	if sl != nil {
-		sl.ref = true
-	}
+	sl.valid |= have
 }

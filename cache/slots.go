@@ -37,6 +37,9 @@ type slot struct {
 	dirtySeq   uint64
 	dirtyAt    int64 // monotonic nanoseconds
 	prev, next int32 // FIFO links, -1 terminated
+	// superseded is the token of the write-around (or other direct operation) that last
+	// superseded the page's dirty data, 0 once anything else modified it (cleanSuperseded).
+	superseded uint64
 }
 
 // allocSlot returns a free slot for page pg, evicting a clean page with the CLOCK algorithm, or

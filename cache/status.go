@@ -20,6 +20,11 @@ func (c *Cache) CacheStatus() status.Cache {
 		Hits:             s.Hits,
 		Misses:           s.Misses,
 		WrittenBackBytes: s.WriteBackBytes,
+		ThrottledSeconds: s.ThrottledTime.Seconds(),
+	}
+	if s.LastWriteBackError != "" {
+		at := s.LastWriteBackErrorAt
+		st.LastWriteBackError, st.LastWriteBackAt = s.LastWriteBackError, &at
 	}
 	st.SetHitRatio()
 	return st

@@ -34,13 +34,20 @@ type asyncFill struct {
 }
 
 // SubmitAt implements block.Submitter for reads within one page (a hit completes at once, a miss
-// is started on the backend's Submitter, see above) and for writes that go around the pages
+// is started on the backend's Submitter, see above), for reads that go around the pages over a
+// range without dirty pages (submitReadAround), and for writes that go around the pages
 // (submitAround). It declines everything else.
 func (c *Cache) SubmitAt(ctx context.Context, p []byte, off int64, write bool, flags block.WriteFlags, done block.Completion) bool {
 	if write {
 		return c.submitAround(ctx, p, off, flags, done)
 	}
-	if c.sub == nil || c.cfg.IOPool == nil || len(p) == 0 {
+	if c.sub == nil || len(p) == 0 {
+		return false
+	}
+	if int64(len(p)) > c.ps {
+		return c.submitReadAround(ctx, p, off, done)
+	}
+	if c.cfg.IOPool == nil {
 		return false
 	}
 	if c.enter() != nil {
@@ -69,8 +76,7 @@ func (c *Cache) startFill(ctx context.Context, p []byte, off, pg int64, done blo
 	if c.beingFilled(pg) {
 		return false // ReadAt waits for that fill instead of reading the page twice
 	}
-	stream, sequential := c.sequentialMiss(off)
-	if sequential && c.cfg.raPages > 0 {
+	if c.cfg.raPages > 0 && c.rstreams.continues(off) {
 		return false // readMiss reads ahead
 	}
 	n := min(c.ps, c.size-pg*c.ps)
@@ -82,7 +88,7 @@ func (c *Cache) startFill(ctx context.Context, p []byte, off, pg int64, done blo
 	*f = asyncFill{c: c, p: p, off: off, pg: pg, buf: buf[:n], done: done}
 	f.fp = c.placeholder(pg, false)
 	f.install = !c.directOverlaps(pg*c.ps, c.ps)
-	c.streams[stream].Store(off + int64(len(p)))
+	c.rstreams.note(off, off+int64(len(p)), 0)
 	if c.sub.SubmitAt(ctx, f.buf, pg*c.ps, false, 0, f) {
 		return true
 	}
@@ -94,27 +100,33 @@ func (c *Cache) startFill(ctx context.Context, p []byte, off, pg int64, done blo
 	return false
 }
 
-// Complete implements block.Completion: the backend read of the page ended.
+// Complete implements block.Completion: the backend read of the page ended. The caller's data is
+// copied out and reported first, and the page installed after: installing a page never used
+// before faults its memory in (installFill), which is then off the request's latency. The page
+// stays pinned and marked filling until it is installed, so readers of it wait for the install,
+// and the call stays inside enter/exit, so the page memory stays mapped until then.
 func (f *asyncFill) Complete(err error) {
 	c := f.c
 	if err != nil {
 		err = fmt.Errorf("cache: read miss [%d, +%d): %w", f.pg*c.ps, len(f.buf), err)
+	} else {
+		c.copyOutFill(f.pg, f.fp, f.buf, f.p, f.off)
 	}
-	c.finishFill(f.pg, f.fp, f.buf, f.install && err == nil, f.p, f.off, true, err == nil)
-	c.cfg.IOPool.Put(f.buf)
 	c.st.misses.Add(1)
+	f.done.Complete(err)
+	c.installFill(f.pg, f.fp, f.buf, f.install && err == nil)
+	c.cfg.IOPool.Put(f.buf)
 	c.progress.broadcast() // waiters for this fill, and the page may now be evictable
-	done := f.done
 	*f = asyncFill{}
 	c.fills.Put(f)
 	c.exit()
-	done.Complete(err)
 }
 
 // asyncAround is a write-around in flight on the backend's Submitter; pooled (Cache.arounds).
 type asyncAround struct {
 	c      *Cache
 	off, n int64
+	token  uint64 // of the direct operation (registerDirect)
 	done   block.Completion
 }
 
@@ -138,13 +150,10 @@ func (c *Cache) submitAround(ctx context.Context, p []byte, off int64, flags blo
 		c.exit()
 		return false
 	}
-	c.directMu.Lock()
-	c.direct = append(c.direct, directRange{off, off + n})
-	c.directActive.Add(1)
-	c.directMu.Unlock()
-	if !c.invalidate(off, n, supersede, p) {
+	token := c.registerDirect(off, n)
+	if !c.invalidate(off, n, token, supersede, p) {
 		w := c.arounds.Get().(*asyncAround)
-		*w = asyncAround{c: c, off: off, n: n, done: done}
+		*w = asyncAround{c: c, off: off, n: n, token: token, done: done}
 		if c.sub.SubmitAt(ctx, p, off, true, flags&block.FUA, w) {
 			c.noteWrite(off, len(p))
 			return true
@@ -152,7 +161,7 @@ func (c *Cache) submitAround(ctx context.Context, p []byte, off int64, flags blo
 		*w = asyncAround{}
 		c.arounds.Put(w)
 	}
-	c.endDirect(off, n)
+	c.endDirect(token)
 	c.exit()
 	return false
 }
@@ -164,8 +173,9 @@ func (w *asyncAround) Complete(err error) {
 		err = fmt.Errorf("cache: write-around [%d, +%d): %w", w.off, w.n, err)
 	} else {
 		c.st.writeAround.Add(uint64(w.n))
+		c.cleanSuperseded(w.off, w.n, w.token)
 	}
-	c.endDirect(w.off, w.n)
+	c.endDirect(w.token)
 	done := w.done
 	*w = asyncAround{}
 	c.arounds.Put(w)

@@ -152,6 +152,7 @@ func (c *Cache) writePage(ctx context.Context, page, pOff int64, data []byte, he
 // to dirty (consuming the caller's reservation). Called with the shard lock and dmu held.
 func (c *Cache) markDirtyLocked(s int32, sl *slot, page int64, mask uint64) bool {
 	sl.gen++
+	sl.superseded = 0 // newer than any write-around's data: cleanSuperseded leaves it dirty
 	if sl.dirty != 0 {
 		sl.dirty |= mask
 		return false
@@ -169,6 +170,7 @@ func (c *Cache) markDirtyLocked(s int32, sl *slot, page int64, mask uint64) bool
 	c.tail = s
 	c.dirtyIdx.put(page, s)
 	c.dirtyPages.Add(1)
+	c.dirtyRegions[regionOf(page*c.ps)].Add(1)
 	sl.busy.Store(1)
 	// Wake a flusher when there is enough to write, or when this is the only dirty page: the
 	// flushers may all be idle without an age timer armed.
@@ -194,6 +196,7 @@ func (c *Cache) cleanLocked(s int32, sl *slot, page int64) {
 	sl.prev, sl.next = -1, -1
 	c.dirtyIdx.del(page)
 	c.dirtyPages.Add(-1)
+	c.dirtyRegions[regionOf(page*c.ps)].Add(-1)
 	c.reserved.Add(-1)
 	if !sl.inflight {
 		sl.busy.Store(0)
@@ -230,7 +233,11 @@ func (c *Cache) reserveDirty(ctx context.Context) error {
 	}
 	c.st.throttledWrites.Add(1)
 	c.throttled.Add(1)
-	defer c.throttled.Add(-1)
+	start := nanotime()
+	defer func() {
+		c.throttled.Add(-1)
+		c.st.throttledNanos.Add(nanotime() - start)
+	}()
 	for {
 		ch := c.progress.wait()
 		if c.tryReserve() {

@@ -3,7 +3,6 @@ package cache
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 
 	"github.com/iser-blk/iser-blk/block"
 )
@@ -34,76 +33,19 @@ func (c *Cache) writesAround(off int64, n int) bool {
 }
 
 // noteWrite records a write of n bytes at off in the sequential write streams.
-func (c *Cache) noteWrite(off int64, n int) { c.wstreams.note(off, n, c.cfg.WriteAround) }
-
-// streamSet tracks the sequential streams of large requests of one kind (writes or reads) for
-// the cutoff: a request of at least cutoff bytes goes around the pages, and one of a quarter of
-// it too when it continues a stream that has moved cutoff bytes in a row already.
-type streamSet struct {
-	s     [16]stream
-	clock atomic.Int64 // orders the streams' use
-}
-
-// stream is a sequential stream: where its next request is expected, how many bytes it has moved
-// in a row, and when it was last used (streamSet.clock). Its fields are read and written without
-// a lock: a lost update only routes one request through the pages instead of around them, or the
-// reverse, and both are correct.
-type stream struct {
-	next, run, used atomic.Int64
-}
-
-// goesAround reports whether a request of n bytes at off goes around the pages. It only reads the
-// streams; note records the request.
-func (ss *streamSet) goesAround(off int64, n int, cutoff int64) bool {
-	switch {
-	case cutoff <= 0 || int64(n) < cutoff/4:
-		return false
-	case int64(n) >= cutoff:
-		return true
+func (c *Cache) noteWrite(off int64, n int) {
+	if c.cfg.WriteAround > 0 {
+		c.wstreams.note(off, off+int64(n), c.cfg.WriteAround/4)
 	}
-	for i := range ss.s {
-		if ss.s[i].next.Load() == off {
-			return ss.s[i].run.Load() >= cutoff
-		}
-	}
-	return false
-}
-
-// note records a request of n bytes at off: it extends the stream it continues, or replaces the
-// least recently used one (replacing round-robin would let each new stream evict an active one,
-// whose next request would then evict another, and so on: no stream would ever reach the
-// cutoff). Requests smaller than a quarter of the cutoff are not tracked: small sequential writes
-// stay cached, where they are acknowledged at once and coalesced, and small reads keep the
-// cache's read-ahead.
-func (ss *streamSet) note(off int64, n int, cutoff int64) {
-	if cutoff <= 0 || int64(n) < cutoff/4 {
-		return
-	}
-	now := ss.clock.Add(1)
-	victim := &ss.s[0]
-	for i := range ss.s {
-		st := &ss.s[i]
-		if st.next.Load() == off {
-			st.run.Add(int64(n))
-			st.next.Store(off + int64(n))
-			st.used.Store(now)
-			return
-		}
-		if st.used.Load() < victim.used.Load() {
-			victim = st
-		}
-	}
-	victim.run.Store(int64(n))
-	victim.next.Store(off + int64(n))
-	victim.used.Store(now)
 }
 
 // writeAround writes p (non-empty, in range) at off to the backend, keeping the cached pages of
 // the range consistent with it (see above).
 func (c *Cache) writeAround(ctx context.Context, p []byte, off int64, flags block.WriteFlags) error {
 	length := int64(len(p))
-	defer c.endDirect(off, length)
-	if err := c.beginDirect(ctx, off, length, supersede, p); err != nil {
+	token := c.registerDirect(off, length)
+	defer c.endDirect(token)
+	if err := c.beginDirect(ctx, off, length, token, supersede, p); err != nil {
 		return err
 	}
 	fua := flags&block.FUA != 0
@@ -111,16 +53,16 @@ func (c *Cache) writeAround(ctx context.Context, p []byte, off int64, flags bloc
 	if fua && c.lim.CanFUA {
 		beFlags = block.FUA
 	}
-	for pos := int64(0); pos < length; {
-		n := length - pos
-		if mt := c.lim.MaxTransfer; mt > 0 && n > mt {
-			n = mt / c.bs * c.bs
+	err := c.inPieces(off, length, c.lim.MaxTransfer, func(o, n int64) error {
+		if err := c.be.WriteAt(ctx, p[o-off:o-off+n], o, beFlags); err != nil {
+			return fmt.Errorf("cache: write-around [%d, +%d): %w", o, n, err)
 		}
-		if err := c.be.WriteAt(ctx, p[pos:pos+n], off+pos, beFlags); err != nil {
-			return fmt.Errorf("cache: write-around [%d, +%d): %w", off+pos, n, err)
-		}
-		pos += n
+		return nil
+	})
+	if err != nil {
+		return err
 	}
+	c.cleanSuperseded(off, length, token)
 	if fua && beFlags == 0 && c.lim.CanFlush {
 		if err := c.be.Flush(ctx); err != nil {
 			return fmt.Errorf("cache: flush for FUA emulation: %w", err)
@@ -128,4 +70,54 @@ func (c *Cache) writeAround(ctx context.Context, p []byte, off int64, flags bloc
 	}
 	c.st.writeAround.Add(uint64(length))
 	return nil
+}
+
+// cleanSuperseded runs when the write-around token's backend write of [off, off+length)
+// succeeded: the dirty sectors of that range in the pages it superseded, which nothing modified
+// since (slot.superseded is still token), hold exactly what the backend now has, as after a
+// completed write-back; so they are clean. Before, they stayed dirty and were written again: a
+// 1 MiB sequential write over the dirty backlog of a random-write job made the target write most
+// of it twice. Pages with dirty sectors outside the range keep those. No write-back of the range
+// is in flight (the operation is still registered and waited for those before its write). It
+// cleans nothing when another direct operation overlaps the range: that one's backend write may
+// land after this one's, and the page must then stay dirty to be written back last.
+func (c *Cache) cleanSuperseded(off, length int64, token uint64) {
+	if !c.rangeDirty(off, length) || c.otherDirectOverlaps(off, length, token) {
+		return
+	}
+	first, last := off/c.ps, (off+length-1)/c.ps
+	for a := first; a <= last; a += maxOverlay { // dmu in bounded stretches
+		c.dmu.Lock()
+		for pg := a; pg <= min(last, a+maxOverlay-1); pg++ {
+			s, ok := c.dirtyIdx.get(pg)
+			if !ok {
+				continue
+			}
+			sl := &c.slots[s]
+			if sl.superseded != token || sl.inflight {
+				continue
+			}
+			pageOff := pg * c.ps
+			lo, hi := max(off, pageOff)-pageOff, min(off+length, pageOff+c.ps)-pageOff
+			if sl.dirty &^= c.sectorMask(lo, hi-lo); sl.dirty == 0 {
+				c.cleanLocked(s, sl, pg)
+				c.st.supersededClean.Add(1)
+			}
+		}
+		c.dmu.Unlock()
+	}
+	c.progress.broadcast() // a Flush may be waiting for these pages
+}
+
+// otherDirectOverlaps reports whether a direct operation other than token is registered over
+// [off, off+length).
+func (c *Cache) otherDirectOverlaps(off, length int64, token uint64) bool {
+	c.directMu.Lock()
+	defer c.directMu.Unlock()
+	for _, r := range c.direct {
+		if r.token != token && r.off < off+length && off < r.end {
+			return true
+		}
+	}
+	return false
 }

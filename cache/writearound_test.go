@@ -410,3 +410,59 @@ func TestOverlappingWritersConverge(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteAroundCleansSuperseded checks that the dirty pages a write-around superseded are
+// clean once its backend write succeeded (the backend holds their data: writing them back again
+// would write it twice), except sectors outside its range, which stay dirty, and pages written
+// again while the write-around was in flight, whose newer data must still be written back.
+func TestWriteAroundCleansSuperseded(t *testing.T) {
+	ctx := context.Background()
+	c, dev := newTest(t, 4<<20, stdLimits(512), Config{Size: 1 << 20, MaxDirtyAge: time.Hour, WriteAround: 64 << 10})
+	// Page 1 dirty inside the range; page 16 dirty across its end (sectors 0-3 inside, 4-7 not);
+	// page 3 rewritten while the write-around's backend write is held.
+	for _, w := range []struct{ off, n int64 }{{4096, 4096}, {3 * 4096, 4096}, {16 * 4096, 4096}} {
+		if err := c.WriteAt(ctx, fill(int(w.n), 1), w.off, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	around := fill(64<<10+2048, 2)
+	newer := fill(4096, 3)
+	held := make(chan struct{})
+	dev.SetBefore(func(op fakedev.Op) {
+		if op.Kind == fakedev.Write && op.Len == int64(len(around)) {
+			dev.SetBefore(nil)
+			if err := c.WriteAt(ctx, newer, 3*4096, 0); err != nil {
+				t.Error(err)
+			}
+			close(held)
+		}
+	})
+	if err := c.WriteAt(ctx, around, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	<-held
+	if n := c.Stats().SupersededCleaned; n != 1 {
+		t.Fatalf("%d superseded pages cleaned, want 1 (page 1)", n)
+	}
+	if d := c.DirtyBytes(); d != 2*4096 {
+		t.Fatalf("dirty %d after the write-around, want pages 3 (rewritten) and 16 (partly outside)", d)
+	}
+	dev.ResetLog()
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var written int64
+	for _, op := range dev.Log() {
+		if op.Kind == fakedev.Write {
+			written += op.Len
+		}
+	}
+	if written != 4096+2048 {
+		t.Fatalf("the flush wrote %d bytes, want page 3 and the half of page 16 outside the write-around", written)
+	}
+	want := bytes.Clone(around)
+	copy(want[3*4096:], newer)
+	if !bytes.Equal(dev.Durable(0, int64(len(want))), want) || !bytes.Equal(dev.Durable(16*4096+2048, 2048), fill(4096, 1)[2048:]) {
+		t.Fatal("the backend does not hold the newest data")
+	}
+}

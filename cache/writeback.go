@@ -194,6 +194,7 @@ func (c *Cache) complete(j *job, err error, bg bool) {
 	}
 	if err != nil {
 		c.st.wbErrors.Add(1)
+		c.st.lastWBFailure.Store(&wbFailure{err: err.Error(), at: time.Now()})
 		if j.seq > c.failSeq {
 			c.failSeq = j.seq
 			c.lastErr = err
