@@ -192,8 +192,9 @@ type Pipe struct {
 // range, in order; after Complete(err) the pipe holds an unspecified part of them and the caller
 // drains or discards it. Kick applies as for SubmitAt (the device must also be a Submitter).
 //
-// A layer that must see reads (a cache: a read must return its dirty data) does not offer it,
-// which hides the interface of the device below.
+// A layer that must see reads offers it only for the ranges where the device below holds the
+// newest data (the cache: a read around its pages over a range with no dirty page), and declines
+// the rest; a layer that does not implement it hides the interface of the device below.
 type PipeSubmitter interface {
 	SubmitReadToPipe(ctx context.Context, pipe Pipe, n int, off int64, done Completion) bool
 }

@@ -107,8 +107,9 @@ func (cf *cacheFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&cf.dirty, "cache-dirty", "50%", "most dirty data held before writers are throttled: a percentage of --cache-size or a size")
 	fs.StringVar(&cf.writeAround, "cache-write-around", "256KiB", "writes this large (a quarter of it when continuing a sequential stream) go\n"+
 		"straight to the target instead of through the cache; 0 caches every write")
-	fs.StringVar(&cf.readAround, "cache-read-around", "256KiB", "read misses this large (a quarter of it when continuing a sequential stream) are\n"+
-		"read straight from the target and not cached; 0 caches every read")
+	fs.StringVar(&cf.readAround, "cache-read-around", "256KiB", "reads this large, cached or not (a quarter of it for a miss continuing a sequential\n"+
+		"stream), are read straight from the target with dirty pages copied over, and not cached;\n"+
+		"0 caches every read")
 }
 
 // config parses the cache flags.
