@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -82,6 +83,7 @@ type Attachment struct {
 	// ioctl path
 	devFile *os.File
 	doItErr chan error
+	doItTID atomic.Int32 // the thread blocked in NBD_DO_IT, for the signal test
 }
 
 // Path returns the device node.
@@ -472,6 +474,18 @@ func (a *Attachment) ioctlConnect(remotes []*os.File, opts AttachOptions) error 
 			}
 		}
 		a.devFile = f
+		// NBD_DO_IT waits interruptibly (nbd_start_device_ioctl in drivers/block/nbd.c): a signal
+		// delivered to this thread — a SIGCHLD or SIGTERM the kernel routes here, the runtime's
+		// SIGURG — ends the wait, shuts the sockets and zeroes the capacity, and the restarted
+		// ioctl then answers EBUSY. Block every asynchronous signal on this thread (it runs
+		// nothing else and exits with the goroutine) so the other threads take them.
+		if err := blockAsyncSignals(); err != nil {
+			_ = unix.IoctlSetInt(fd, nbdClearSock, 0)
+			f.Close()
+			setup <- fmt.Errorf("nbd: blocking signals on the NBD_DO_IT thread: %w", err)
+			return
+		}
+		a.doItTID.Store(int32(unix.Gettid()))
 		setup <- nil
 		a.doItErr <- unix.IoctlSetInt(fd, nbdDoIt, 0)
 	}()
@@ -498,6 +512,22 @@ func (a *Attachment) ioctlConnect(remotes []*os.File, opts AttachOptions) error 
 			return fmt.Errorf("nbd: %s did not start within 30 s", path)
 		}
 	}
+}
+
+// blockAsyncSignals blocks, on the calling (locked) thread, every signal except those the kernel
+// raises synchronously for a fault, which must stay deliverable for the runtime to turn them into
+// panics.
+func blockAsyncSignals() error {
+	var set unix.Sigset_t
+	for i := range set.Val {
+		set.Val[i] = ^set.Val[i] // all ones, whatever the word size of this architecture
+	}
+	bits := uint(unsafe.Sizeof(set.Val[0])) * 8
+	for _, sig := range []unix.Signal{unix.SIGSEGV, unix.SIGBUS, unix.SIGFPE, unix.SIGILL, unix.SIGTRAP} {
+		n := uint(sig) - 1
+		set.Val[n/bits] &^= 1 << (n % bits)
+	}
+	return unix.PthreadSigmask(unix.SIG_BLOCK, &set, nil)
 }
 
 func (a *Attachment) ioctlDisconnect() error {
