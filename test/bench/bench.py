@@ -28,6 +28,10 @@ tgtd and the client side each on its own core did 1.9x qemu-nbd (where the wait 
 latency of an idle vCPU, threads sharing a core -- was not pinned down). The split pass runs
 qemu-nbd, iser-blk with the cache off and libiscsi-direct; both placements are reported, each
 with its own ratios and goals table.
+A third pass, "target-defaults", runs qemu-nbd, iser-blk with the cache off and the default mode
+(write-back) against a second tgtd left at tgt's default parameters (8 KiB PDUs, 256 KiB bursts,
+InitialR2T): the default mode the way a new user meets it. After each job that wrote, an NBD
+FLUSH outside the timed window leaves nothing dirty for the next job.
 Ratios to qemu-nbd are computed per repetition; the report gives median and min-max. Results go
 to docs/bench/ (markdown table, JSON, PNG chart) with machine, kernel, package versions, load and
 date. Never part of `make test`.
@@ -80,15 +84,21 @@ def run(cmd, **kw):
 
 # name -> (target cores, client cores); None: no pinning. Filled in by placements().
 PLACEMENTS = {}
+# name -> the Tgtd a placement runs against. Filled in by main().
+TARGETS = {}
 # The systems the split placement runs (the write-back cache and nbdkit never wait on the target).
 SPLIT_SYSTEMS = ("qemu-nbd", "iser-blk-nocache", "libiscsi-direct")
+# The systems the target-defaults placement runs: the default mode against cache off, the way a new
+# user meets them (default flags, a target with default settings), and qemu-nbd for reference.
+DEFAULTS_SYSTEMS = ("qemu-nbd", "iser-blk-nocache", "iser-blk-wb-cold")
+PLACEMENT_SYSTEMS = {"split": SPLIT_SYSTEMS, "target-defaults": DEFAULTS_SYSTEMS}
 
 
 def placements(names):
     ncpu = os.cpu_count() or 1
     out = {}
     for n in names:
-        if n == "shared":
+        if n in ("shared", "target-defaults"):
             out[n] = None
         elif n == "split":
             if ncpu < 2:
@@ -96,7 +106,7 @@ def placements(names):
                 continue
             out[n] = ({0}, set(range(1, ncpu)))
         else:
-            raise SystemExit(f"unknown placement {n!r} (shared, split)")
+            raise SystemExit(f"unknown placement {n!r} (shared, split, target-defaults)")
     return out
 
 
@@ -172,10 +182,18 @@ def wait_for(pred, what, timeout=20.0, proc=None):
 TGTD_MALLOC = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=268435456"
 
 
+# The negotiation keys the report quotes from `tgtadm --op show` for each target.
+TGT_PARAMS = ("MaxRecvDataSegmentLength", "MaxXmitDataSegmentLength", "MaxBurstLength",
+              "FirstBurstLength", "ImmediateData", "InitialR2T")
+
+
 class Tgtd:
+    """tgtd on 127.0.0.1 with one LUN. tuned raises tgt's small default PDU and burst sizes (the
+    shared and split placements); tuned=False keeps every default, as a new user's target has them
+    (the target-defaults placement)."""
     count = 0
 
-    def __init__(self, work, size_mb, fill=True):
+    def __init__(self, work, size_mb, fill=True, tuned=True):
         Tgtd.count += 1  # a second tgtd (the rss curve's) needs its own control port and image
         self.port = free_port()
         self.ctl = 7400 + (os.getpid() + 499 * (Tgtd.count - 1)) % 500
@@ -202,8 +220,12 @@ class Tgtd:
                                         capture_output=True).returncode == 0, "tgtd", proc=self.proc)
         run(adm + ["--mode", "target", "--op", "new", "--tid", "1", "--targetname", IQN])
         for k, v in (("MaxRecvDataSegmentLength", 262144), ("MaxXmitDataSegmentLength", 262144),
-                     ("MaxBurstLength", 1048576), ("FirstBurstLength", 262144)):
+                     ("MaxBurstLength", 1048576), ("FirstBurstLength", 262144)) if tuned else ():
             run(adm + ["--mode", "target", "--op", "update", "--tid", "1", "--name", k, "--value", str(v)])
+        # what the target offers, as tgtadm lists it (the report quotes it for each placement)
+        show = run(adm + ["--mode", "target", "--op", "show"]).stdout
+        self.params = {k: v for k, _, v in (l.strip().partition("=") for l in show.splitlines())
+                       if k in TGT_PARAMS}
         run(adm + ["--mode", "logicalunit", "--op", "new", "--tid", "1", "--lun", "1",
                    "--backing-store", self.img, "--bstype", "rdwr"])
         run(adm + ["--mode", "target", "--op", "bind", "--tid", "1", "--initiator-address", "ALL"])
@@ -269,6 +291,19 @@ def fio(uri, job, args, runtime, size, work, preexec=None):
     res["p50_us"] = pct.get("50.000000", 0) / 1000
     res["p99_us"] = pct.get("99.000000", 0) / 1000
     return res
+
+
+def flush(uri):
+    """NBD_CMD_FLUSH on a new connection after a job that wrote, outside the timed window, so that
+    each job starts with nothing dirty: a write-back cache's debt from one job is never paid by the
+    next (a 1 MiB read used to compete with the previous random writes' write-back). Returns the
+    seconds it took."""
+    t0 = time.monotonic()
+    # Debian's libnbd binding (python3-libnbd) lives in the system interpreter's path, which a
+    # python3 first on PATH (pyenv, a venv) may not see: ask the system one.
+    code = "import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.flush(); h.shutdown()"
+    run(["/usr/bin/python3", "-c", code, uri], timeout=600)
+    return time.monotonic() - t0
 
 
 def iscsi_perf(url, runtime, depth, blocks, random, preexec=None):
@@ -462,8 +497,9 @@ def main():
                     help="directory for CPU and allocation profiles of iser-blk per job (see Profiler)")
     ap.add_argument("--alt-bin", default=os.environ.get("BENCH_ALT_BIN", ""),
                     help="a second iser-blk binary run side by side (systems named ...-alt)")
-    ap.add_argument("--placements", default=os.environ.get("BENCH_PLACEMENTS", "shared,split"),
-                    help="comma-separated: shared (no pinning), split (tgtd on core 0, clients on the rest)")
+    ap.add_argument("--placements", default=os.environ.get("BENCH_PLACEMENTS", "shared,split,target-defaults"),
+                    help="comma-separated: shared (no pinning), split (tgtd on core 0, clients on the rest), "
+                    "target-defaults (no pinning, a second tgtd with tgt's default parameters)")
     ap.add_argument("--curves", default=os.environ.get("BENCH_CURVES", "qd,sessions,rss"),
                     help="scaling curves to run after the job table (test/bench/curves.py): qd, sessions, rss; "
                     "none for none")
@@ -494,19 +530,25 @@ def main():
     load_before = os.getloadavg()
     started = datetime.datetime.now(datetime.timezone.utc)
     tgt = Tgtd(work, a.lun_mb)
+    global TARGETS
+    TARGETS = {p: tgt for p in PLACEMENTS}
     results = []  # dicts: rep, system, job, metrics, cpu
     try:
+        if "target-defaults" in PLACEMENTS:
+            TARGETS["target-defaults"] = Tgtd(work, a.lun_mb, tuned=False)
         for rep in range(a.reps):
             for placement, pl in PLACEMENTS.items():
                 log(f"== repetition {rep + 1}/{a.reps}, placement {placement}")
-                pin_tasks(tgt.proc.pid, pl[0] if pl else set(range(os.cpu_count() or 1)))
-                results += run_pass(a, jobs, tgt, work, prof, rep, placement, wanted)
+                t = TARGETS[placement]
+                pin_tasks(t.proc.pid, pl[0] if pl else set(range(os.cpu_count() or 1)))
+                results += run_pass(a, jobs, t, work, prof, rep, placement, wanted)
                 if placement == "shared" and wanted(metrics_ab.NAME):
                     results += metrics_ab.run(sys.modules[__name__], a, tgt, work, rep)
         pin_tasks(tgt.proc.pid, set(range(os.cpu_count() or 1)))  # the curves run shared
         curve_rows = curves.run_curves(sys.modules[__name__], a, tgt, work)
     finally:
-        tgt.stop()
+        for t in set(TARGETS.values()) | {tgt}:
+            t.stop()
     report(a, jobs, results, started, load_before, work, curve_rows)
     shutil.rmtree(work, ignore_errors=True)
 
@@ -517,7 +559,8 @@ def run_pass(a, jobs, tgt, work, prof, rep, placement, wanted):
     results = []
 
     def want(system):
-        return wanted(system) and (placement != "split" or system.removesuffix("-alt") in SPLIT_SYSTEMS)
+        only = PLACEMENT_SYSTEMS.get(placement)
+        return wanted(system) and (only is None or system.removesuffix("-alt") in only)
     for job, _, _ in jobs:
         if not want("libiscsi-direct") or job not in CEILINGS:
             continue
@@ -555,6 +598,8 @@ def run_pass(a, jobs, tgt, work, prof, rep, placement, wanted):
                              gw_cpu_us_per_io=(c1 - c0) * 1e6 / max(m["ios"], 1),
                              tgt_cpu_us_per_io=(t1 - t0) * 1e6 / max(m["ios"], 1),
                              load1=os.getloadavg()[0])
+                    if "write" in args["rw"] or args["rw"] == "randrw":
+                        m["flush_after_s"] = flush(srv.uri)
                     results.append(m)
                     log(f"   {vname:18s} {job:20s} {m['iops']:9.0f} IOPS {m['bw_mib']:8.1f} MiB/s "
                         f"p50 {m['p50_us']:8.1f} us  gw {m['gw_cpu_us_per_io']:6.1f} cpu-us/io "
@@ -624,6 +669,8 @@ def report(a, jobs, results, started, load_before, work, curve_rows):
 
 PLACEMENT_TITLES = {
     "shared": "Placement shared: every process on every core",
+    "target-defaults": "Placement target-defaults: every process on every core, tgtd with its default "
+                       "iSCSI parameters (the default mode the way a new user meets it)",
     "split": "Placement split: tgtd on core 0, the client side (NBD server, fio, iscsi-perf) on the other cores",
 }
 
@@ -638,6 +685,17 @@ def placement_report(a, jobs, results, placement, work):
     for r in results:
         by.setdefault((r["system"], r["job"]), []).append(r)
     lines = [f"\n# {PLACEMENT_TITLES.get(placement, placement)}\n"]
+    t = TARGETS.get(placement)
+    if t is not None and t.params:
+        lines.append("Target parameters (tgtadm): " + ", ".join(f"{k} {v}" for k, v in t.params.items()) + ".\n")
+    flushes = {}
+    for r in results:
+        if r.get("flush_after_s") is not None:
+            flushes.setdefault(r["system"], []).append(r["flush_after_s"])
+    if flushes:
+        lines.append("After each job that wrote, an NBD FLUSH outside the timed window (so no job pays an "
+                     "earlier job's write-back): seconds it took, median (max): " +
+                     ", ".join(f"{k} {statistics.median(v):.2f} ({max(v):.2f})" for k, v in flushes.items()) + ".\n")
     for job, _, kind in jobs:
         if not any((s, job) in by for s in sysnames):
             continue
