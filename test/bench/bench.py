@@ -509,7 +509,7 @@ def main():
     ap.add_argument("--curve-conns", default="1,2,3,4", help="NBD connections (fio jobs) of the sessions curve")
     ap.add_argument("--rss-caches", default="64,256,1024,4096", help="--cache-size values (MiB) of the rss curve")
     ap.add_argument("--rss-runtime", type=int, default=60, help="cap in seconds on each rss curve point")
-    ap.add_argument("--metrics-ab-pairs", type=int, default=int(os.environ.get("BENCH_METRICS_AB_PAIRS", 3)),
+    ap.add_argument("--metrics-ab-pairs", type=int, default=int(os.environ.get("BENCH_METRICS_AB_PAIRS", 4)),
                     help="metrics on/off pairs per job and repetition (test/bench/metrics_ab.py; 0: none; "
                     "--systems metrics-ab runs only them)")
     ap.add_argument("--metrics-ab-runtime", type=int, default=5, help="seconds per metrics A/B run")
