@@ -67,9 +67,13 @@ func (g *gateway) restart(ctx context.Context, _ control.Request) (func() error,
 	// ublk requests failed) under the re-exec, so they are ignored until the new image installs
 	// its handlers (os/signal's Notify does, even for a signal inherited as ignored).
 	ignoreStopSignals()
+	// The dirty bytes the hand-over began with are what it wrote back (nothing is dirty now), the
+	// figure `restart` prints from the progress; the write-back counter's delta is what went to
+	// the target meanwhile, which can differ (a page written back twice, one already in flight).
 	g.log.Info("re-executing for a planned restart", zap.String("binary", startExecutable),
-		zap.Uint64("written_back_bytes", written.bytes), zap.String("written_back", humanize.IBytes(written.bytes)),
-		zap.String("dirty_before", humanize.IBytes(uint64(written.dirtyBefore))))
+		zap.String("dirty_written_back", humanize.IBytes(uint64(written.dirtyBefore))),
+		zap.Int64("dirty_written_back_bytes", written.dirtyBefore),
+		zap.Uint64("write_back_sent_bytes", written.bytes))
 	closeForRestart(dev, g.log)
 	return func() error {
 		err := reexec(startExecutable)
