@@ -89,14 +89,21 @@ type conn struct {
 	readAt    time.Time
 	readStale bool
 
-	// writer-only state (owned by whoever set writing)
-	batch  []*request
-	iov    [][]byte
-	broken bool
+	// writer-only state (owned by whoever set writing). batch holds the replies taken from the
+	// queue; those before next are sent and released. rest is what a non-blocking write (Flush)
+	// left unsent of batch[next:restEnd], for the writer goroutine to send first.
+	batch   []*request
+	next    int
+	rest    [][]byte
+	restEnd int
+	iov     [][]byte
+	broken  bool
 
 	// raw carries the per-request reads (under br) and the reply writevs with raw system calls
 	// (see package rawio).
 	raw *rawio.Conn
+	// tryWrite: Flush may write replies itself without blocking (raw fd, no TLS; see Flush)
+	tryWrite bool
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -174,6 +181,7 @@ func (c *conn) transmit() {
 	}
 	c.initSplice()
 	c.wake = make(chan struct{}, 1)
+	c.tryWrite = c.raw.Raw() && c.tlsw == nil
 	c.replies = make([]*request, 0, n)
 	c.batch = make([]*request, 0, n)
 	c.iov = make([][]byte, 0, maxBatch*(2+segs))
