@@ -71,8 +71,12 @@ type conn struct {
 	pipes   []*spipe
 	npipes  int
 	pipeCap int
-	// writer-only splice state
-	splicedReads int64 // replies whose payload went out by splice (logged at the end)
+	// writer-only counters, logged at the end: replies whose payload went out by splice; replies
+	// that Flush's non-blocking writes sent whole; writes of those that the socket took only
+	// part of (the writer goroutine sent the rest)
+	splicedReads   int64
+	flushedReplies int64
+	partialWrites  int64
 
 	inflight sync.WaitGroup // requests handed to a worker or the reply queue and not yet released
 	shutting atomic.Bool
@@ -215,9 +219,11 @@ func (c *conn) transmit() {
 	<-writerDone
 	c.closePipes()
 	c.closeStream()
+	counts := []zap.Field{zap.Int64("spliced_reads", c.splicedReads),
+		zap.Int64("flushed_replies", c.flushedReplies), zap.Int64("partial_writes", c.partialWrites)}
 	if reason != nil {
-		c.log.Info("nbd connection closed", zap.Error(reason), zap.Int64("spliced_reads", c.splicedReads))
+		c.log.Info("nbd connection closed", append(counts, zap.Error(reason))...)
 	} else {
-		c.log.Debug("nbd client disconnected", zap.Int64("spliced_reads", c.splicedReads))
+		c.log.Debug("nbd client disconnected", counts...)
 	}
 }

@@ -133,7 +133,7 @@ func (c *conn) finishBatch() {
 		}
 		c.rest = nil
 		c.releaseReplies(c.batch[c.next:c.restEnd])
-		c.next = c.restEnd
+		c.next, c.restEnd = c.restEnd, 0
 	}
 	for c.next < len(c.batch) {
 		end := min(c.next+maxBatch, len(c.batch))
@@ -174,6 +174,7 @@ func (c *conn) trySendBatch() bool {
 			if err == nil && len(rest) > 0 {
 				clear(iov[:len(iov)-len(rest)])
 				c.rest, c.restEnd = rest, k
+				c.partialWrites++
 				return false
 			}
 			if err != nil {
@@ -181,6 +182,7 @@ func (c *conn) trySendBatch() bool {
 			}
 		}
 		clear(iov)
+		c.flushedReplies += int64(k - c.next)
 		c.releaseReplies(c.batch[c.next:k])
 		c.next = k
 	}
