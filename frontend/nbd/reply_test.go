@@ -5,75 +5,125 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"io"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/pool"
 )
 
 // runDevice completes what SubmitAt started the way the iSCSI session's reader does: one
-// goroutine takes each Kick's requests as one run, completes them with CompleteBatched and then
+// goroutine takes what each Kick released as one run, completes it with CompleteBatched and then
 // flushes every distinct Flusher it got back (block.BatchCompletion). So the replies are written
-// by Flush's non-blocking writes, not by a worker.
+// by Flush's non-blocking writes, not by a worker. After warm-up it allocates nothing.
 type runDevice struct {
 	block.Device
-	mu   sync.Mutex
-	held []func() error
-	done []block.Completion
-	runs chan run
+	mu      sync.Mutex
+	held    []submitted // started, not yet kicked
+	kicked  []submitted // kicked, for the completer
+	wake    chan struct{}
+	stopped chan struct{}
 }
 
-type run struct {
-	ops  []func() error
-	done []block.Completion
+type submitted struct {
+	p     []byte
+	off   int64
+	write bool
+	done  block.Completion
 }
 
 func newRunDevice(dev block.Device) *runDevice {
-	d := &runDevice{Device: dev, runs: make(chan run, 1024)}
+	d := &runDevice{Device: dev, wake: make(chan struct{}, 1), stopped: make(chan struct{})}
 	go d.complete()
 	return d
 }
 
-func (d *runDevice) SubmitAt(ctx context.Context, p []byte, off int64, write bool, flags block.WriteFlags, done block.Completion) bool {
-	op := func() error { return d.Device.ReadAt(ctx, p, off) }
-	if write {
-		op = func() error { return d.Device.WriteAt(ctx, p, off, flags) }
-	}
+func (d *runDevice) SubmitAt(_ context.Context, p []byte, off int64, write bool, _ block.WriteFlags, done block.Completion) bool {
 	d.mu.Lock()
-	d.held = append(d.held, op)
-	d.done = append(d.done, done)
+	d.held = append(d.held, submitted{p, off, write, done})
 	d.mu.Unlock()
 	return true
 }
 
 func (d *runDevice) Kick() {
 	d.mu.Lock()
-	r := run{ops: d.held, done: d.done}
-	d.held, d.done = nil, nil
+	d.kicked = append(d.kicked, d.held...)
+	clear(d.held)
+	d.held = d.held[:0]
 	d.mu.Unlock()
-	if len(r.ops) > 0 {
-		d.runs <- r
+	select {
+	case d.wake <- struct{}{}:
+	default:
 	}
 }
 
 func (d *runDevice) complete() {
-	for r := range d.runs {
-		var flushers []block.Flusher
-		for i, op := range r.ops {
-			if f := block.CompleteBatched(r.done[i], op()); f != nil {
+	defer close(d.stopped)
+	var run []submitted
+	var flushers []block.Flusher
+	ctx := context.Background()
+	for range d.wake {
+		d.mu.Lock()
+		run, d.kicked = d.kicked, run[:0]
+		d.mu.Unlock()
+		for _, s := range run {
+			var err error
+			if s.write {
+				err = d.Device.WriteAt(ctx, s.p, s.off, 0)
+			} else {
+				err = d.Device.ReadAt(ctx, s.p, s.off)
+			}
+			if f := block.CompleteBatched(s.done, err); f != nil && !slices.Contains(flushers, f) {
 				flushers = append(flushers, f)
 			}
 		}
 		for _, f := range flushers {
 			f.Flush()
 		}
+		clear(flushers)
+		flushers = flushers[:0]
+		clear(run)
 	}
 }
 
 func (d *runDevice) Close() error {
-	close(d.runs)
+	close(d.wake)
+	<-d.stopped
 	return d.Device.Close()
+}
+
+// serveRunDevice serves dev, wrapped in a runDevice, to one client on a socketpair (transmission
+// phase), and returns the client's end and the connection once it has ended. setup runs on the
+// connection before transmission.
+func serveRunDevice(t testing.TB, dev block.Device, opts Options, structured bool, setup func(*conn)) (net.Conn, <-chan *conn) {
+	t.Helper()
+	rd := newRunDevice(dev)
+	t.Cleanup(func() { rd.Close() })
+	srv, err := NewServer(rd, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local, remote, err := socketPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := net.FileConn(remote)
+	remote.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan *conn, 1)
+	srv.startConn(local, func(c *conn) {
+		setup(c)
+		c.exp = srv.export(structured)
+		c.transmit()
+		done <- c
+	})
+	t.Cleanup(func() { nc.Close(); srv.Close() })
+	return nc, done
 }
 
 // slowConn hands the client at most 1 KiB per Read, so that the server's socket stays full
@@ -110,30 +160,11 @@ func flushPartialWrites(t *testing.T, structured bool) (flushed, partial int64) 
 	if err := mem.WriteAt(context.Background(), content, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	dev := newRunDevice(mem)
-	srv, err := NewServer(dev, Options{MaxInflight: 32})
-	if err != nil {
-		t.Fatal(err)
-	}
-	local, remote, err := socketPair()
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := net.FileConn(remote)
-	remote.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	done := make(chan *conn)
-	srv.startConn(local, func(c *conn) {
+	nc, done := serveRunDevice(t, mem, Options{MaxInflight: 32}, structured, func(c *conn) {
 		// After newConn's SetWriteBuffer: the kernel's minimum send buffer, a few KiB.
 		if err := c.nc.(*net.UnixConn).SetWriteBuffer(1); err != nil {
 			t.Error(err)
 		}
-		c.exp = srv.export(structured)
-		c.transmit()
-		done <- c
 	})
 	client := newTestClient(t, slowConn{nc})
 
@@ -186,11 +217,47 @@ func flushPartialWrites(t *testing.T, structured bool) (flushed, partial int64) 
 	}
 	nc.Close()
 	c := <-done
-	if err := srv.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := dev.Close(); err != nil {
-		t.Fatal(err)
-	}
 	return c.flushedReplies, c.partialWrites
+}
+
+// TestFlushPathAllocatesNothing: a 4 KiB READ or WRITE round trip whose reply a completion's
+// Flush writes allocates nothing after warm-up (runtime-wide count, the server's goroutines and
+// the completing device goroutine included).
+func TestFlushPathAllocatesNothing(t *testing.T) {
+	p, err := pool.New(pool.Config{MaxBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	for _, cmd := range []uint16{cmdRead, cmdWrite} {
+		nc, done := serveRunDevice(t, newMem(t, 8<<20, ""), Options{Pool: p}, false, func(*conn) {})
+		req := make([]byte, requestHeaderLen+4096)
+		reply := make([]byte, simpleReplyLen+4096)
+		if cmd == cmdRead {
+			req = req[:requestHeaderLen]
+		} else {
+			reply = reply[:simpleReplyLen]
+		}
+		i := uint64(0)
+		roundTrip := func() {
+			i++
+			putRequest(req, header{Type: cmd, Handle: i, Offset: (i % 1024) * 4096, Length: 4096})
+			if _, err := nc.Write(req); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(nc, reply); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 500 {
+			roundTrip()
+		}
+		if a := testing.AllocsPerRun(2000, roundTrip); a > 0.01 {
+			t.Errorf("cmd %d: %.3f allocs per request, want 0", cmd, a)
+		}
+		nc.Close()
+		if c := <-done; c.flushedReplies < 2000 {
+			t.Errorf("cmd %d: Flush sent %d of the replies, want them all", cmd, c.flushedReplies)
+		}
+	}
 }
