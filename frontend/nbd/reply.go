@@ -38,11 +38,17 @@ func (r *request) CompleteBatched(err error) block.Flusher {
 	return c
 }
 
-// Flush implements block.Flusher for CompleteBatched: it hands the writer role, which a
-// completion took, to the reply writer goroutine. It never blocks: the role was free, so no wake
-// is pending (only a completion that takes the role sends one, and the writer goroutine gives the
-// role back only after receiving it).
+// Flush implements block.Flusher for CompleteBatched. Its caller holds the writer role a
+// completion took, and is the iSCSI session's reader, which must not block: on a socket with a
+// raw fd it writes what the socket takes at once (tryWriteQueued), which spares the wake-up of
+// the reply writer goroutine (a futex and a scheduler round per batch), and hands the rest, with
+// the role, to that goroutine. The send on wake never blocks: the role was held, so no wake is
+// pending (only the holder of the role sends one, and the writer goroutine gives the role back
+// only after receiving it).
 func (c *conn) Flush() {
+	if c.tryWrite && c.tryWriteQueued() {
+		return
+	}
 	c.wake <- struct{}{}
 }
 
@@ -92,25 +98,104 @@ func (c *conn) flushReplies() {
 	c.writeQueued()
 }
 
-// writeQueued is the writer's loop: it sends the queue until it finds it empty, then gives up the
-// writer role (under replyMu, so a reply queued meanwhile is either taken or sees no writer).
+// writeQueued is the writer's loop: it finishes the batch it may have been handed (see Flush),
+// then sends the queue until it finds it empty and gives up the writer role.
 func (c *conn) writeQueued() {
 	for {
-		c.replyMu.Lock()
-		if len(c.replies) == 0 {
-			c.writing = false
-			c.replyMu.Unlock()
+		c.finishBatch()
+		if !c.takeQueue() {
 			return
 		}
-		// Swap the queue with the (empty) batch so appends during the write do not allocate.
-		c.batch, c.replies = c.replies, c.batch[:0]
-		c.replyMu.Unlock()
-		for start := 0; start < len(c.batch); start += maxBatch {
-			c.writeReplies(c.batch[start:min(start+maxBatch, len(c.batch))])
-		}
-		clear(c.batch)
-		c.batch = c.batch[:0]
 	}
+}
+
+// takeQueue moves the queued replies into the (empty) batch, or, if there are none, gives up the
+// writer role (under replyMu, so a reply queued meanwhile is either taken or sees no writer).
+// Swapping the slices keeps appends during the write from allocating.
+func (c *conn) takeQueue() bool {
+	c.replyMu.Lock()
+	defer c.replyMu.Unlock()
+	if len(c.replies) == 0 {
+		c.writing = false
+		return false
+	}
+	c.batch, c.replies = c.replies, c.batch[:0]
+	return true
+}
+
+// finishBatch sends batch[next:]: first the bytes a non-blocking write left of batch[next:restEnd]
+// (each reply's bytes stay contiguous on the wire: nothing else is written before them), then
+// the remaining replies, maxBatch per vectored write.
+func (c *conn) finishBatch() {
+	if c.restEnd > c.next {
+		if !c.broken {
+			c.writeIov(c.rest)
+		}
+		c.rest = nil
+		c.releaseReplies(c.batch[c.next:c.restEnd])
+		c.next, c.restEnd = c.restEnd, 0
+	}
+	for c.next < len(c.batch) {
+		end := min(c.next+maxBatch, len(c.batch))
+		c.writeReplies(c.batch[c.next:end])
+		c.next = end
+	}
+	c.resetBatch()
+}
+
+// tryWriteQueued is writeQueued without blocking, for Flush: it reports whether it sent the
+// queue and gave up the writer role; if not, the writer goroutine must go on (writeQueued).
+func (c *conn) tryWriteQueued() bool {
+	for c.takeQueue() {
+		if !c.trySendBatch() {
+			return false
+		}
+	}
+	return true
+}
+
+// trySendBatch sends batch[next:] with non-blocking vectored writes, maxBatch replies per write,
+// releasing the replies that went out. It stops (false) at a spliced READ, whose payload only the
+// writer goroutine may splice (that can block), and at a write the socket took only part of:
+// rest is then the unsent bytes of batch[next:restEnd].
+func (c *conn) trySendBatch() bool {
+	for c.next < len(c.batch) {
+		end := min(c.next+maxBatch, len(c.batch))
+		iov := c.iov[:0]
+		k := c.next
+		for ; k < end && !splicedRead(c.batch[k]); k++ {
+			iov = c.appendReply(iov, c.batch[k])
+		}
+		if k == c.next {
+			return false
+		}
+		if !c.broken {
+			rest, err := c.raw.TryWritev(iov)
+			if err == nil && len(rest) > 0 {
+				clear(iov[:len(iov)-len(rest)])
+				c.rest, c.restEnd = rest, k
+				c.partialWrites++
+				return false
+			}
+			if err != nil {
+				c.breakConn()
+			}
+		}
+		clear(iov)
+		c.flushedReplies += int64(k - c.next)
+		c.releaseReplies(c.batch[c.next:k])
+		c.next = k
+	}
+	c.resetBatch()
+	return true
+}
+
+// splicedRead reports whether r's payload is to be spliced from its pipe (splice.go).
+func splicedRead(r *request) bool { return r.pipe != nil && r.errno == 0 }
+
+func (c *conn) resetBatch() {
+	clear(c.batch)
+	c.batch, c.next = c.batch[:0], 0
 }
 
 // writeReplies sends one batch of replies with one vectored write, then recycles the slots.
@@ -120,7 +205,7 @@ func (c *conn) writeReplies(batch []*request) {
 		iov := c.iov[:0]
 		for _, r := range batch {
 			iov = c.appendReply(iov, r)
-			if r.pipe == nil || r.errno != 0 {
+			if !splicedRead(r) {
 				continue
 			}
 			// A spliced READ: what is gathered so far, this reply's header last, goes out
@@ -141,6 +226,12 @@ func (c *conn) writeReplies(batch []*request) {
 			c.writeIov(iov)
 		}
 	}
+	c.releaseReplies(batch)
+}
+
+// releaseReplies counts the replies in batch, sent (or dropped for a broken client), and
+// recycles their slots.
+func (c *conn) releaseReplies(batch []*request) {
 	c.countReplies(batch)
 	for _, r := range batch {
 		c.releaseBufs(r)

@@ -1,0 +1,263 @@
+package nbd
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/pool"
+)
+
+// runDevice completes what SubmitAt started the way the iSCSI session's reader does: one
+// goroutine takes what each Kick released as one run, completes it with CompleteBatched and then
+// flushes every distinct Flusher it got back (block.BatchCompletion). So the replies are written
+// by Flush's non-blocking writes, not by a worker. After warm-up it allocates nothing.
+type runDevice struct {
+	block.Device
+	mu      sync.Mutex
+	held    []submitted // started, not yet kicked
+	kicked  []submitted // kicked, for the completer
+	wake    chan struct{}
+	stopped chan struct{}
+}
+
+type submitted struct {
+	p     []byte
+	off   int64
+	write bool
+	done  block.Completion
+}
+
+func newRunDevice(dev block.Device) *runDevice {
+	d := &runDevice{Device: dev, wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+	go d.complete()
+	return d
+}
+
+func (d *runDevice) SubmitAt(_ context.Context, p []byte, off int64, write bool, _ block.WriteFlags, done block.Completion) bool {
+	d.mu.Lock()
+	d.held = append(d.held, submitted{p, off, write, done})
+	d.mu.Unlock()
+	return true
+}
+
+func (d *runDevice) Kick() {
+	d.mu.Lock()
+	d.kicked = append(d.kicked, d.held...)
+	clear(d.held)
+	d.held = d.held[:0]
+	d.mu.Unlock()
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (d *runDevice) complete() {
+	defer close(d.stopped)
+	var run []submitted
+	var flushers []block.Flusher
+	ctx := context.Background()
+	for range d.wake {
+		d.mu.Lock()
+		run, d.kicked = d.kicked, run[:0]
+		d.mu.Unlock()
+		for _, s := range run {
+			var err error
+			if s.write {
+				err = d.Device.WriteAt(ctx, s.p, s.off, 0)
+			} else {
+				err = d.Device.ReadAt(ctx, s.p, s.off)
+			}
+			if f := block.CompleteBatched(s.done, err); f != nil && !slices.Contains(flushers, f) {
+				flushers = append(flushers, f)
+			}
+		}
+		for _, f := range flushers {
+			f.Flush()
+		}
+		clear(flushers)
+		flushers = flushers[:0]
+		clear(run)
+	}
+}
+
+func (d *runDevice) Close() error {
+	close(d.wake)
+	<-d.stopped
+	return d.Device.Close()
+}
+
+// serveRunDevice serves dev, wrapped in a runDevice, to one client on a socketpair (transmission
+// phase), and returns the client's end and the connection once it has ended. setup runs on the
+// connection before transmission.
+func serveRunDevice(t testing.TB, dev block.Device, opts Options, structured bool, setup func(*conn)) (net.Conn, <-chan *conn) {
+	t.Helper()
+	rd := newRunDevice(dev)
+	t.Cleanup(func() { rd.Close() })
+	srv, err := NewServer(rd, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local, remote, err := socketPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := net.FileConn(remote)
+	remote.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan *conn, 1)
+	srv.startConn(local, func(c *conn) {
+		setup(c)
+		c.exp = srv.export(structured)
+		c.transmit()
+		done <- c
+	})
+	t.Cleanup(func() { nc.Close(); srv.Close() })
+	return nc, done
+}
+
+// slowConn hands the client at most 1 KiB per Read, so that the server's socket stays full
+// longer and its writes come back partial or EAGAIN more often.
+type slowConn struct{ net.Conn }
+
+func (c slowConn) Read(p []byte) (int, error) {
+	return c.Conn.Read(p[:min(len(p), 1024)])
+}
+
+// TestFlushPartialWrites: when the completing goroutine's non-blocking writes (Flush) find the
+// socket full (a send buffer of a few KiB, a client that reads slowly), the reply writer
+// goroutine sends what they left and every reply still arrives once, whole and uninterleaved:
+// the client parses the stream reply by reply and checks each READ's bytes against the device.
+func TestFlushPartialWrites(t *testing.T) {
+	for _, structured := range []bool{false, true} {
+		t.Run(fmt.Sprintf("structured=%v", structured), func(t *testing.T) {
+			flushed, partial := flushPartialWrites(t, structured)
+			if partial == 0 || flushed == 0 {
+				t.Fatalf("flushed %d replies whole, %d partial writes: the test did not exercise both paths", flushed, partial)
+			}
+			t.Logf("flushed %d replies whole, %d partial writes", flushed, partial)
+		})
+	}
+}
+
+// flushPartialWrites runs the exchange for TestFlushPartialWrites and returns the connection's
+// counters of replies Flush sent whole and of its partial writes.
+func flushPartialWrites(t *testing.T, structured bool) (flushed, partial int64) {
+	const size = 8 << 20
+	mem := newMem(t, size, "")
+	content := make([]byte, size)
+	rand.Read(content)
+	if err := mem.WriteAt(context.Background(), content, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	nc, done := serveRunDevice(t, mem, Options{MaxInflight: 32}, structured, func(c *conn) {
+		// After newConn's SetWriteBuffer: the kernel's minimum send buffer, a few KiB.
+		if err := c.nc.(*net.UnixConn).SetWriteBuffer(1); err != nil {
+			t.Error(err)
+		}
+	})
+	client := newTestClient(t, slowConn{nc})
+
+	// Rounds of 1 to 8 requests, each round's replies read before the next is sent, so that a
+	// completion finds the writer role free again: READs of 4 KiB to 64 KiB (most of them
+	// larger than the send buffer) and a WRITE every fifth (a reply without payload), all
+	// through SubmitAt. Replies within a round may come in any order.
+	type req struct {
+		off    uint64
+		length int
+		write  bool
+	}
+	reqs := map[uint64]req{}
+	readLen := func(h uint64) int {
+		if reqs[h].write {
+			return 0
+		}
+		return reqs[h].length
+	}
+	for i, round := uint64(0), 0; i < 600; round++ {
+		clear(reqs)
+		for range 1 + round%8 {
+			q := req{length: 4096 * (1 + int(i*7)%16), off: (i * 40960) % (size - 64<<10), write: i%5 == 4}
+			reqs[i] = q
+			var err error
+			if q.write {
+				err = client.send(cmdWrite, 0, i, q.off, uint32(q.length), content[q.off:q.off+uint64(q.length)])
+			} else {
+				err = client.send(cmdRead, 0, i, q.off, uint32(q.length), nil)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			i++
+		}
+		for pending := len(reqs); pending > 0; pending-- {
+			r, err := client.readReply(readLen)
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+			q, ok := reqs[r.handle]
+			switch {
+			case !ok || r.errno != 0 || (structured && !q.write) != r.structured:
+				t.Fatalf("round %d: reply %+v to a request not pending or failed", round, r)
+			case !q.write && !bytes.Equal(r.data, content[q.off:q.off+uint64(q.length)]):
+				t.Fatalf("reply %d: %d bytes that are not the device's %d at %d", r.handle, len(r.data), q.length, q.off)
+			}
+			delete(reqs, r.handle)
+		}
+	}
+	nc.Close()
+	c := <-done
+	return c.flushedReplies, c.partialWrites
+}
+
+// TestFlushPathAllocatesNothing: a 4 KiB READ or WRITE round trip whose reply a completion's
+// Flush writes allocates nothing after warm-up (runtime-wide count, the server's goroutines and
+// the completing device goroutine included).
+func TestFlushPathAllocatesNothing(t *testing.T) {
+	p, err := pool.New(pool.Config{MaxBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	for _, cmd := range []uint16{cmdRead, cmdWrite} {
+		nc, done := serveRunDevice(t, newMem(t, 8<<20, ""), Options{Pool: p}, false, func(*conn) {})
+		req := make([]byte, requestHeaderLen+4096)
+		reply := make([]byte, simpleReplyLen+4096)
+		if cmd == cmdRead {
+			req = req[:requestHeaderLen]
+		} else {
+			reply = reply[:simpleReplyLen]
+		}
+		i := uint64(0)
+		roundTrip := func() {
+			i++
+			putRequest(req, header{Type: cmd, Handle: i, Offset: (i % 1024) * 4096, Length: 4096})
+			if _, err := nc.Write(req); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(nc, reply); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 500 {
+			roundTrip()
+		}
+		if a := testing.AllocsPerRun(2000, roundTrip); a > 0.01 {
+			t.Errorf("cmd %d: %.3f allocs per request, want 0", cmd, a)
+		}
+		nc.Close()
+		if c := <-done; c.flushedReplies < 2000 {
+			t.Errorf("cmd %d: Flush sent %d of the replies, want them all", cmd, c.flushedReplies)
+		}
+	}
+}
