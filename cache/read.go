@@ -9,9 +9,10 @@ import (
 )
 
 // ReadAt serves p from cache pages where they are valid and fills the rest from the backend. A
-// read of Config.ReadAround bytes or more, and a large miss continuing a sequential stream, are
-// read from the backend straight into p with the dirty pages of the range copied over
-// (readaround.go).
+// read of Config.ReadAround bytes or more is served from the pages as far as they hold it from
+// its start, and the rest of it (all of it when its first page is not cached), like a large miss
+// continuing a sequential stream, is read from the backend straight into p with the dirty pages
+// of the range copied over (readaround.go).
 func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 	if err := c.enter(); err != nil {
 		return err
@@ -21,38 +22,39 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 		return err
 	}
 	if c.largeRead(len(p)) {
-		// Not even its cached pages are copied out: the backend's read into p costs the gateway
-		// less than copying a large read out of the pages (submitaround.go), and the two paths
-		// of a large read (asynchronous and this) then agree.
-		if err := c.readAround(ctx, p, off); err != nil {
+		// No page is filled and no miss waits for a fill in progress: what the pages do not
+		// hold goes around them (and is not cached) in one backend read.
+		pos := c.readHits(p, off)
+		if pos == int64(len(p)) {
+			return nil
+		}
+		if err := c.readAround(ctx, p[pos:], off+pos); err != nil {
 			return err
 		}
-		c.rstreams.note(off, off+int64(len(p)), 0)
+		c.rstreams.note(off+pos, off+int64(len(p)), 0)
 		return nil
 	}
 	pos := int64(0)
 	for pos < int64(len(p)) {
-		page, pOff := (off+pos)/c.ps, (off+pos)%c.ps
-		n := min(c.ps-pOff, int64(len(p))-pos)
-		if !c.readHit(page, pOff, p[pos:pos+n]) {
-			// A concurrent miss (typically read-ahead) is already reading this page: wait
-			// for it rather than read the same bytes from the backend twice. Looked at once
-			// before taking the notifier's channel, which a plain miss then never allocates.
-			if !c.beingFilled(page) {
-				break
-			}
-			ch := c.progress.wait()
-			if !c.beingFilled(page) {
-				break
-			}
-			select {
-			case <-ch:
-				continue
-			case <-ctx.Done():
-				return fmt.Errorf("cache: waiting for a fill: %w", block.ContextError(ctx.Err()))
-			}
+		if pos += c.readHits(p[pos:], off+pos); pos == int64(len(p)) {
+			break
 		}
-		pos += n
+		// A concurrent miss (typically read-ahead) is already reading this page: wait for it
+		// rather than read the same bytes from the backend twice. Looked at once before taking
+		// the notifier's channel, which a plain miss then never allocates.
+		page := (off + pos) / c.ps
+		if !c.beingFilled(page) {
+			break
+		}
+		ch := c.progress.wait()
+		if !c.beingFilled(page) {
+			break
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("cache: waiting for a fill: %w", block.ContextError(ctx.Err()))
+		}
 	}
 	if pos == int64(len(p)) {
 		return nil
@@ -70,29 +72,23 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 }
 
 // ReadCached implements block.CachedReader: it copies p from cache pages when every sector of
-// it is valid there, without touching the backend or waiting for a fill in progress. It declines
-// a read that goes around the pages by its size when the backend can take it asynchronously
-// (submitaround.go).
+// it is valid there, without touching the backend or waiting for a fill in progress. A read of
+// more than a page whose last page is not all there is declined before anything is copied: that
+// is where a sequential stream leaves the cached data, and what the frontend does next (SubmitAt,
+// which reads a large read around the pages, or ReadAt) does not need the copy.
 func (c *Cache) ReadCached(p []byte, off int64) bool {
-	if c.sub != nil && c.largeRead(len(p)) {
-		return false
-	}
 	if c.enter() != nil {
 		return false
 	}
 	defer c.exit()
-	if len(p) == 0 || block.CheckRange(c, off, int64(len(p))) != nil {
+	n := int64(len(p))
+	if n == 0 || block.CheckRange(c, off, n) != nil {
 		return false
 	}
-	for pos := int64(0); pos < int64(len(p)); {
-		page, pOff := (off+pos)/c.ps, (off+pos)%c.ps
-		n := min(c.ps-pOff, int64(len(p))-pos)
-		if !c.readHit(page, pOff, p[pos:pos+n]) {
-			return false
-		}
-		pos += n
+	if last := (off + n - 1) / c.ps; last != off/c.ps && !c.pageHolds(last, 0, off+n-last*c.ps) {
+		return false
 	}
-	return true
+	return c.readHits(p, off) == n
 }
 
 var _ block.CachedReader = (*Cache)(nil)
@@ -106,25 +102,53 @@ func (c *Cache) beingFilled(page int64) bool {
 	return filling
 }
 
-func (c *Cache) readHit(page, pOff int64, dst []byte) bool {
+// pageHolds reports whether page holds valid data for [pOff, pOff+n) of it now.
+func (c *Cache) pageHolds(page, pOff, n int64) bool {
 	sh := c.shard(page)
 	sh.mu.Lock()
 	s, ok := sh.m[page]
-	if !ok {
-		sh.mu.Unlock()
-		return false
-	}
-	sl := &c.slots[s]
-	need := c.sectorMask(pOff, int64(len(dst)))
-	if sl.valid&need != need {
-		sh.mu.Unlock()
-		return false
-	}
-	copy(dst, c.bufs[s][pOff:])
-	sl.ref = true
-	sh.hits++
+	need := c.sectorMask(pOff, n)
+	ok = ok && c.slots[s].valid&need == need
 	sh.mu.Unlock()
-	return true
+	return ok
+}
+
+// readHits copies into p the data of [off, off+len(p)) that the pages hold from its start on, as
+// far as every sector it needs is valid, and returns how many bytes it copied. The pages of a
+// shard run (shard) are looked up and copied under one lock, so that a 1 MiB hit takes 16 locks
+// rather than 256, and a hit allocates nothing.
+func (c *Cache) readHits(p []byte, off int64) int64 {
+	end := int64(len(p))
+	pos := int64(0)
+	for pos < end {
+		first := (off + pos) / c.ps
+		runEnd := min(end, ((first|(shardRun-1))+1)*c.ps-off) // where the shard run of first ends, in p
+		sh := c.shard(first)
+		hits := uint64(0)
+		sh.mu.Lock()
+		for pos < runEnd {
+			page, pOff := (off+pos)/c.ps, (off+pos)%c.ps
+			n := min(c.ps-pOff, end-pos)
+			s, ok := sh.m[page]
+			if !ok {
+				break
+			}
+			sl := &c.slots[s]
+			if need := c.sectorMask(pOff, n); sl.valid&need != need {
+				break
+			}
+			copy(p[pos:pos+n], c.bufs[s][pOff:])
+			sl.ref = true
+			hits++
+			pos += n
+		}
+		sh.hits += hits
+		sh.mu.Unlock()
+		if pos < runEnd {
+			break
+		}
+	}
+	return pos
 }
 
 type fillPage struct {

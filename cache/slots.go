@@ -11,6 +11,11 @@ import (
 
 const nShards = 256
 
+// shardRun consecutive pages share a shard (a power of two): a large read or write-back then
+// takes one shard lock per run instead of one per page, while random pages still spread over
+// every shard.
+const shardRun = 16
+
 type shard struct {
 	mu   sync.Mutex
 	m    map[int64]int32 // page number → slot
