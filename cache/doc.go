@@ -49,13 +49,14 @@
 // Once its backend write succeeded, those pages are clean again unless modified since (the
 // backend has their data). WriteCached declines such writes.
 //
-// A read of Config.ReadAround bytes or more (256 KiB by default), and a miss of a quarter of that
-// continuing a sequential stream (streams.go), goes from the backend straight into the caller's
-// buffer and is not cached. The dirty pages of its range are pinned before the backend read and
-// their valid sectors copied over what it returned, so newer data always wins (readaround.go); a
-// range with no dirty page (found without a lock: dirty pages are counted per 1 MiB region) is
-// started on the backend's own Submitter like a read with the cache off (submitaround.go), and
-// ReadCached declines such reads so that a frontend gets there.
+// A read of Config.ReadAround bytes or more (256 KiB by default) is copied from the pages as far
+// as they hold it from its start (all of it when warm, at the cost of a copy: ReadCached serves
+// it); the rest of it, and a miss of a quarter of that continuing a sequential stream
+// (streams.go), goes from the backend straight into the caller's buffer and is not cached. The
+// dirty pages of its range are pinned before the backend read and their valid sectors copied over
+// what it returned, so newer data always wins (readaround.go); a range with no dirty page (found
+// without a lock: dirty pages are counted per 1 MiB region) is started on the backend's own
+// Submitter like a read with the cache off (submitaround.go) when ReadCached declined it.
 //
 // A miss within one page, and a write that goes around the pages, may also be started without
 // blocking (SubmitAt, block.Submitter) on the backend's own Submitter, so that a frontend's reader
@@ -105,10 +106,11 @@
 //
 // # Locks
 //
-// The index is sharded by page number (shard.mu guards the map, valid, pins, ref and page data).
+// The index is sharded by runs of 16 consecutive pages (shard.mu guards the map, valid, pins, ref
+// and page data).
 // c.dmu guards the dirty state (dirty, gen, inflight, the FIFO, dirtyIdx). allocMu guards slot
 // allocation and the CLOCK hand. Order: allocMu → shard.mu → dmu → directMu. Read hits take one
-// shard lock and allocate nothing.
+// shard lock per run of pages (readHits) and allocate nothing.
 //
 // # Files
 //
