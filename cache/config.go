@@ -118,11 +118,10 @@ type Config struct {
 	// never overwrite it later). Default 256 KiB; negative disables (every write is cached).
 	WriteAround int64
 	// ReadAround is the size from which a read goes from the backend straight into the caller's
-	// buffer instead of through the pages (what WriteAround is for writes), but for the part from
-	// its start that the pages hold (a warm read is a copy from the pages), and a miss of at least
-	// a quarter of it continuing a sequential stream too. What goes around is not cached; the dirty
-	// pages of its range are copied over what the backend returned, so that it returns what the
-	// cache holds. Default 256 KiB; negative disables.
+	// buffer instead of through the pages (what WriteAround is for writes), even where its pages
+	// are cached, and a miss of at least a quarter of it continuing a sequential stream too. Such a
+	// read is not cached; the dirty pages of its range are copied over what the backend returned,
+	// so that it returns what the cache holds. Default 256 KiB; negative disables.
 	ReadAround int64
 	// PageSize is the cache page size: a multiple of the backend's block size holding at most
 	// 64 blocks. Default 4 KiB (or the block size if larger).

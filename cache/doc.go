@@ -49,14 +49,13 @@
 // Once its backend write succeeded, those pages are clean again unless modified since (the
 // backend has their data). WriteCached declines such writes.
 //
-// A read of Config.ReadAround bytes or more (256 KiB by default) is copied from the pages as far
-// as they hold it from its start (all of it when warm, at the cost of a copy: ReadCached serves
-// it); the rest of it, and a miss of a quarter of that continuing a sequential stream
-// (streams.go), goes from the backend straight into the caller's buffer and is not cached. The
-// dirty pages of its range are pinned before the backend read and their valid sectors copied over
-// what it returned, so newer data always wins (readaround.go); a range with no dirty page (found
-// without a lock: dirty pages are counted per 1 MiB region) is started on the backend's own
-// Submitter like a read with the cache off (submitaround.go) when ReadCached declined it.
+// A read of Config.ReadAround bytes or more (256 KiB by default), and a miss of a quarter of that
+// continuing a sequential stream (streams.go), goes from the backend straight into the caller's
+// buffer and is not cached. The dirty pages of its range are pinned before the backend read and
+// their valid sectors copied over what it returned, so newer data always wins (readaround.go); a
+// range with no dirty page (found without a lock: dirty pages are counted per 1 MiB region) is
+// started on the backend's own Submitter like a read with the cache off (submitaround.go), and
+// ReadCached declines such reads so that a frontend gets there.
 //
 // A miss within one page, and a write that goes around the pages, may also be started without
 // blocking (SubmitAt, block.Submitter) on the backend's own Submitter, so that a frontend's reader

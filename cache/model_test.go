@@ -89,7 +89,7 @@ type model struct {
 
 	ops, flushes, crashes, fuas, faults atomic.Int64
 	submitted, submittedW               atomic.Int64 // reads and writes started with SubmitAt
-	cachedLarge                         atomic.Int64 // reads of ReadAround bytes or more ReadCached served
+	cachedLarge                         atomic.Int64 // reads of ReadAround bytes or more ReadCached served (backend without a Submitter)
 	total                               Stats        // of the caches dropped at crashes
 }
 
@@ -537,9 +537,6 @@ func runModel(t *testing.T, seed uint64, totalOps int, failRate float64) {
 	// back before it is acknowledged.)
 	if m.cfg.WriteAround > 0 && m.cfg.Mode == WriteBack && st.SupersededCleaned == 0 {
 		t.Fatalf("seed %d: no write-around cleaned a dirty page it superseded: the model did not exercise the path", seed)
-	}
-	if m.cfg.ReadAround > 0 && m.cachedLarge.Load() == 0 {
-		t.Fatalf("seed %d: ReadCached served no read of ReadAround bytes: the model did not exercise the path", seed)
 	}
 	if m.cfg.ReadAround > 0 && (st.ReadAroundBytes == 0 || st.OverlaidPages == 0) {
 		t.Fatalf("seed %d: no read went around the pages (%d bytes), or none over a dirty page (%d): the model did not exercise the path",

@@ -9,10 +9,9 @@ import (
 )
 
 // ReadAt serves p from cache pages where they are valid and fills the rest from the backend. A
-// read of Config.ReadAround bytes or more is served from the pages as far as they hold it from
-// its start, and the rest of it (all of it when its first page is not cached), like a large miss
-// continuing a sequential stream, is read from the backend straight into p with the dirty pages
-// of the range copied over (readaround.go).
+// read of Config.ReadAround bytes or more, and a large miss continuing a sequential stream, are
+// read from the backend straight into p with the dirty pages of the range copied over
+// (readaround.go).
 func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 	if err := c.enter(); err != nil {
 		return err
@@ -22,16 +21,14 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 		return err
 	}
 	if c.largeRead(len(p)) {
-		// No page is filled and no miss waits for a fill in progress: what the pages do not
-		// hold goes around them (and is not cached) in one backend read.
-		pos := c.readHits(p, off)
-		if pos == int64(len(p)) {
-			return nil
-		}
-		if err := c.readAround(ctx, p[pos:], off+pos); err != nil {
+		// Not even its cached pages are copied out: the backend's read into p costs the gateway
+		// less than copying a large read out of pages that random I/O left all over the page
+		// memory (submitaround.go), and the two paths of a large read (asynchronous and this)
+		// then agree.
+		if err := c.readAround(ctx, p, off); err != nil {
 			return err
 		}
-		c.rstreams.note(off+pos, off+int64(len(p)), 0)
+		c.rstreams.note(off, off+int64(len(p)), 0)
 		return nil
 	}
 	pos := int64(0)
@@ -72,11 +69,14 @@ func (c *Cache) ReadAt(ctx context.Context, p []byte, off int64) error {
 }
 
 // ReadCached implements block.CachedReader: it copies p from cache pages when every sector of
-// it is valid there, without touching the backend or waiting for a fill in progress. A read of
-// more than a page whose last page is not all there is declined before anything is copied: that
-// is where a sequential stream leaves the cached data, and what the frontend does next (SubmitAt,
-// which reads a large read around the pages, or ReadAt) does not need the copy.
+// it is valid there, without touching the backend or waiting for a fill in progress. It declines
+// a read that goes around the pages by its size when the backend can take it asynchronously
+// (submitaround.go), and a read of more than a page whose last page is not all there before
+// copying anything (where a sequential stream leaves the cached data).
 func (c *Cache) ReadCached(p []byte, off int64) bool {
+	if c.sub != nil && c.largeRead(len(p)) {
+		return false
+	}
 	if c.enter() != nil {
 		return false
 	}

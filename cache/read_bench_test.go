@@ -2,6 +2,7 @@ package cache
 
 import (
 	"context"
+	"math/rand/v2"
 	"runtime"
 	"strconv"
 	"sync/atomic"
@@ -23,16 +24,31 @@ const (
 // does), so that ReadCached sees what it sees in the gateway. hole, when positive, leaves every
 // hole-th page of the working set uncached, the first at hole-1 (a partly cached 1 MiB read).
 func newWarmCache(b *testing.B, submit bool, hole, readAround int64) *Cache {
+	return newWarmCacheIn(b, submit, hole, readAround, false, false)
+}
+
+// newWarmCacheIn is newWarmCache, warmed by 4 KiB reads in random order when scattered (as
+// random reads leave the cache: consecutive pages in slots all over the page memory), with
+// huge pages asked of the page pool when huge.
+func newWarmCacheIn(b *testing.B, submit bool, hole, readAround int64, scattered, huge bool) *Cache {
 	var be block.Device = newMemDev(b, warmDevSize)
 	if submit {
 		be = &submitDev{Device: be}
 	}
-	c := newPooledCache(b, be, Config{Size: 256 << 20, MaxDirtyAge: time.Hour, ReadAround: readAround})
+	c := newPooledCache(b, be, Config{Size: 256 << 20, MaxDirtyAge: time.Hour, ReadAround: readAround, HugePages: huge})
 	ctx := context.Background()
 	p := make([]byte, 32<<10)
-	for off := int64(0); off < warmSet; off += int64(len(p)) {
+	for off := int64(0); off < warmSet && !scattered; off += int64(len(p)) {
 		if err := c.ReadAt(ctx, p, off); err != nil {
 			b.Fatal(err)
+		}
+	}
+	for _, pg := range rand.New(rand.NewPCG(1, 2)).Perm(int(warmSet / 4096)) {
+		if err := c.ReadAt(ctx, p[:4096], int64(pg)*4096); scattered && err != nil {
+			b.Fatal(err)
+		}
+		if !scattered {
+			break
 		}
 	}
 	if st := c.Stats(); st.CachedBytes < warmSet {
@@ -67,10 +83,13 @@ func (c *Cache) dropCleanPage(pg int64) {
 // BenchmarkReadWarm1MiB reads the warm working set in 1 MiB sequential reads, each stream of a
 // goroutine over its own part of it: at queue depth 1 and 8 (fio's seqread-1m-qd8 after the
 // bench's warm-up). "cached" is the frontend's first try on its reader goroutine
-// (block.CachedReader, with a backend Submitter as in the gateway), "readat" the worker's ReadAt
-// with the default configuration, "memcpy" the floor: copying 1 MiB from one buffer to another.
-// "partial" leaves the last page of every 1 MiB uncached: ReadCached declines (how cheaply is the point) and
-// ReadAt reads around.
+// (block.CachedReader; over a backend without a Submitter, since with one ReadCached declines a
+// read of ReadAround bytes), "pages" the worker's ReadAt with read-around off, "memcpy" the floor:
+// copying 1 MiB from one buffer to another. "full" is warmed by 32 KiB reads in order (consecutive
+// pages in consecutive slots), "scattered" by 4 KiB reads in random order (slots all over the
+// page memory, as after random I/O), "-huge" with huge pages asked of the page pool. "partial"
+// leaves the last page of every 1 MiB uncached: ReadCached declines before copying anything and
+// ReadAt fills the page.
 func BenchmarkReadWarm1MiB(b *testing.B) {
 	const size = 1 << 20
 	for _, qd := range []int{1, 8} {
@@ -79,11 +98,22 @@ func BenchmarkReadWarm1MiB(b *testing.B) {
 			runWarm(b, qd, size, func(p []byte, off int64) bool { copy(p, src[off:]); return true })
 		})
 		for _, v := range []struct {
+			name            string
+			scattered, huge bool
+		}{{"scattered", true, false}, {"scattered-huge", true, true}} {
+			b.Run("cached-"+v.name+"/qd"+strconv.Itoa(qd), func(b *testing.B) {
+				c := newWarmCacheIn(b, false, 0, 0, v.scattered, v.huge)
+				if !runWarm(b, qd, size, c.ReadCached) {
+					b.Fatal("ReadCached declined a cached read")
+				}
+			})
+		}
+		for _, v := range []struct {
 			name string
 			hole int64
 		}{{"full", 0}, {"partial", 256}} {
 			b.Run("cached-"+v.name+"/qd"+strconv.Itoa(qd), func(b *testing.B) {
-				c := newWarmCache(b, warmSubmit, v.hole, 0)
+				c := newWarmCache(b, false, v.hole, 0)
 				hits := runWarm(b, qd, size, c.ReadCached)
 				if want := v.hole == 0; hits != want {
 					b.Fatalf("ReadCached served %v, want %v", hits, want)
@@ -105,8 +135,6 @@ func BenchmarkReadWarm1MiB(b *testing.B) {
 
 // runWarm runs read over qd sequential streams of size-byte reads, each over its own part of the
 // working set, and reports whether the last read of each stream returned true (all alike).
-var warmSubmit = true
-
 func runWarm(b *testing.B, qd int, size int64, read func(p []byte, off int64) bool) bool {
 	b.SetBytes(size)
 	b.ReportAllocs()

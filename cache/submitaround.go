@@ -16,12 +16,16 @@ import (
 // readAround's correctness needs (a write acknowledged before the read is on the backend or in a
 // dirty page).
 //
-// A frontend tries ReadCached first: a large read whose pages are all cached is a copy out of them
-// (readHits: one lock per run of 16 pages, about 1.3 memcpys of the read), cheaper than the
-// backend's read for the gateway and free for the target. Only a read ReadCached declined (its
-// last page, or another, is not cached) comes here. ReadCached once declined every large read,
-// when a 1 MiB hit took a lock and a lookup per page and cost about four times the gateway CPU of
-// the same read with the cache off.
+// For the same reason ReadCached declines a read of ReadAround bytes or more when the backend has
+// a Submitter: copying a large read out of the pages on the frontend's reader goroutine costs more
+// CPU than the backend's read into the caller's buffer, holds up the connection's other requests,
+// and keeps the pages of a sequential stream hot that read-around keeps out. The copy is not
+// the cost of the bookkeeping (readHits takes one lock per run of 16 pages) but of the memory:
+// after random I/O the pages of a range sit in slots all over the page memory, and copying 1 MiB
+// from 256 scattered 4 KiB pages costs about 3.5 times copying it from consecutive ones
+// (BenchmarkReadWarm1MiB, cached-scattered against cached-full: 285 against 80 µs), which on the
+// bench host made a warm 1 MiB read cost the gateway three times the CPU of the same read with
+// the cache off (issue 18).
 
 // asyncReadAround is a read-around in flight on the backend; pooled (Cache.readArounds).
 type asyncReadAround struct {
