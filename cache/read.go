@@ -115,34 +115,45 @@ func (c *Cache) pageHolds(page, pOff, n int64) bool {
 
 // readHits copies into p the data of [off, off+len(p)) that the pages hold from its start on, as
 // far as every sector it needs is valid, and returns how many bytes it copied. The pages of a
-// shard run (shard) are looked up and copied under one lock, so that a 1 MiB hit takes 16 locks
-// rather than 256, and a hit allocates nothing.
+// shard run (shard) are looked up under one lock, so that a 1 MiB hit takes 16 locks rather than
+// 256, and a hit allocates nothing. The lookups read a byte of every KiB of each page before any
+// is copied: after random I/O the pages of a range lie all over the page memory, and those loads,
+// independent of each other, bring their first cache lines in together where each copy would
+// otherwise wait for its own (BenchmarkReadWarm1MiB cached-scattered: about a third less time).
 func (c *Cache) readHits(p []byte, off int64) int64 {
 	end := int64(len(p))
 	pos := int64(0)
+	var slots [shardRun]int32
 	for pos < end {
 		first := (off + pos) / c.ps
 		runEnd := min(end, ((first|(shardRun-1))+1)*c.ps-off) // where the shard run of first ends, in p
 		sh := c.shard(first)
-		hits := uint64(0)
 		sh.mu.Lock()
-		for pos < runEnd {
-			page, pOff := (off+pos)/c.ps, (off+pos)%c.ps
-			n := min(c.ps-pOff, end-pos)
+		k, found, touch := 0, pos, byte(0)
+		for found < runEnd {
+			page, pOff := (off+found)/c.ps, (off+found)%c.ps
+			n := min(c.ps-pOff, end-found)
 			s, ok := sh.m[page]
 			if !ok {
 				break
 			}
-			sl := &c.slots[s]
-			if need := c.sectorMask(pOff, n); sl.valid&need != need {
+			if need := c.sectorMask(pOff, n); c.slots[s].valid&need != need {
 				break
 			}
-			copy(p[pos:pos+n], c.bufs[s][pOff:])
-			sl.ref = true
-			hits++
-			pos += n
+			for b, i := c.bufs[s][pOff:pOff+n], int64(0); i < n; i += 1024 {
+				touch += b[i]
+			}
+			slots[k] = s
+			k++
+			found += n
 		}
-		sh.hits += hits
+		sh.touched = touch // kept, so that the loads are not optimised away
+		for _, s := range slots[:k] {
+			pOff := (off + pos) % c.ps
+			pos += int64(copy(p[pos:min(found, pos+c.ps-pOff)], c.bufs[s][pOff:]))
+			c.slots[s].ref = true
+		}
+		sh.hits += uint64(k)
 		sh.mu.Unlock()
 		if pos < runEnd {
 			break
