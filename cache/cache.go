@@ -259,7 +259,9 @@ func (c *Cache) Limits() block.Limits {
 // Mode reports the cache mode.
 func (c *Cache) Mode() Mode { return c.cfg.Mode }
 
-func (c *Cache) shard(page int64) *shard { return &c.shards[uint64(page)%nShards] }
+// shard is the shard of page: runs of shardRun consecutive pages, spread round-robin over the
+// shards.
+func (c *Cache) shard(page int64) *shard { return &c.shards[uint64(page)/shardRun%nShards] }
 
 // sectorMask returns the sectors of a page covered by [pOff, pOff+n).
 func (c *Cache) sectorMask(pOff, n int64) uint64 {

@@ -105,10 +105,11 @@
 //
 // # Locks
 //
-// The index is sharded by page number (shard.mu guards the map, valid, pins, ref and page data).
+// The index is sharded by runs of 16 consecutive pages (shard.mu guards the map, valid, pins, ref
+// and page data).
 // c.dmu guards the dirty state (dirty, gen, inflight, the FIFO, dirtyIdx). allocMu guards slot
 // allocation and the CLOCK hand. Order: allocMu → shard.mu → dmu → directMu. Read hits take one
-// shard lock and allocate nothing.
+// shard lock per run of pages (readHits) and allocate nothing.
 //
 // # Files
 //

@@ -89,6 +89,7 @@ type model struct {
 
 	ops, flushes, crashes, fuas, faults atomic.Int64
 	submitted, submittedW               atomic.Int64 // reads and writes started with SubmitAt
+	cachedLarge                         atomic.Int64 // reads of ReadAround bytes or more ReadCached served (backend without a Submitter)
 	total                               Stats        // of the caches dropped at crashes
 }
 
@@ -356,9 +357,16 @@ func (m *model) worker(ctx context.Context, w int, rng *rand.Rand, nops int) err
 	return nil
 }
 
-// read reads p at off as the NBD frontend does: through SubmitAt when the cache takes it (a read
-// within one page), else ReadAt.
+// read reads p at off as the NBD frontend does: from the pages when ReadCached serves it, else
+// through SubmitAt when the cache takes it (a read within one page, or a large one around the
+// pages), else ReadAt.
 func (m *model) read(ctx context.Context, c *Cache, p []byte, off int64) error {
+	if c.ReadCached(p, off) {
+		if c.largeRead(len(p)) {
+			m.cachedLarge.Add(1)
+		}
+		return nil
+	}
 	done := make(chanDone, 1)
 	if c.SubmitAt(ctx, p, off, false, 0, done) {
 		m.submitted.Add(1)
@@ -520,7 +528,8 @@ func runModel(t *testing.T, seed uint64, totalOps int, failRate float64) {
 	if _, ok := m.be.(*submitDev); ok && m.submitted.Load() == 0 {
 		t.Fatalf("seed %d: no read took SubmitAt: the model did not exercise the path", seed)
 	}
-	t.Logf("seed %d: %d reads and %d writes started with SubmitAt", seed, m.submitted.Load(), m.submittedW.Load())
+	t.Logf("seed %d: %d reads and %d writes started with SubmitAt, %d large reads served by ReadCached", seed,
+		m.submitted.Load(), m.submittedW.Load(), m.cachedLarge.Load())
 	if _, ok := m.be.(*submitDev); ok && m.cfg.WriteAround > 0 && m.submittedW.Load() == 0 {
 		t.Fatalf("seed %d: no write-around took SubmitAt: the model did not exercise the path", seed)
 	}

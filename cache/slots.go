@@ -11,11 +11,18 @@ import (
 
 const nShards = 256
 
+// shardRun consecutive pages share a shard (a power of two): a large read or write-back then
+// takes one shard lock per run instead of one per page, while random pages still spread over
+// every shard.
+const shardRun = 16
+
 type shard struct {
 	mu   sync.Mutex
 	m    map[int64]int32 // page number → slot
 	hits uint64          // pages served from this shard (guarded by mu: no shared counter on the hit path)
-	_    [32]byte
+	// touched is the sum of the bytes readHits read ahead of its copies (and nothing else).
+	touched byte
+	_       [31]byte
 }
 
 type slot struct {

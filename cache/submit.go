@@ -58,7 +58,7 @@ func (c *Cache) SubmitAt(ctx context.Context, p []byte, off int64, write bool, f
 		c.exit()
 		return false
 	}
-	if c.readHit(pg, off%c.ps, p) {
+	if c.readHits(p, off) == int64(len(p)) {
 		c.exit()
 		done.Complete(nil)
 		return true

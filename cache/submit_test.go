@@ -264,6 +264,14 @@ func TestSubmitReadAround(t *testing.T) {
 	if c.ReadCached(small, 6<<20) {
 		t.Fatal("ReadCached served a read of ReadAround bytes from the pages")
 	}
+	tail := make([]byte, 128<<10) // from the read-ahead's last page to beyond it: not all cached
+	if c.ReadCached(tail[:4096], 6<<20+700<<10) || !c.ReadCached(tail[:4096], 6<<20+572<<10) {
+		t.Fatal("the read-ahead does not end where the test expects")
+	}
+	clear(tail)
+	if c.ReadCached(tail, 6<<20+572<<10) || !bytes.Equal(tail, make([]byte, len(tail))) {
+		t.Fatal("ReadCached served, or copied from the pages, a read whose last page is not cached")
+	}
 }
 
 // BenchmarkSubmitMiss4KCold measures the asynchronous 4 KiB miss on a cold cache (every miss takes

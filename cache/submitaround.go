@@ -18,9 +18,16 @@ import (
 //
 // For the same reason ReadCached declines a read of ReadAround bytes or more when the backend has
 // a Submitter: copying a large read out of the pages on the frontend's reader goroutine costs more
-// CPU than the backend's read into the caller's buffer (on the bench host a 1 MiB hit cost about
-// four times the gateway CPU of the same read with the cache off), holds up the connection's other
-// requests, and keeps the pages of a sequential stream hot that read-around keeps out.
+// CPU than the backend's read into the caller's buffer, holds up the connection's other requests,
+// and keeps the pages of a sequential stream hot that read-around keeps out. The copy is not
+// the cost of the bookkeeping (readHits takes one lock per run of 16 pages) but of the memory:
+// after random I/O the pages of a range sit in slots all over the page memory, and copying 1 MiB
+// from 256 scattered 4 KiB pages cost about 3.5 times copying it from consecutive ones
+// (BenchmarkReadWarm1MiB, cached-scattered against cached-full: 285 against 80 µs), which on the
+// bench host made a warm 1 MiB read served from the pages cost the gateway 1457 CPU-µs against 383
+// for the same read with the cache off (issue 18). readHits now overlaps those pages' first loads
+// (about a third less); whether that makes serving warm large reads from the pages pay is for the
+// bench to show before this decline goes.
 
 // asyncReadAround is a read-around in flight on the backend; pooled (Cache.readArounds).
 type asyncReadAround struct {
