@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"io"
 	"net"
 	"slices"
 	"sync"
@@ -106,15 +105,7 @@ func serveRunDevice(t testing.TB, dev block.Device, opts Options, structured boo
 	if err != nil {
 		t.Fatal(err)
 	}
-	local, remote, err := socketPair()
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := net.FileConn(remote)
-	remote.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	local, nc := connectedPair(t)
 	done := make(chan *conn, 1)
 	srv.startConn(local, func(c *conn) {
 		setup(c)
@@ -238,21 +229,7 @@ func TestFlushPathAllocatesNothing(t *testing.T) {
 		} else {
 			reply = reply[:simpleReplyLen]
 		}
-		i := uint64(0)
-		roundTrip := func() {
-			i++
-			putRequest(req, header{Type: cmd, Handle: i, Offset: (i % 1024) * 4096, Length: 4096})
-			if _, err := nc.Write(req); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := io.ReadFull(nc, reply); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for range 500 {
-			roundTrip()
-		}
-		if a := testing.AllocsPerRun(2000, roundTrip); a > 0.01 {
+		if a := roundTripAllocs(t, nc, req, reply, cmd, 4096); a > 0.01 {
 			t.Errorf("cmd %d: %.3f allocs per request, want 0", cmd, a)
 		}
 		nc.Close()
@@ -260,4 +237,20 @@ func TestFlushPathAllocatesNothing(t *testing.T) {
 			t.Errorf("cmd %d: Flush sent %d of the replies, want them all", cmd, c.flushedReplies)
 		}
 	}
+}
+
+// connectedPair is socketPair with the remote end as a net.Conn, for a test's client: the server
+// gets local.
+func connectedPair(t testing.TB) (local, client net.Conn) {
+	t.Helper()
+	local, remote, err := socketPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err = net.FileConn(remote)
+	remote.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return local, client
 }
