@@ -560,6 +560,8 @@ def run_pass(a, jobs, tgt, work, prof, rep, placement, wanted):
 
     def want(system):
         only = PLACEMENT_SYSTEMS.get(placement)
+        if placement == "target-defaults" and system.endswith("-alt"):
+            return False  # the A/B against --alt-bin is the other placements' (time)
         return wanted(system) and (only is None or system.removesuffix("-alt") in only)
     for job, _, _ in jobs:
         if not want("libiscsi-direct") or job not in CEILINGS:
