@@ -223,7 +223,7 @@ class Tgtd:
                      ("MaxBurstLength", 1048576), ("FirstBurstLength", 262144)) if tuned else ():
             run(adm + ["--mode", "target", "--op", "update", "--tid", "1", "--name", k, "--value", str(v)])
         # what the target offers, as tgtadm lists it (the report quotes it for each placement)
-        show = run(adm + ["--mode", "target", "--op", "show"]).stdout
+        show = run(adm + ["--mode", "target", "--op", "show", "--tid", "1"]).stdout
         self.params = {k: v for k, _, v in (l.strip().partition("=") for l in show.splitlines())
                        if k in TGT_PARAMS}
         run(adm + ["--mode", "logicalunit", "--op", "new", "--tid", "1", "--lun", "1",
