@@ -87,6 +87,7 @@ func TestSizeFor(t *testing.T) {
 		{2 << 30, 128 << 20},     // a sixteenth
 		{16 << 30, 1 << 30},      // reaches the cap
 		{256 << 30, DefaultSize}, // capped
+		{2067795968, 123 << 20},  // a 2 GiB guest's MemTotal (1.93 GiB): a whole MiB
 	} {
 		if got := SizeFor(tc.mem); got != tc.want {
 			t.Errorf("SizeFor(%d) = %d, want %d", tc.mem, got, tc.want)
