@@ -111,11 +111,13 @@ func (d *Device) refreshALUAOnce(ctx context.Context) error {
 		if !ok {
 			continue
 		}
+		// The rank pick() reads goes first: whoever sees the new state (PathStats, the log)
+		// may rely on selection already following it.
+		p.aluaClass.Store(aluaRank(st))
 		if old := p.aluaState.Swap(int32(st)); old != int32(st) {
 			d.log.Info("ALUA: path state", zap.String("portal", p.name), zap.Int32("port_group", g),
 				zap.Stringer("state", st))
 		}
-		p.aluaClass.Store(aluaRank(st))
 	}
 	return nil
 }
