@@ -179,7 +179,9 @@ const (
 // flight.
 func (c *Cache) invalidate(off, length int64, token uint64, act rangeAction, src []byte) (inflight bool) {
 	first, last := off/c.ps, (off+length-1)/c.ps
-	visit := func(pg int64, s int32) {
+	// visit reports whether page pg (slot s) is left clean with no valid sector, unpinned and
+	// not being filled: a page that holds nothing and that nobody holds.
+	visit := func(pg int64, s int32) (empty bool) {
 		pageOff := pg * c.ps
 		lo := max(off, pageOff) - pageOff
 		hi := min(off+length, pageOff+c.ps) - pageOff
@@ -193,7 +195,7 @@ func (c *Cache) invalidate(off, length int64, token uint64, act rangeAction, src
 				sl.valid &^= mask
 				sl.invalSeq++
 			}
-			return
+			return sl.valid == 0 && sl.pins == 0 && !sl.filling
 		}
 		c.dmu.Lock()
 		switch {
@@ -217,19 +219,30 @@ func (c *Cache) invalidate(off, length int64, token uint64, act rangeAction, src
 			inflight = true
 		}
 		c.dmu.Unlock()
+		return false
 	}
 	if last-first+1 <= int64(len(c.slots)) {
 		for pg := first; pg <= last; {
 			// A shard run's pages under one lock: a 1 MiB write-around over cached pages
-			// takes 16 locks, not 256.
-			sh, runLast := c.shard(pg), min(last, pg|(shardRun-1))
+			// takes 16 locks, not 256. The pages it empties leave the index and their slots
+			// go back to the free list (after the shard lock: allocSlot takes allocMu before
+			// a shard lock), so that the next pass of a sequential stream over the range
+			// finds nothing to look at and a fill finds a free slot without a CLOCK sweep.
+			var freed [shardRun]int32
+			k := 0
+			sh, stop := c.shard(pg), min(last, runLast(pg))
 			sh.mu.Lock()
-			for ; pg <= runLast; pg++ {
-				if s, ok := sh.m[pg]; ok {
-					visit(pg, s)
+			for ; pg <= stop; pg++ {
+				if s, ok := sh.m[pg]; ok && visit(pg, s) {
+					delete(sh.m, pg)
+					freed[k] = s
+					k++
 				}
 			}
 			sh.mu.Unlock()
+			if k > 0 {
+				c.releaseSlots(freed[:k])
+			}
 		}
 		return inflight
 	}

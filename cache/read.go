@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/bits"
+	"runtime"
 
 	"github.com/iser-blk/iser-blk/block"
 )
@@ -126,11 +127,11 @@ func (c *Cache) readHits(p []byte, off int64) int64 {
 	var slots [shardRun]int32
 	for pos < end {
 		first := (off + pos) / c.ps
-		runEnd := min(end, ((first|(shardRun-1))+1)*c.ps-off) // where the shard run of first ends, in p
+		stop := min(end, (runLast(first)+1)*c.ps-off) // where first's shard run ends, in p
 		sh := c.shard(first)
 		sh.mu.Lock()
 		k, found, touch := 0, pos, byte(0)
-		for found < runEnd {
+		for found < stop {
 			page, pOff := (off+found)/c.ps, (off+found)%c.ps
 			n := min(c.ps-pOff, end-found)
 			s, ok := sh.m[page]
@@ -147,7 +148,7 @@ func (c *Cache) readHits(p []byte, off int64) int64 {
 			k++
 			found += n
 		}
-		sh.touched = touch // kept, so that the loads are not optimised away
+		runtime.KeepAlive(touch) // the loads are the point: not optimised away
 		for _, s := range slots[:k] {
 			pOff := (off + pos) % c.ps
 			pos += int64(copy(p[pos:min(found, pos+c.ps-pOff)], c.bufs[s][pOff:]))
@@ -155,7 +156,7 @@ func (c *Cache) readHits(p []byte, off int64) int64 {
 		}
 		sh.hits += uint64(k)
 		sh.mu.Unlock()
-		if pos < runEnd {
+		if pos < stop {
 			break
 		}
 	}

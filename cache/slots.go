@@ -20,9 +20,7 @@ type shard struct {
 	mu   sync.Mutex
 	m    map[int64]int32 // page number → slot
 	hits uint64          // pages served from this shard (guarded by mu: no shared counter on the hit path)
-	// touched is the sum of the bytes readHits read ahead of its copies (and nothing else).
-	touched byte
-	_       [31]byte
+	_    [32]byte
 }
 
 type slot struct {
@@ -122,6 +120,21 @@ func (c *Cache) freeSlot(s int32) {
 	c.freeSlots = append(c.freeSlots, s)
 	c.allocMu.Unlock()
 }
+
+// releaseSlots returns slots whose pages the caller removed from the index (under their shard
+// lock, not held now) to the free list. An allocSlot sweep that meets one before finds its page
+// gone from the index and passes it by.
+func (c *Cache) releaseSlots(ss []int32) {
+	c.allocMu.Lock()
+	for _, s := range ss {
+		c.slots[s].page = -1
+		c.freeSlots = append(c.freeSlots, s)
+	}
+	c.allocMu.Unlock()
+}
+
+// runLast is the last page of the shard run that page pg is in.
+func runLast(pg int64) int64 { return pg | (shardRun - 1) }
 
 func (c *Cache) allocSlotWait(ctx context.Context, page int64) (int32, error) {
 	for {
