@@ -174,6 +174,15 @@ type Submitter interface {
 	Kick()
 }
 
+// SubmitWriteLimiter is an optional interface of a Submitter: SubmitWriteMax is the largest
+// write SubmitAt may take right now (0: none); it declines larger ones. A layer that prepares a
+// write before it submits it (the cache supersedes its pages of the range) asks first, rather
+// than prepare, be declined and prepare again on the synchronous path. The answer may change
+// (a new login negotiates other limits): it is a hint, and SubmitAt still decides.
+type SubmitWriteLimiter interface {
+	SubmitWriteMax() int
+}
+
 // Pipe is the two ends of a non-blocking pipe(2) (file descriptors), for PipeSubmitter.
 type Pipe struct {
 	R, W int

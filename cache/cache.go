@@ -18,9 +18,10 @@ import (
 // Cache is a caching block.Device. Create it with New or Wrap.
 type Cache struct {
 	be     block.Device
-	sub    block.Submitter     // be's asynchronous path, or nil (submit.go)
-	psub   block.PipeSubmitter // be's spliced reads, or nil (submitaround.go)
-	lim    block.Limits        // of the backend
+	sub    block.Submitter          // be's asynchronous path, or nil (submit.go)
+	subLim block.SubmitWriteLimiter // the largest write sub takes, when it says (submit.go)
+	psub   block.PipeSubmitter      // be's spliced reads, or nil (submitaround.go)
+	lim    block.Limits             // of the backend
 	cfg    resolved
 	log    *zap.Logger
 	ps     int64 // page size
@@ -221,6 +222,7 @@ func (c *Cache) initAsync(dev block.Device) {
 	c.sub, _ = dev.(block.Submitter)
 	if c.sub != nil {
 		c.psub, _ = dev.(block.PipeSubmitter)
+		c.subLim, _ = dev.(block.SubmitWriteLimiter)
 	}
 }
 

@@ -218,7 +218,14 @@ func newModel(t *testing.T, seed uint64, workers int, failRate float64) *model {
 		}
 		t.Cleanup(func() { _ = io.Close() })
 		m.cfg.IOPool = io
-		m.be = &submitDev{Device: m.dev, async: true}
+		sd := &submitDev{Device: m.dev, async: true}
+		if seed%4 == 2 {
+			// The backend takes writes of up to 16 blocks asynchronously (as iSCSI/TCP takes
+			// only immediate data): write-arounds of 17 blocks and more decline SubmitAt
+			// before touching the pages and take WriteAt.
+			sd.maxWrite = 16 * modelBS
+		}
+		m.be = sd
 	}
 	c, err := New(m.be, m.cfg, nil)
 	if err != nil {

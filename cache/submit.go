@@ -142,6 +142,12 @@ func (c *Cache) submitAround(ctx context.Context, p []byte, off int64, flags blo
 		!c.writesAround(off, len(p)) {
 		return false
 	}
+	if c.subLim != nil && len(p) > c.subLim.SubmitWriteMax() {
+		// The backend would decline it after the range was registered and its pages
+		// superseded, and WriteAt would do both again: a 1 MiB write over iSCSI/TCP (which
+		// needs R2Ts) paid for two invalidations of 256 pages.
+		return false
+	}
 	if c.enter() != nil {
 		return false
 	}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,12 +16,28 @@ import (
 
 // submitDev gives a device a Submitter that completes each read on a goroutine of its own (async)
 // or before SubmitAt returns (for allocation counts).
+// With maxWrite set it takes writes of up to that many bytes (block.SubmitWriteLimiter), as the
+// iSCSI backend takes only writes that fit its immediate data; submitted counts what it took.
 type submitDev struct {
 	block.Device
-	async bool
+	async     bool
+	maxWrite  int
+	submitted atomic.Int64
+}
+
+// SubmitWriteMax implements block.SubmitWriteLimiter.
+func (d *submitDev) SubmitWriteMax() int {
+	if d.maxWrite > 0 {
+		return d.maxWrite
+	}
+	return math.MaxInt
 }
 
 func (d *submitDev) SubmitAt(ctx context.Context, p []byte, off int64, write bool, flags block.WriteFlags, done block.Completion) bool {
+	if write && len(p) > d.SubmitWriteMax() {
+		return false
+	}
+	d.submitted.Add(1)
 	if !d.async {
 		done.Complete(d.do(ctx, p, off, write, flags))
 		return true
@@ -306,5 +324,44 @@ func BenchmarkSubmitMiss4KCold(b *testing.B) {
 			}
 			b.ReportMetric(float64(replied.Microseconds())/float64(b.N), "reply-µs/op")
 		})
+	}
+}
+
+// TestSubmitWriteAroundOverLimit checks that a write-around larger than the backend's
+// asynchronous limit declines before it touches the pages (they are superseded once, by WriteAt,
+// not once by SubmitAt and again by WriteAt), and that the write-around then empties the clean
+// page it covered: the page leaves the index and its slot is free again.
+func TestSubmitWriteAroundOverLimit(t *testing.T) {
+	ctx := context.Background()
+	dev := fakedev.New(4<<20, stdLimits(4096))
+	be := &submitDev{Device: dev, maxWrite: 64 << 10}
+	c := newPooledCache(t, be, Config{Size: 1 << 20, MaxDirtyAge: time.Hour})
+	old := make([]byte, 4096)
+	if err := c.ReadAt(ctx, old, 64<<10); err != nil { // a clean cached page inside the range
+		t.Fatal(err)
+	}
+	cached := c.Stats().CachedBytes
+	data := fill(DefaultWriteAround, 9)
+	if c.SubmitAt(ctx, data, 0, true, 0, make(chanDone, 1)) {
+		t.Fatal("SubmitAt took a write larger than the backend's asynchronous limit")
+	}
+	got := make([]byte, 4096)
+	if !c.ReadCached(got, 64<<10) || !bytes.Equal(got, old) {
+		t.Fatal("the declined SubmitAt invalidated the clean page of its range")
+	}
+	if n := be.submitted.Load(); n != 0 {
+		t.Fatalf("%d requests reached the backend's Submitter", n)
+	}
+	if err := c.WriteAt(ctx, data, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if c.ReadCached(got, 64<<10) {
+		t.Fatal("the page the write-around covered still serves reads")
+	}
+	if st := c.Stats(); st.CachedBytes != cached-4096 || st.WriteAroundBytes != uint64(len(data)) {
+		t.Fatalf("after the write-around: cached %d (was %d), written around %d", st.CachedBytes, cached, st.WriteAroundBytes)
+	}
+	if err := c.ReadAt(ctx, got, 64<<10); err != nil || !bytes.Equal(got, data[64<<10:68<<10]) {
+		t.Fatalf("read after the write-around: %v", err)
 	}
 }

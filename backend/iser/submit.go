@@ -76,6 +76,26 @@ func (d *Device) SubmitAt(ctx context.Context, p []byte, off int64, write bool, 
 	return true
 }
 
+// SubmitWriteMax implements block.SubmitWriteLimiter: the largest write SubmitAt takes on the
+// path it would use now: one command's worth, less where the session says (its immediate-data
+// limit; 0 over iSER).
+func (d *Device) SubmitWriteMax() int {
+	if d.closed.Load() || d.limits.ReadOnly {
+		return 0
+	}
+	pth := d.asyncPath()
+	if pth == nil {
+		return 0
+	}
+	limit := int(int64(d.maxXferBlocks) << d.shift)
+	if l, ok := pth.ex.(block.SubmitWriteLimiter); ok {
+		limit = min(limit, l.SubmitWriteMax())
+	}
+	return limit
+}
+
+var _ block.SubmitWriteLimiter = (*Device)(nil)
+
 // asyncPath is the path SubmitAt and SubmitReadToPipe start a request on, or nil when it must
 // take the synchronous path instead: while commands failed by a connection loss wait to be
 // replayed (they go first, see replay.go), or when no path is up (ReadAt/WriteAt wait for

@@ -69,6 +69,9 @@ func openSubmit(t *testing.T, cfg scsitest.Config) (*Device, *submitLUN) {
 func TestSubmitAt(t *testing.T) {
 	ctx := context.Background()
 	d, lun := openSubmit(t, scsitest.Config{DPOFUA: true})
+	if got := d.SubmitWriteMax(); got != defaultMaxTransfer {
+		t.Fatalf("SubmitWriteMax = %d, want one command's worth (%d): the executor sets no limit", got, defaultMaxTransfer)
+	}
 	data := randBytes(8192)
 	done := make(devCompletion, 2)
 	if !d.SubmitAt(ctx, data[:4096], 4096, true, 0, done) || !d.SubmitAt(ctx, data[4096:], 8192, true, block.FUA, done) {

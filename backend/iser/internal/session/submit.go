@@ -35,6 +35,19 @@ func (s *Session) Submit(cmd *scsi.Command, resp *scsi.Response, done Completer)
 	return c.submit(cmd, resp, done, -1, 0)
 }
 
+// SubmitWriteMax is the largest write Submit takes on the current connection: one whose data
+// all goes as immediate data (RFC 7143 §13.11, §13.14: ImmediateData=Yes, up to FirstBurstLength
+// and the target's MaxRecvDataSegmentLength), since Data-Out PDUs or an R2T need Execute's task.
+// 0 when there is no connection or the transport moves the data itself (iSER).
+func (s *Session) SubmitWriteMax() int {
+	c := s.cur.Load()
+	if c == nil || s.cfg.Discovery || c.tc.MovesData() {
+		return 0
+	}
+	_, immediate := c.params.UnsolicitedLimit(1 << 24)
+	return immediate
+}
+
 // SubmitToPipe is Submit for a read whose n bytes of data are to land in a pipe instead of
 // cmd.Data (which must be nil): the reader splices each Data-In segment from the socket into the
 // pipe whose write end is pipeW (non-blocking, room for n bytes; nobody else may write to or read

@@ -96,12 +96,40 @@ func TestSubmit(t *testing.T) {
 		}
 	}
 
-	// A write whose data does not all fit in the command PDU is left to Execute.
+	// A write whose data does not all fit in the command PDU is left to Execute, and
+	// SubmitWriteMax says where that starts: the target's MaxRecvDataSegmentLength here.
 	var cmd scsi.Command
 	var resp scsi.Response
-	rw16(&cmd, true, 0, make([]byte, 16384))
+	if got := s.SubmitWriteMax(); got != 8192 {
+		t.Fatalf("SubmitWriteMax = %d, want 8192 (immediate data up to the target's MaxRecvDataSegmentLength)", got)
+	}
+	rw16(&cmd, true, 0, make([]byte, 8192+512))
 	if s.Submit(&cmd, &resp, newCompletion()) {
 		t.Fatal("a write needing Data-Out PDUs was submitted")
+	}
+}
+
+// TestSubmitWriteMaxWithoutImmediateData: with ImmediateData=No no write's data goes in the
+// command PDU, so Submit takes no write and SubmitWriteMax says 0.
+func TestSubmitWriteMaxWithoutImmediateData(t *testing.T) {
+	keys := map[string]string{"ImmediateData": "No", "InitialR2T": "Yes", "MaxRecvDataSegmentLength": "8192"}
+	d := &pipeDialer{}
+	f := newFake(t, d, "fake:3260", keys)
+	dt := newDataTarget(t, keys, 1<<20)
+	f.serve(dt.handle)
+	s := newTestSession(t, d, nil)
+	if got := s.SubmitWriteMax(); got != 0 {
+		t.Fatalf("SubmitWriteMax before login = %d, want 0", got)
+	}
+	mustLogin(t, s)
+	if got := s.SubmitWriteMax(); got != 0 {
+		t.Fatalf("SubmitWriteMax with ImmediateData=No = %d, want 0", got)
+	}
+	var cmd scsi.Command
+	var resp scsi.Response
+	rw16(&cmd, true, 0, make([]byte, 512))
+	if s.Submit(&cmd, &resp, newCompletion()) {
+		t.Fatal("a write was submitted without immediate data")
 	}
 }
 
