@@ -56,6 +56,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import curves  # noqa: E402  (beside this file)
 import metrics_ab  # noqa: E402  (beside this file)
+import release_ab  # noqa: E402  (beside this file)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("ISERBLK_BIN", os.path.join(ROOT, "bin", "iser-blk"))
@@ -492,7 +493,8 @@ def main():
     ap.add_argument("--systems", default="", help="comma-separated subset of systems (quick profiling "
                     "runs): qemu-nbd, iser-blk-nocache, iser-blk-wb-cold (also runs warm), "
                     "nbdkit-memory, libiscsi-direct, the TLS row's " + ", ".join(TLS_SYSTEMS) +
-                    ", and " + metrics_ab.NAME + " (the metrics on/off A/B)")
+                    ", " + metrics_ab.NAME + " (the metrics on/off A/B) and " + release_ab.NAME +
+                    " (this tree against --alt-bin, cache off)")
     ap.add_argument("--pprof", default=os.environ.get("BENCH_PPROF", ""),
                     help="directory for CPU and allocation profiles of iser-blk per job (see Profiler)")
     ap.add_argument("--alt-bin", default=os.environ.get("BENCH_ALT_BIN", ""),
@@ -514,6 +516,10 @@ def main():
                     "--systems metrics-ab runs only them)")
     ap.add_argument("--metrics-ab-runtime", type=int, default=5, help="seconds per metrics A/B run")
     ap.add_argument("--metrics-ab-scrape", type=float, default=1.0, help="seconds between /metrics scrapes")
+    ap.add_argument("--release-ab-pairs", type=int, default=int(os.environ.get("BENCH_RELEASE_AB_PAIRS", 3)),
+                    help="with --alt-bin: this tree/alt pairs per job and repetition, cache off "
+                    "(test/bench/release_ab.py; 0: none; --systems release-ab runs only them)")
+    ap.add_argument("--release-ab-runtime", type=int, default=5, help="seconds per release A/B run")
     a = ap.parse_args()
     global PLACEMENTS
     PLACEMENTS = placements(a.placements.split(","))
@@ -544,6 +550,8 @@ def main():
                 results += run_pass(a, jobs, t, work, prof, rep, placement, wanted)
                 if placement == "shared" and wanted(metrics_ab.NAME):
                     results += metrics_ab.run(sys.modules[__name__], a, tgt, work, rep)
+                if placement == "shared" and wanted(release_ab.NAME):
+                    results += release_ab.run(sys.modules[__name__], a, tgt, work, rep)
         pin_tasks(tgt.proc.pid, set(range(os.cpu_count() or 1)))  # the curves run shared
         curve_rows = curves.run_curves(sys.modules[__name__], a, tgt, work)
     finally:
@@ -645,7 +653,7 @@ def report(a, jobs, results, started, load_before, work, curve_rows):
     lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in VERSIONS.items()) + "\n")
     lines.append("Each cell: median (min–max) over repetitions. Ratio columns are computed per "
                  "repetition against qemu-nbd + libiscsi in the same placement, then summarised.\n")
-    ab = [r for r in results if r.get("ab")]  # the metrics A/B has its own table
+    ab = [r for r in results if r.get("ab")]  # the A/Bs have their own tables
     names = []
     for r in results:
         if r.get("placement", "shared") not in names:
@@ -654,7 +662,8 @@ def report(a, jobs, results, started, load_before, work, curve_rows):
         rs = [r for r in results if r.get("placement", "shared") == placement and not r.get("ab")]
         if rs:  # none when only the metrics A/B ran (--systems metrics-ab)
             lines += placement_report(a, jobs, rs, placement, work)
-    lines += metrics_ab.report(sys.modules[__name__], ab)
+    lines += metrics_ab.report(sys.modules[__name__], [r for r in ab if r["ab"] == metrics_ab.NAME])
+    lines += release_ab.report(sys.modules[__name__], ab, os.path.basename(a.alt_bin))
     if curve_rows:
         lines.append("\n# Scaling curves (shared placement, one run each; test/bench/curves.py)\n")
         lines += curves.report(curve_rows)

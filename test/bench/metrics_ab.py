@@ -10,15 +10,15 @@ reads them; their cost is what the Go benchmarks and -benchmem show, and --alt-b
 from before issue 16 compares against none at all.
 
 Noise: both gateways stay up for the whole A/B (each its own session to the same LUN: iser-blk
-picks a random ISID), and short runs of the two alternate, the order flipped every pair (on,
-off, then off, on) so that a drift in the host's speed falls on both alike. Each pair gives one
-ratio on/off; the report is the median ratio over every pair of every repetition, with min–max
-and the interquartile range, so one disturbed run cannot decide the verdict.
+picks a random ISID) and short runs of the two alternate (ab.py); the report is the median
+ratio on/off over every pair of every repetition, with min–max and the interquartile range.
 """
 import os
 import statistics
 import threading
 import urllib.request
+
+import ab  # noqa: E402  (beside this file)
 
 NAME = "metrics-ab"  # for --systems
 ON, OFF = "iser-blk-metrics-on", "iser-blk-metrics-off"
@@ -51,7 +51,7 @@ class Scraper:
 
 
 def run(bench, a, tgt, work, rep, preexec=None):
-    """One repetition of the A/B; returns result rows (marked ab=True, kept out of the job tables)."""
+    """One repetition of the A/B; returns result rows (marked ab=NAME, kept out of the job tables)."""
     jobs = [(n, args) for n, args, _ in bench.JOBS if n in JOBS and (not a.jobs or n in a.jobs.split(","))]
     if not jobs or a.metrics_ab_pairs <= 0:
         return []
@@ -63,50 +63,21 @@ def run(bench, a, tgt, work, rep, preexec=None):
         argv = [bench.BIN, "serve", "--target", tgt.url, "--listen", f"unix://{sock}", "--cache", "off",
                 "--name", f"bench-{name}", "--run-dir", run_dir, *extra]
         return bench.NBDServer(name, argv, sock, work, preexec=preexec)
+
+    def before(system):
+        return Scraper(addr, a.metrics_ab_scrape) if system == ON else None
+
+    def after(system, scraper):
+        return dict(scrapes=scraper.stop() if scraper else None)
     servers = {}
-    rows = []
     try:
         servers[ON] = start(ON, ("--metrics-listen", addr))
         servers[OFF] = start(OFF, ())
-        for job, args in jobs:
-            for pair in range(a.metrics_ab_pairs):
-                order = (ON, OFF) if pair % 2 == 0 else (OFF, ON)
-                for system in order:
-                    stale = os.path.join(work, f"fio-{job}.json")  # never read the other run's output
-                    if os.path.exists(stale):
-                        os.unlink(stale)
-                    scraper = Scraper(addr, a.metrics_ab_scrape) if system == ON else None
-                    pid = servers[system].proc.pid
-                    c0 = bench.cpu_seconds(pid)
-                    m = bench.fio(servers[system].uri, job, args, a.metrics_ab_runtime, a.size, work, preexec)
-                    c1 = bench.cpu_seconds(pid)
-                    m.update(ab=True, rep=rep, placement="shared", system=system, job=job, pair=pair,
-                             scrapes=scraper.stop() if scraper else None,
-                             gw_cpu_us_per_io=(c1 - c0) * 1e6 / max(m["ios"], 1))
-                    rows.append(m)
-                key = bench.metric_of(job)
-                on, off = [r[key] for r in rows[-2:] if r["system"] == ON], [r[key] for r in rows[-2:] if r["system"] == OFF]
-                bench.log(f"   metrics A/B {job:18s} pair {pair + 1}: on {on[0]:9.1f} off {off[0]:9.1f} "
-                          f"ratio {on[0] / off[0] if off[0] else 0:.3f}")
+        return ab.interleave(bench, a, work, rep, servers, ON, OFF, jobs, a.metrics_ab_pairs,
+                             a.metrics_ab_runtime, NAME, before, after, preexec)
     finally:
         for s in servers.values():
             s.stop()
-    return rows
-
-
-def ratios(rows, job, key):
-    """on/off of every pair of job (one per repetition and pair)."""
-    by = {}
-    for r in rows:
-        if r["job"] == job:
-            by.setdefault((r["rep"], r["pair"]), {})[r["system"]] = r[key]
-    return [p[ON] / p[OFF] for p in by.values() if p.get(ON) is not None and p.get(OFF)]
-
-
-def spread(rs):
-    """median, min–max and interquartile range of ratios, as report cells."""
-    q = statistics.quantiles(rs, n=4, method="inclusive") if len(rs) >= 2 else [rs[0], rs[0], rs[0]]
-    return statistics.median(rs), f"{min(rs):.3f}–{max(rs):.3f}", f"{q[0]:.3f}–{q[2]:.3f}"
 
 
 def report(bench, rows):
@@ -127,16 +98,15 @@ def report(bench, rows):
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for job in JOBS:
         key = bench.metric_of(job)
-        rs = ratios(rows, job, key)
+        rs = ab.ratios(rows, job, key, ON, OFF)
         if not rs:
             continue
         unit = "IOPS" if key == "iops" else "MiB/s"
-        on = statistics.median(r[key] for r in rows if r["job"] == job and r["system"] == ON)
-        off = statistics.median(r[key] for r in rows if r["job"] == job and r["system"] == OFF)
+        on, off = ab.median_of(rows, job, ON, key), ab.median_of(rows, job, OFF, key)
         scrapes = [r["scrapes"] for r in rows if r["job"] == job and r["system"] == ON]
-        med, mm, iqr = spread(rs)
-        cpu = ratios([r for r in rows if r.get("gw_cpu_us_per_io")], job, "gw_cpu_us_per_io")
-        cmed, _, ciqr = spread(cpu) if cpu else (None, "–", "–")
+        med, mm, iqr = ab.spread(rs)
+        cpu = ab.ratios(rows, job, "gw_cpu_us_per_io", ON, OFF, better=False)
+        cmed, _, ciqr = ab.spread(cpu) if cpu else (None, "–", "–")
         met = med >= TARGET or (cmed is not None and cmed <= 1 / TARGET)
         out.append(f"| {job} | {on:.0f} {unit} | {off:.0f} {unit} | {med:.3f} | {mm} | {iqr} | "
                    f"{'–' if cmed is None else f'{cmed:.3f}'} | {ciqr} | {len(rs)} | "

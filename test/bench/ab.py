@@ -1,0 +1,78 @@
+"""Interleaved A/B runs for make bench: two gateways up side by side, short runs of the same job
+alternating between them, the order flipped every pair (A, B, then B, A) so that a drift in the
+host's speed falls on both alike. Each pair gives one ratio; a verdict rests on the median over
+every pair of every repetition, reported with min–max and the interquartile range, so one
+disturbed run cannot decide it. On this 2-core host one binary's rate moves ±15 % between runs;
+the gateway's CPU per request (its /proc stat around each run) is steadier and is reported
+beside the rate.
+
+Used by metrics_ab.py (issue 16: metrics served against not) and release_ab.py (issue 15: this
+tree against --alt-bin).
+"""
+import os
+import statistics
+
+
+def interleave(bench, a, work, rep, servers, first, second, jobs, pairs, runtime, tag, before=None,
+               after=None, preexec=None):
+    """Runs pairs alternating pairs of every job on servers[first] and servers[second] (NBDServer)
+    and returns one row per run, marked ab=tag. before(system) may start something for the run
+    and returns what after(system, it) gets; after returns fields added to the row."""
+    rows = []
+    for job, args in jobs:
+        key = bench.metric_of(job)
+        for pair in range(pairs):
+            order = (first, second) if pair % 2 == 0 else (second, first)
+            got = {}
+            for system in order:
+                stale = os.path.join(work, f"fio-{job}.json")  # never read the other run's output
+                if os.path.exists(stale):
+                    os.unlink(stale)
+                it = before(system) if before else None
+                pid = servers[system].proc.pid
+                c0 = bench.cpu_seconds(pid)
+                m = bench.fio(servers[system].uri, job, args, runtime, a.size, work, preexec)
+                c1 = bench.cpu_seconds(pid)
+                m.update(ab=tag, rep=rep, placement="shared", system=system, job=job, pair=pair,
+                         gw_cpu_us_per_io=(c1 - c0) * 1e6 / max(m["ios"], 1))
+                if after:
+                    m.update(after(system, it))
+                rows.append(m)
+                got[system] = m[key]
+            bench.log(f"   {tag} {job:18s} pair {pair + 1}: {first} {got[first]:9.1f} "
+                      f"{second} {got[second]:9.1f} ratio {ratio(key, got[first], got[second]):.3f}")
+    return rows
+
+
+def ratio(key, x, y):
+    """How much better x is than y: x / y for a rate, y / x for a latency (p50), so that above 1
+    is better either way."""
+    if key == "p50_us":
+        return y / x if x else 0
+    return x / y if y else 0
+
+
+def ratios(rows, job, key, first, second, better=True):
+    """first against second for every pair of job: ratio() when better, else plainly x / y (for
+    costs such as CPU per request, where below 1 is better)."""
+    by = {}
+    for r in rows:
+        if r["job"] == job:
+            by.setdefault((r["rep"], r["pair"]), {})[r["system"]] = r.get(key)
+    out = []
+    for p in by.values():
+        x, y = p.get(first), p.get(second)
+        if x is None or not y:
+            continue
+        out.append(ratio(key, x, y) if better else x / y)
+    return out
+
+
+def spread(rs):
+    """median, min–max and interquartile range of ratios, as report cells."""
+    q = statistics.quantiles(rs, n=4, method="inclusive") if len(rs) >= 2 else [rs[0], rs[0], rs[0]]
+    return statistics.median(rs), f"{min(rs):.3f}–{max(rs):.3f}", f"{q[0]:.3f}–{q[2]:.3f}"
+
+
+def median_of(rows, job, system, key):
+    return statistics.median(r[key] for r in rows if r["job"] == job and r["system"] == system)
