@@ -3,13 +3,11 @@
 package nbd
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"fmt"
-	"io"
 	"math/big"
 	"os"
 	"os/exec"
@@ -268,38 +266,11 @@ func ext4Workload(t *testing.T, target, nbdDev string, size int64) {
 	if bin == "" {
 		t.Fatal("ISERBLK_BIN is not set (test/vm/run.sh go-test builds the CLI)")
 	}
-	cmd := exec.Command(bin, "attach", "--target", target, "--nbd", nbdDev, "--connections", "4")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	line := make(chan string, 1)
-	go func() {
-		s, _ := bufio.NewReader(stdout).ReadString('\n')
-		line <- strings.TrimSpace(s)
-		io.Copy(io.Discard, stdout)
-		exited <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-exited
-		}
-	})
-	var dev string
-	select {
-	case dev = <-line:
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("attach printed no device: %s", stderr.String())
-	}
+	g := vmtest.StartGateway(t, exec.Command(bin, "attach", "--target", target, "--nbd", nbdDev, "--connections", "4"),
+		vmtest.GatewayOptions{})
+	dev := g.Device
 	if dev != nbdDev {
-		t.Fatalf("attach printed %q: %s", dev, stderr.String())
+		t.Fatalf("attach printed %q: %s", dev, g.Stderr)
 	}
 	checkKernelFlags(t, dev, size)
 
@@ -357,19 +328,19 @@ func ext4Workload(t *testing.T, target, nbdDev string, size int64) {
 	sh("umount", mnt)
 	mounted = false
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := g.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("attach exited with %v: %s", err, stderr.String())
+	case <-g.Exited:
+		if g.Err != nil {
+			t.Fatalf("attach exited with %v: %s", g.Err, g.Stderr)
 		}
 	case <-time.After(2 * time.Minute):
-		t.Fatalf("attach did not exit after SIGTERM: %s", stderr.String())
+		t.Fatalf("attach did not exit after SIGTERM: %s", g.Stderr)
 	}
-	if !strings.Contains(stderr.String(), "nbd device detached") {
-		t.Errorf("no detach logged: %s", stderr.String())
+	if !strings.Contains(g.Stderr.String(), "nbd device detached") {
+		t.Errorf("no detach logged: %s", g.Stderr)
 	}
 	if n := sysBlock(t, dev, "size"); n != "0" {
 		t.Errorf("%s still has size %s after detach", dev, n)
