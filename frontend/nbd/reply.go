@@ -102,7 +102,7 @@ func (c *conn) flushReplies() {
 // then sends the queue until it finds it empty and gives up the writer role.
 func (c *conn) writeQueued() {
 	for {
-		c.finishBatch()
+		c.sendBatch(true)
 		if !c.takeQueue() {
 			return
 		}
@@ -123,71 +123,116 @@ func (c *conn) takeQueue() bool {
 	return true
 }
 
-// finishBatch sends batch[next:]: first the bytes a non-blocking write left of batch[next:restEnd]
-// (each reply's bytes stay contiguous on the wire: nothing else is written before them), then
-// the remaining replies, maxBatch per vectored write.
-func (c *conn) finishBatch() {
-	if c.restEnd > c.next {
-		if !c.broken {
-			c.writeIov(c.rest)
-		}
-		c.rest = nil
-		c.releaseReplies(c.batch[c.next:c.restEnd])
-		c.next, c.restEnd = c.restEnd, 0
-	}
-	for c.next < len(c.batch) {
-		end := min(c.next+maxBatch, len(c.batch))
-		c.writeReplies(c.batch[c.next:end])
-		c.next = end
-	}
-	c.resetBatch()
-}
-
 // tryWriteQueued is writeQueued without blocking, for Flush: it reports whether it sent the
 // queue and gave up the writer role; if not, the writer goroutine must go on (writeQueued).
 func (c *conn) tryWriteQueued() bool {
 	for c.takeQueue() {
-		if !c.trySendBatch() {
+		if !c.sendBatch(false) {
 			return false
 		}
 	}
 	return true
 }
 
-// trySendBatch sends batch[next:] with non-blocking vectored writes, maxBatch replies per write,
-// releasing the replies that went out. It stops (false) at a spliced READ, whose payload only the
-// writer goroutine may splice (that can block), and at a write the socket took only part of:
-// rest is then the unsent bytes of batch[next:restEnd].
-func (c *conn) trySendBatch() bool {
+// sendBatch sends batch[next:] in vectored writes of at most maxBatch replies each, releasing
+// the replies of each write once it is done (or dropped, for a broken client), and reports
+// whether it sent them all. The first write is the bytes a non-blocking write left of
+// batch[next:restEnd], if any, so that each reply's bytes stay contiguous on the wire.
+//
+// mayBlock is whether the caller may wait for the socket: the writer goroutine (writeQueued)
+// may; Flush, on a device's completion reader, may not. Blocking, each write goes out whole and a
+// spliced READ ends one, its payload then spliced from the pipe; sendBatch always returns true.
+// Not blocking, each write is one TryWritev, and sendBatch stops (false) at a spliced READ, whose
+// payload only the writer goroutine may splice (that can block), and at a write the socket took
+// only part of: rest is then the unsent bytes of batch[next:restEnd].
+func (c *conn) sendBatch(mayBlock bool) bool {
 	for c.next < len(c.batch) {
-		end := min(c.next+maxBatch, len(c.batch))
-		iov := c.iov[:0]
-		k := c.next
-		for ; k < end && !splicedRead(c.batch[k]); k++ {
-			iov = c.appendReply(iov, c.batch[k])
+		iov, end, splice := c.gatherWrite(mayBlock)
+		if end == c.next {
+			return false // a spliced READ first, and this caller must not splice
 		}
-		if k == c.next {
+		if !c.broken && !c.writeGathered(iov, end, splice, mayBlock) {
 			return false
 		}
-		if !c.broken {
-			rest, err := c.raw.TryWritev(iov)
-			if err == nil && len(rest) > 0 {
-				clear(iov[:len(iov)-len(rest)])
-				c.rest, c.restEnd = rest, k
-				c.partialWrites++
-				return false
-			}
-			if err != nil {
-				c.breakConn()
-			}
+		clear(iov) // do not keep the payloads reachable from c.iov
+		if !mayBlock {
+			c.flushedReplies += int64(end - c.next)
 		}
-		clear(iov)
-		c.flushedReplies += int64(k - c.next)
-		c.releaseReplies(c.batch[c.next:k])
-		c.next = k
+		c.releaseReplies(c.batch[c.next:end])
+		c.next = end
 	}
 	c.resetBatch()
 	return true
+}
+
+// gatherWrite gathers the next vectored write of sendBatch: iov carries the replies
+// batch[next:end]. It is the rest a non-blocking write left, if any (never a spliced READ: such
+// a write stops before one); otherwise the replies from next, at most maxBatch, up to a spliced
+// READ: if mayBlock, the write ends with that reply's header and splice is the reply, whose
+// payload follows from its pipe; if not, the write ends before it.
+func (c *conn) gatherWrite(mayBlock bool) (iov [][]byte, end int, splice *request) {
+	if c.restEnd > c.next {
+		iov, end = c.rest, c.restEnd
+		c.rest, c.restEnd = nil, 0
+		return iov, end, nil
+	}
+	iov = c.iov[:0]
+	last := min(c.next+maxBatch, len(c.batch))
+	for end = c.next; end < last; end++ {
+		r := c.batch[end]
+		if !splicedRead(r) {
+			iov = c.appendReply(iov, r)
+			continue
+		}
+		if mayBlock {
+			iov = c.appendReply(iov, r)
+			return iov, end + 1, r
+		}
+		break
+	}
+	return iov, end, nil
+}
+
+// writeGathered writes what gatherWrite gathered and reports whether it is done with the
+// replies batch[next:end] (false: a non-blocking write left rest).
+func (c *conn) writeGathered(iov [][]byte, end int, splice *request, mayBlock bool) bool {
+	if !mayBlock {
+		return c.tryWriteIov(iov, end)
+	}
+	if c.writeIov(iov) && splice != nil {
+		c.spliceReply(splice)
+	}
+	return true
+}
+
+// tryWriteIov writes iov, the replies batch[next:end], with one non-blocking vectored write and
+// reports whether it is done with them (sent, or the client is gone). If the socket took only
+// part of them, it keeps the unsent bytes as rest, for the writer goroutine.
+func (c *conn) tryWriteIov(iov [][]byte, end int) bool {
+	rest, err := c.raw.TryWritev(iov)
+	if err != nil {
+		c.breakConn()
+		return true
+	}
+	if len(rest) == 0 {
+		return true
+	}
+	clear(iov[:len(iov)-len(rest)])
+	c.rest, c.restEnd = rest, end
+	c.partialWrites++
+	return false
+}
+
+// spliceReply sends the payload of the spliced READ r, whose header was just written, from its
+// pipe.
+func (c *conn) spliceReply(r *request) {
+	if err := c.spliceOut(r); err != nil {
+		c.log.Debug("nbd: splicing a read reply failed", zap.Error(err))
+		c.breakConn()
+		return
+	}
+	r.spliced = true
+	c.splicedReads++
 }
 
 // splicedRead reports whether r's payload is to be spliced from its pipe (splice.go).
@@ -196,37 +241,6 @@ func splicedRead(r *request) bool { return r.pipe != nil && r.errno == 0 }
 func (c *conn) resetBatch() {
 	clear(c.batch)
 	c.batch, c.next = c.batch[:0], 0
-}
-
-// writeReplies sends one batch of replies with one vectored write, then recycles the slots.
-// Only the current writer calls it.
-func (c *conn) writeReplies(batch []*request) {
-	if !c.broken {
-		iov := c.iov[:0]
-		for _, r := range batch {
-			iov = c.appendReply(iov, r)
-			if !splicedRead(r) {
-				continue
-			}
-			// A spliced READ: what is gathered so far, this reply's header last, goes out
-			// first, then the payload from the pipe.
-			if !c.writeIov(iov) {
-				break
-			}
-			iov = c.iov[:0]
-			if err := c.spliceOut(r); err != nil {
-				c.log.Debug("nbd: splicing a read reply failed", zap.Error(err))
-				c.breakConn()
-				break
-			}
-			r.spliced = true
-			c.splicedReads++
-		}
-		if !c.broken && len(iov) > 0 {
-			c.writeIov(iov)
-		}
-	}
-	c.releaseReplies(batch)
 }
 
 // releaseReplies counts the replies in batch, sent (or dropped for a broken client), and

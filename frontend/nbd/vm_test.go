@@ -3,16 +3,15 @@
 package nbd
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"fmt"
-	"io"
 	"math/big"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -69,7 +68,8 @@ func checkKernelFlags(t *testing.T, dev string, size int64) {
 
 // TestVMAttachFlagsAndFlush attaches in-process (netlink, then the ioctl path) and proves that an
 // fsync on /dev/nbdX arrives as a Flush on the device, and that the data written through the
-// kernel is what the device holds.
+// kernel is what the device holds. On the ioctl path it first sends signals, aimed at the
+// NBD_DO_IT thread and to the whole process, which must not end the device.
 func TestVMAttachFlagsAndFlush(t *testing.T) {
 	requireNBD(t)
 	for _, tc := range []struct {
@@ -110,6 +110,8 @@ func TestVMAttachFlagsAndFlush(t *testing.T) {
 						t.Fatalf("tgkill: %v", err)
 					}
 				}
+				sigterms := sendProcessSIGTERMs(t, tid, 50)
+				defer func() { t.Logf("%d of 50 process-directed SIGTERMs reached signal.Notify", sigterms()) }()
 			}
 			checkKernelFlags(t, a.Path(), 256<<20)
 
@@ -169,6 +171,68 @@ func TestVMAttachFlagsAndFlush(t *testing.T) {
 	}
 }
 
+// sendProcessSIGTERMs sends n SIGTERMs to the whole process, as a service manager or a shell
+// would, while the test catches them with signal.Notify (stopped when the test ends). The kernel
+// routes a process-directed signal to any thread that does not block it, so without the mask
+// Attach sets on the NBD_DO_IT thread (tid) some could land there and end the device. Which
+// thread takes one is the kernel's choice (it prefers the main thread while that has none
+// pending), so 50 signals need not hit tid even without the mask: the check that tid blocks
+// SIGTERM is what fails without it. It then waits for the first to reach the channel; the count it
+// returns is of those that arrived by the time it is called (pending signals of one kind merge,
+// so fewer than n may). The device must keep working: the caller's I/O checks come after.
+func sendProcessSIGTERMs(t *testing.T, tid, n int) (received func() int) {
+	t.Helper()
+	if !sigBlocked(t, tid, unix.SIGTERM) {
+		t.Fatalf("the NBD_DO_IT thread %d does not block SIGTERM", tid)
+	}
+	ch := make(chan os.Signal, n)
+	signal.Notify(ch, syscall.SIGTERM)
+	t.Cleanup(func() { signal.Stop(ch) }) // SIGTERM's handling returns to what it was
+	for range n {
+		if err := unix.Kill(os.Getpid(), unix.SIGTERM); err != nil {
+			t.Fatalf("kill: %v", err)
+		}
+	}
+	got := 0
+	select {
+	case <-ch:
+		got++
+	case <-time.After(30 * time.Second): // a guard against a lost signal, not a wait for one
+		t.Fatal("no SIGTERM reached signal.Notify within 30 s")
+	}
+	return func() int {
+		for {
+			select {
+			case <-ch:
+				got++
+			default:
+				return got
+			}
+		}
+	}
+}
+
+// sigBlocked reports whether thread tid of this process blocks sig (SigBlk in its
+// /proc/<pid>/task/<tid>/status: a hex mask with bit sig-1 for sig).
+func sigBlocked(t *testing.T, tid int, sig unix.Signal) bool {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/status", tid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if hex, ok := strings.CutPrefix(line, "SigBlk:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+			if err != nil {
+				t.Fatalf("SigBlk of thread %d: %v", tid, err)
+			}
+			return mask&(1<<(sig-1)) != 0
+		}
+	}
+	t.Fatalf("no SigBlk in the status of thread %d", tid)
+	return false
+}
+
 // TestVMAttachExt4 is the acceptance workload through the CLI: `iser-blk attach` with 4
 // connections, ext4 with 2000 files of random sizes, sync, umount, fsck clean, remount, every
 // checksum verified, fstrim, detach on SIGTERM with exit 0.
@@ -202,38 +266,11 @@ func ext4Workload(t *testing.T, target, nbdDev string, size int64) {
 	if bin == "" {
 		t.Fatal("ISERBLK_BIN is not set (test/vm/run.sh go-test builds the CLI)")
 	}
-	cmd := exec.Command(bin, "attach", "--target", target, "--nbd", nbdDev, "--connections", "4")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	line := make(chan string, 1)
-	go func() {
-		s, _ := bufio.NewReader(stdout).ReadString('\n')
-		line <- strings.TrimSpace(s)
-		io.Copy(io.Discard, stdout)
-		exited <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-exited
-		}
-	})
-	var dev string
-	select {
-	case dev = <-line:
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("attach printed no device: %s", stderr.String())
-	}
+	g := vmtest.StartGateway(t, exec.Command(bin, "attach", "--target", target, "--nbd", nbdDev, "--connections", "4"),
+		vmtest.GatewayOptions{})
+	dev := g.Device
 	if dev != nbdDev {
-		t.Fatalf("attach printed %q: %s", dev, stderr.String())
+		t.Fatalf("attach printed %q: %s", dev, g.Stderr)
 	}
 	checkKernelFlags(t, dev, size)
 
@@ -291,19 +328,19 @@ func ext4Workload(t *testing.T, target, nbdDev string, size int64) {
 	sh("umount", mnt)
 	mounted = false
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := g.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("attach exited with %v: %s", err, stderr.String())
+	case <-g.Exited:
+		if g.Err != nil {
+			t.Fatalf("attach exited with %v: %s", g.Err, g.Stderr)
 		}
 	case <-time.After(2 * time.Minute):
-		t.Fatalf("attach did not exit after SIGTERM: %s", stderr.String())
+		t.Fatalf("attach did not exit after SIGTERM: %s", g.Stderr)
 	}
-	if !strings.Contains(stderr.String(), "nbd device detached") {
-		t.Errorf("no detach logged: %s", stderr.String())
+	if !strings.Contains(g.Stderr.String(), "nbd device detached") {
+		t.Errorf("no detach logged: %s", g.Stderr)
 	}
 	if n := sysBlock(t, dev, "size"); n != "0" {
 		t.Errorf("%s still has size %s after detach", dev, n)

@@ -3,7 +3,6 @@
 package ublk
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -11,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -161,40 +159,13 @@ func startServer(t *testing.T, targetURL string, queues, depth int, cliArgs ...s
 			fmt.Sprintf("%s_QUEUES=%d", serveEnv, queues), fmt.Sprintf("%s_DEPTH=%d", serveEnv, depth))
 		t.Logf("server: test binary serving %s (no CLI attach --ublk in $ISERBLK_BIN)", targetURL)
 	}
-	p := &serverProc{cmd: cmd, stderr: &syncbuf.Buffer{}, exited: make(chan struct{})}
-	cmd.Stderr = p.stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line := make(chan string, 1)
-	go func() {
-		r := bufio.NewReader(out)
-		s, _ := r.ReadString('\n')
-		line <- strings.TrimSpace(s)
-		io.Copy(io.Discard, r)
-	}()
-	go func() { p.err = cmd.Wait(); close(p.exited) }()
+	g := vmtest.StartGateway(t, cmd, vmtest.GatewayOptions{Announce: 90 * time.Second, LogStderr: true})
+	p := &serverProc{cmd: cmd, path: g.Device, stderr: g.Stderr, exited: make(chan struct{})}
+	go func() { <-g.Exited; p.err = g.Err; close(p.exited) }()
 	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			cmd.Process.Kill()
-			<-p.exited
-		}
-		t.Logf("server stderr:\n%s", p.stderr.String())
+		g.Stop() // before StartGateway's cleanup: the device is deleted only once its server is gone
 		p.deleteLeftover(t)
 	})
-	select {
-	case p.path = <-line:
-	case <-p.exited:
-		t.Fatalf("server exited before announcing a device: %v", p.err)
-	case <-time.After(90 * time.Second):
-		t.Fatal("server did not announce a device within 90 s")
-	}
 	n, err := strconv.ParseUint(strings.TrimPrefix(p.path, "/dev/ublkb"), 10, 32)
 	if !strings.HasPrefix(p.path, "/dev/ublkb") || err != nil {
 		t.Fatalf("server printed %q, want /dev/ublkbN", p.path)

@@ -6,11 +6,9 @@
 package service_test
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +17,6 @@ import (
 	"time"
 
 	"github.com/iser-blk/iser-blk/internal/status"
-	"github.com/iser-blk/iser-blk/internal/syncbuf"
 	"github.com/iser-blk/iser-blk/test/vm/vmtest"
 )
 
@@ -31,52 +28,13 @@ func binary(t *testing.T) string {
 	return bin
 }
 
-// gateway is one running `attach`.
-type gateway struct {
-	dev    string
-	log    *syncbuf.Buffer
-	exited chan error
-}
-
 // attach starts `iser-blk attach` with args and waits for the device path it prints.
-func attach(t *testing.T, runDir string, args ...string) *gateway {
+func attach(t *testing.T, runDir string, args ...string) *vmtest.Gateway {
 	t.Helper()
 	cmd := exec.Command(binary(t), append([]string{"attach", "--target", "mem://64MiB", "--run-dir", runDir}, args...)...)
-	g := &gateway{log: &syncbuf.Buffer{}, exited: make(chan error, 1)}
-	cmd.Stderr = g.log
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line := make(chan string, 1)
-	go func() {
-		s, _ := bufio.NewReader(stdout).ReadString('\n')
-		line <- strings.TrimSpace(s)
-		io.Copy(io.Discard, stdout)
-		g.exited <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		select {
-		case err := <-g.exited:
-			g.exited <- err
-		default:
-			cmd.Process.Kill()
-			<-g.exited
-		}
-		if t.Failed() {
-			t.Logf("gateway log:\n%s", g.log)
-		}
-	})
-	select {
-	case g.dev = <-line:
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("attach printed no device: %s", g.log)
-	}
-	if !strings.HasPrefix(g.dev, "/dev/") {
-		t.Fatalf("attach printed %q: %s", g.dev, g.log)
+	g := vmtest.StartGateway(t, cmd, vmtest.GatewayOptions{})
+	if !strings.HasPrefix(g.Device, "/dev/") {
+		t.Fatalf("attach printed %q: %s", g.Device, g.Stderr)
 	}
 	return g
 }
@@ -100,22 +58,22 @@ func run(t *testing.T, name string, args ...string) (string, int) {
 // checkLifecycle: status shows the device and its queues; detach of the mounted device is
 // refused naming the mount; after umount detach exits 0, the process is gone and gone reports
 // the kernel device removed.
-func checkLifecycle(t *testing.T, runDir, name string, g *gateway, kind string, gone func() bool) {
+func checkLifecycle(t *testing.T, runDir, name string, g *vmtest.Gateway, kind string, gone func() bool) {
 	bin := binary(t)
 	out, code := run(t, bin, "status", name, "--json", "--run-dir", runDir)
 	var st status.Status
 	if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
 		t.Fatalf("status %s: exit %d: %s", name, code, out)
 	}
-	if st.Gateway.Name != name || st.Gateway.FrontendPath != g.dev || st.Frontend == nil ||
+	if st.Gateway.Name != name || st.Gateway.FrontendPath != g.Device || st.Frontend == nil ||
 		st.Frontend.Kind != kind || st.Frontend.Queues < 1 || st.Frontend.QueueDepth < 1 {
-		t.Fatalf("status %s: gateway %+v frontend %+v, want %s %s with queues", name, st.Gateway, st.Frontend, kind, g.dev)
+		t.Fatalf("status %s: gateway %+v frontend %+v, want %s %s with queues", name, st.Gateway, st.Frontend, kind, g.Device)
 	}
-	if _, code := run(t, "mkfs.ext4", "-q", "-F", g.dev); code != 0 {
+	if _, code := run(t, "mkfs.ext4", "-q", "-F", g.Device); code != 0 {
 		t.Fatal("mkfs.ext4 failed")
 	}
 	mnt := t.TempDir()
-	if out, code := run(t, "mount", g.dev, mnt); code != 0 {
+	if out, code := run(t, "mount", g.Device, mnt); code != 0 {
 		t.Fatalf("mount: %s", out)
 	}
 	if err := os.WriteFile(filepath.Join(mnt, "f"), []byte("kept"), 0o644); err != nil {
@@ -132,16 +90,15 @@ func checkLifecycle(t *testing.T, runDir, name string, g *gateway, kind string, 
 		t.Fatalf("detach: exit %d: %s", code, out)
 	}
 	select {
-	case err := <-g.exited:
-		g.exited <- err
-		if err != nil {
-			t.Fatalf("gateway exited with %v", err)
+	case <-g.Exited:
+		if g.Err != nil {
+			t.Fatalf("gateway exited with %v", g.Err)
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("gateway still running after detach returned")
 	}
 	if !gone() {
-		t.Fatalf("%s still present after detach", g.dev)
+		t.Fatalf("%s still present after detach", g.Device)
 	}
 }
 
@@ -162,7 +119,7 @@ func TestAttachServiceUblk(t *testing.T) {
 	runDir := filepath.Join(t.TempDir(), "run")
 	g := attach(t, runDir, "--ublk", "--queues", "2", "--depth", "16", "--name", "vmublk")
 	checkLifecycle(t, runDir, "vmublk", g, "ublk", func() bool {
-		_, err := os.Stat(g.dev)
+		_, err := os.Stat(g.Device)
 		return errors.Is(err, os.ErrNotExist)
 	})
 }
