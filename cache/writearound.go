@@ -18,7 +18,8 @@ import (
 // not dropped but overwritten with the new data and stay dirty (supersede). So nothing
 // acknowledged ever leaves the cache before the write that replaces it reached the backend: a
 // Flush that started before still finds the page dirty and waits for it, and what is written
-// back afterwards is the newer data. Clean cached sectors of the range are dropped, fills of the
+// back afterwards is the newer data. Clean cached sectors of the range are dropped (a clean page
+// left with none, and held by no reader, leaves the index and frees its slot), fills of the
 // range in flight do not install (the invalidation bumps invalSeq), write-backs of the range in
 // flight finish before the backend write is issued and none starts until it returned, so the
 // backend never sees an older write-back land after it. The backend write carries FUA when the

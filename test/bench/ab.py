@@ -6,15 +6,15 @@ disturbed run cannot decide it. On this 2-core host one binary's rate moves ±15
 the gateway's CPU per request (its /proc stat around each run) is steadier and is reported
 beside the rate.
 
-Used by metrics_ab.py (issue 16: metrics served against not) and release_ab.py (issue 15: this
-tree against --alt-bin).
+Used by metrics_ab.py (issue 16: metrics served against not), release_ab.py (issue 15: this
+tree against --alt-bin) and default_ab.py (issue 18: the default mode against cache off).
 """
 import os
 import statistics
 
 
 def interleave(bench, a, work, rep, servers, first, second, jobs, pairs, runtime, tag, before=None,
-               after=None, preexec=None):
+               after=None, preexec=None, placement="shared"):
     """Runs pairs alternating pairs of every job on servers[first] and servers[second] (NBDServer)
     and returns one row per run, marked ab=tag. before(system) may start something for the run
     and returns what after(system, it) gets; after returns fields added to the row."""
@@ -33,7 +33,9 @@ def interleave(bench, a, work, rep, servers, first, second, jobs, pairs, runtime
                 c0 = bench.cpu_seconds(pid)
                 m = bench.fio(servers[system].uri, job, args, runtime, a.size, work, preexec)
                 c1 = bench.cpu_seconds(pid)
-                m.update(ab=tag, rep=rep, placement="shared", system=system, job=job, pair=pair,
+                if "write" in args.get("rw", ""):
+                    bench.flush(servers[system].uri)  # untimed: no run pays an earlier one's backlog
+                m.update(ab=tag, rep=rep, placement=placement, system=system, job=job, pair=pair,
                          gw_cpu_us_per_io=(c1 - c0) * 1e6 / max(m["ios"], 1))
                 if after:
                     m.update(after(system, it))

@@ -55,6 +55,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import curves  # noqa: E402  (beside this file)
+import default_ab  # noqa: E402  (beside this file)
 import metrics_ab  # noqa: E402  (beside this file)
 import release_ab  # noqa: E402  (beside this file)
 
@@ -493,8 +494,9 @@ def main():
     ap.add_argument("--systems", default="", help="comma-separated subset of systems (quick profiling "
                     "runs): qemu-nbd, iser-blk-nocache, iser-blk-wb-cold (also runs warm), "
                     "nbdkit-memory, libiscsi-direct, the TLS row's " + ", ".join(TLS_SYSTEMS) +
-                    ", " + metrics_ab.NAME + " (the metrics on/off A/B) and " + release_ab.NAME +
-                    " (this tree against --alt-bin, cache off)")
+                    ", " + metrics_ab.NAME + " (the metrics on/off A/B), " + release_ab.NAME +
+                    " (this tree against --alt-bin, cache off) and " + default_ab.NAME +
+                    " (the default mode against cache off, target-defaults placement)")
     ap.add_argument("--pprof", default=os.environ.get("BENCH_PPROF", ""),
                     help="directory for CPU and allocation profiles of iser-blk per job (see Profiler)")
     ap.add_argument("--alt-bin", default=os.environ.get("BENCH_ALT_BIN", ""),
@@ -520,6 +522,10 @@ def main():
                     help="with --alt-bin: this tree/alt pairs per job and repetition, cache off "
                     "(test/bench/release_ab.py; 0: none; --systems release-ab runs only them)")
     ap.add_argument("--release-ab-runtime", type=int, default=5, help="seconds per release A/B run")
+    ap.add_argument("--default-ab-pairs", type=int, default=int(os.environ.get("BENCH_DEFAULT_AB_PAIRS", 3)),
+                    help="default mode/cache off pairs per job and repetition, target-defaults placement "
+                    "(test/bench/default_ab.py; 0: none; --systems default-ab runs only them)")
+    ap.add_argument("--default-ab-runtime", type=int, default=5, help="seconds per default A/B run")
     a = ap.parse_args()
     global PLACEMENTS
     PLACEMENTS = placements(a.placements.split(","))
@@ -552,6 +558,8 @@ def main():
                     results += metrics_ab.run(sys.modules[__name__], a, tgt, work, rep)
                 if placement == "shared" and wanted(release_ab.NAME):
                     results += release_ab.run(sys.modules[__name__], a, tgt, work, rep)
+                if placement == "target-defaults" and wanted(default_ab.NAME):
+                    results += default_ab.run(sys.modules[__name__], a, t, work, rep)
         pin_tasks(tgt.proc.pid, set(range(os.cpu_count() or 1)))  # the curves run shared
         curve_rows = curves.run_curves(sys.modules[__name__], a, tgt, work)
     finally:
@@ -664,6 +672,7 @@ def report(a, jobs, results, started, load_before, work, curve_rows):
             lines += placement_report(a, jobs, rs, placement, work)
     lines += metrics_ab.report(sys.modules[__name__], [r for r in ab if r["ab"] == metrics_ab.NAME])
     lines += release_ab.report(sys.modules[__name__], ab, os.path.basename(a.alt_bin))
+    lines += default_ab.report(sys.modules[__name__], ab)
     if curve_rows:
         lines.append("\n# Scaling curves (shared placement, one run each; test/bench/curves.py)\n")
         lines += curves.report(curve_rows)
