@@ -78,3 +78,13 @@ def spread(rs):
 
 def median_of(rows, job, system, key):
     return statistics.median(r[key] for r in rows if r["job"] == job and r["system"] == system)
+
+
+def met(rs, cpu, target):
+    """The verdict on a goal of ratio ≥ target: the median reaches it, or the rate's noise covers
+    it (the upper quartile reaches it) and the CPU per request does (≤ 1 / target). A median and
+    upper quartile both short of the target are a real difference, whatever the CPU says: the
+    time then goes to waiting, not computing."""
+    med = statistics.median(rs)
+    q3 = statistics.quantiles(rs, n=4, method="inclusive")[2] if len(rs) >= 2 else rs[0]
+    return med >= target or (q3 >= target and bool(cpu) and statistics.median(cpu) <= 1 / target)
