@@ -88,3 +88,39 @@ def met(rs, cpu, target):
     med = statistics.median(rs)
     q3 = statistics.quantiles(rs, n=4, method="inclusive")[2] if len(rs) >= 2 else rs[0]
     return med >= target or (q3 >= target and bool(cpu) and statistics.median(cpu) <= 1 / target)
+
+
+UNITS = {"p50_us": "µs p50", "iops": "IOPS", "bw_mib": "MiB/s"}
+
+
+def cells(bench, rows, job, first, second, target, digits=0):
+    """One report row of an A/B for job, or None without pairs: the cells job, first's and
+    second's median, the ratio's median, min–max, IQR, the CPU ratio's median and IQR, the pairs;
+    and the verdict (met)."""
+    key = bench.metric_of(job)
+    rs = ratios(rows, job, key, first, second)
+    if not rs:
+        return None, False
+    unit = UNITS[key]
+    a, b = median_of(rows, job, first, key), median_of(rows, job, second, key)
+    med, mm, iqr = spread(rs)
+    cpu = ratios(rows, job, "gw_cpu_us_per_io", first, second, better=False)
+    cmed, _, ciqr = spread(cpu) if cpu else (None, "–", "–")
+    return [job, f"{a:.{digits}f} {unit}", f"{b:.{digits}f} {unit}", f"{med:.3f}", mm, iqr,
+            "–" if cmed is None else f"{cmed:.3f}", ciqr, str(len(rs))], met(rs, cpu, target)
+
+
+def table_row(cs, *more):
+    return "| " + " | ".join(list(cs) + list(more)) + " |"
+
+
+def speed_table(bench, rows, jobs, first, second, target, label_first, label_second, digits=0):
+    """The table of a speed A/B (release_ab, default_ab): one row per job of jobs with pairs."""
+    out = [f"| job | {label_first}: median | {label_second}: median | speed: median | min–max | IQR | "
+           "CPU µs/IO: median | CPU IQR | pairs | met |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for job in jobs:
+        cs, ok = cells(bench, rows, job, first, second, target, digits)
+        if cs is not None:
+            out.append(table_row(cs, "yes" if ok else "no"))
+    return out

@@ -57,20 +57,6 @@ def report(bench, rows):
            f"mode is faster), goal ≥ {TARGET:g}; CPU = the gateway's CPU per request, default / cache "
            f"off (below 1: the default mode costs less). met: the speed's median reaches the goal, or its "
            f"upper quartile does and the CPU's median is ≤ {1 / TARGET:.3f}. Spread: "
-           "min–max and interquartile range over every pair of every repetition.\n",
-           "| job | default: median | cache off: median | speed: median | min–max | IQR | "
-           "CPU µs/IO: median | CPU IQR | pairs | met |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-    for job in JOBS:
-        key = bench.metric_of(job)
-        rs = ab.ratios(rows, job, key, DEFAULT, OFF)
-        if not rs:
-            continue
-        d, o = ab.median_of(rows, job, DEFAULT, key), ab.median_of(rows, job, OFF, key)
-        med, mm, iqr = ab.spread(rs)
-        cpu = ab.ratios(rows, job, "gw_cpu_us_per_io", DEFAULT, OFF, better=False)
-        cmed, _, ciqr = ab.spread(cpu) if cpu else (None, "–", "–")
-        met = ab.met(rs, cpu, TARGET)
-        out.append(f"| {job} | {d:.0f} MiB/s | {o:.0f} MiB/s | {med:.3f} | {mm} | {iqr} | "
-                   f"{'–' if cmed is None else f'{cmed:.3f}'} | {ciqr} | {len(rs)} | {'yes' if met else 'no'} |")
-    return out
+           "min–max and interquartile range over every pair of every repetition.\n"]
+    return out + ab.speed_table(bench, rows, JOBS, DEFAULT, OFF, TARGET, "default", "cache off", digits=0)
+

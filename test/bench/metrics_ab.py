@@ -97,20 +97,11 @@ def report(bench, rows):
            "CPU µs/IO on / off: median | CPU IQR | pairs | scrapes per on-run | met |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for job in JOBS:
-        key = bench.metric_of(job)
-        rs = ab.ratios(rows, job, key, ON, OFF)
-        if not rs:
+        cs, met = ab.cells(bench, rows, job, ON, OFF, TARGET)
+        if cs is None:
             continue
-        unit = "IOPS" if key == "iops" else "MiB/s"
-        on, off = ab.median_of(rows, job, ON, key), ab.median_of(rows, job, OFF, key)
         scrapes = [r["scrapes"] for r in rows if r["job"] == job and r["system"] == ON]
-        med, mm, iqr = ab.spread(rs)
-        cpu = ab.ratios(rows, job, "gw_cpu_us_per_io", ON, OFF, better=False)
-        cmed, _, ciqr = ab.spread(cpu) if cpu else (None, "–", "–")
-        met = ab.met(rs, cpu, TARGET)
-        out.append(f"| {job} | {on:.0f} {unit} | {off:.0f} {unit} | {med:.3f} | {mm} | {iqr} | "
-                   f"{'–' if cmed is None else f'{cmed:.3f}'} | {ciqr} | {len(rs)} | "
-                   f"{statistics.median(scrapes):.0f} | {'yes' if met else 'no'} |")
+        out.append(ab.table_row(cs, f"{statistics.median(scrapes):.0f}", "yes" if met else "no"))
     out.append("\nmet: the rate ratio's median reaches its goal, or its upper quartile does (the gap is "
                "within the run-to-run noise) and the CPU per request (what metrics could cost) does.")
     return out

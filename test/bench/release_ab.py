@@ -52,21 +52,6 @@ def report(bench, rows, alt_version):
            f"this tree is faster); goal ≥ {TARGET:g}. CPU = the gateway's CPU per request, this "
            f"tree / alt (below 1: this tree costs less). met: the speed's median reaches the goal, or "
            f"its upper quartile does (the gap is within the noise) and the CPU's median is ≤ {1 / TARGET:.3f}. Spread: min–max and interquartile range over every pair "
-           "of every repetition.\n",
-           "| job | this tree: median | alt: median | speed: median | min–max | IQR | "
-           "CPU µs/IO: median | CPU IQR | pairs | met |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-    for job in JOBS:
-        key = bench.metric_of(job)
-        rs = ab.ratios(rows, job, key, NEW, OLD)
-        if not rs:
-            continue
-        unit = {"p50_us": "µs p50", "iops": "IOPS", "bw_mib": "MiB/s"}[key]
-        new, old = ab.median_of(rows, job, NEW, key), ab.median_of(rows, job, OLD, key)
-        med, mm, iqr = ab.spread(rs)
-        cpu = ab.ratios(rows, job, "gw_cpu_us_per_io", NEW, OLD, better=False)
-        cmed, _, ciqr = ab.spread(cpu) if cpu else (None, "–", "–")
-        met = ab.met(rs, cpu, TARGET)
-        out.append(f"| {job} | {new:.1f} {unit} | {old:.1f} {unit} | {med:.3f} | {mm} | {iqr} | "
-                   f"{'–' if cmed is None else f'{cmed:.3f}'} | {ciqr} | {len(rs)} | {'yes' if met else 'no'} |")
-    return out
+           "of every repetition.\n"]
+    return out + ab.speed_table(bench, rows, JOBS, NEW, OLD, TARGET, "this tree", "alt", digits=1)
+
