@@ -71,12 +71,8 @@ type conn struct {
 	pipes   []*spipe
 	npipes  int
 	pipeCap int
-	// writer-only counters, logged at the end: replies whose payload went out by splice; replies
-	// that Flush's non-blocking writes sent whole; writes of those that the socket took only
-	// part of (the writer goroutine sent the rest)
-	splicedReads   int64
-	flushedReplies int64
-	partialWrites  int64
+	// writer-only counter, logged at the end: replies whose payload went out by splice
+	splicedReads int64
 
 	inflight sync.WaitGroup // requests handed to a worker or the reply queue and not yet released
 	shutting atomic.Bool
@@ -93,21 +89,15 @@ type conn struct {
 	readAt    time.Time
 	readStale bool
 
-	// writer-only state (owned by whoever set writing). batch holds the replies taken from the
-	// queue; those before next are sent and released. rest is what a non-blocking write (Flush)
-	// left unsent of batch[next:restEnd], for the writer goroutine to send first.
-	batch   []*request
-	next    int
-	rest    [][]byte
-	restEnd int
-	iov     [][]byte
-	broken  bool
+	// writer-only state (owned by whoever set writing): batch holds the replies taken from the
+	// queue, iov the current vectored write
+	batch  []*request
+	iov    [][]byte
+	broken bool
 
 	// raw carries the per-request reads (under br) and the reply writevs with raw system calls
 	// (see package rawio).
 	raw *rawio.Conn
-	// tryWrite: Flush may write replies itself without blocking (raw fd, no TLS; see Flush)
-	tryWrite bool
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -185,7 +175,6 @@ func (c *conn) transmit() {
 	}
 	c.initSplice()
 	c.wake = make(chan struct{}, 1)
-	c.tryWrite = c.raw.Raw() && c.tlsw == nil
 	c.replies = make([]*request, 0, n)
 	c.batch = make([]*request, 0, n)
 	c.iov = make([][]byte, 0, maxBatch*(2+segs))
@@ -219,8 +208,7 @@ func (c *conn) transmit() {
 	<-writerDone
 	c.closePipes()
 	c.closeStream()
-	counts := []zap.Field{zap.Int64("spliced_reads", c.splicedReads),
-		zap.Int64("flushed_replies", c.flushedReplies), zap.Int64("partial_writes", c.partialWrites)}
+	counts := []zap.Field{zap.Int64("spliced_reads", c.splicedReads)}
 	if reason != nil {
 		c.log.Info("nbd connection closed", append(counts, zap.Error(reason))...)
 	} else {

@@ -18,7 +18,6 @@
 package rawio
 
 import (
-	"errors"
 	"io"
 	"net"
 	"os"
@@ -48,7 +47,6 @@ type Conn struct {
 	iov     []unix.Iovec
 	wn      int64
 	werr    syscall.Errno
-	nowait  bool // TryWritev: one writev, no waiting in the poller
 	writeF  func(fd uintptr) bool
 
 	// splicing (splice.go): in on the read side, out on the write side
@@ -136,32 +134,6 @@ func (c *Conn) Writev(bufs [][]byte) (int64, error) {
 	return n, nil
 }
 
-// TryWritev is one writev(2) of bufs that never waits: it returns what it did not write (a
-// suffix of bufs, its first element resliced; empty when all went out), which is all of bufs
-// when the socket is full. For a goroutine that must not block (a device's completion reader)
-// and hands the rest to one that may. It needs a raw fd (Raw); without one it writes nothing.
-func (c *Conn) TryWritev(bufs [][]byte) ([][]byte, error) {
-	if c.rc == nil {
-		return bufs, errNoRawFD
-	}
-	c.pending, c.werr, c.nowait = bufs, 0, true
-	err := c.rc.Write(c.writeF)
-	rest := c.pending
-	c.pending, c.nowait = nil, false
-	for len(rest) > 0 && len(rest[0]) == 0 {
-		rest = rest[1:]
-	}
-	if err != nil {
-		return rest, c.opError("write", err)
-	}
-	if c.werr != 0 {
-		return rest, c.opError("write", os.NewSyscallError("writev", c.werr))
-	}
-	return rest, nil
-}
-
-var errNoRawFD = errors.New("rawio: no raw fd")
-
 func (c *Conn) writevFD(fd uintptr) bool {
 	for {
 		// Skip empty buffers so a zero-length tail never loops.
@@ -192,7 +164,7 @@ func (c *Conn) writevFD(fd uintptr) bool {
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
-			return c.nowait // else the poller waits for writability, then calls again
+			return false // the poller waits for writability, then calls again
 		default:
 			c.werr = e
 			return true
@@ -207,9 +179,6 @@ func (c *Conn) writevFD(fd uintptr) bool {
 				c.pending[0] = c.pending[0][n:]
 				n = 0
 			}
-		}
-		if c.nowait {
-			return true
 		}
 	}
 }
