@@ -66,6 +66,9 @@ func (d *Device) SubmitAt(ctx context.Context, p []byte, off int64, write bool, 
 	if !ok {
 		return false
 	}
+	if l, ok := pth.ex.(block.SubmitWriteLimiter); ok && write && len(p) > l.SubmitWriteMax() {
+		return false // the session would decline it after the command was built and started
+	}
 	r := d.get()
 	d.buildRW(&r.cmd, p, off, write, fua)
 	d.startAsync(r, asyncReq{ctx: ctx, p: p, off: off, write: write, flags: flags, path: pth, done: done})

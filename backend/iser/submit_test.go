@@ -125,6 +125,59 @@ func TestSubmitAt(t *testing.T) {
 	}
 }
 
+// limitedLUN is a submitLUN whose Submit takes writes of at most writeMax bytes, as a session
+// over iSCSI/TCP takes only writes whose data all goes as immediate data; it counts the writes
+// offered to Submit.
+type limitedLUN struct {
+	*submitLUN
+	writeMax int
+	writes   int
+}
+
+func (l *limitedLUN) SubmitWriteMax() int { return l.writeMax }
+
+func (l *limitedLUN) Submit(cmd *scsi.Command, resp *scsi.Response, done session.Completer) bool {
+	if cmd.Dir == scsi.DirWrite {
+		l.writes++
+		if len(cmd.Data) > l.writeMax {
+			return false
+		}
+	}
+	return l.submitLUN.Submit(cmd, resp, done)
+}
+
+// TestSubmitAtWriteLimit: the device answers SubmitWriteMax with its executor's limit and
+// declines a larger write before it builds and starts a command (the executor never sees it),
+// while a read of the same size and a write within the limit go.
+func TestSubmitAtWriteLimit(t *testing.T) {
+	ctx := context.Background()
+	d, lun := openWith(t, scsitest.Config{}, func(l *scsitest.LUN) *limitedLUN {
+		return &limitedLUN{submitLUN: &submitLUN{LUN: l}, writeMax: 8192}
+	})
+	if got := d.SubmitWriteMax(); got != 8192 {
+		t.Fatalf("SubmitWriteMax = %d, want the executor's 8192", got)
+	}
+	done := make(devCompletion, 2)
+	if d.SubmitAt(ctx, randBytes(16384), 0, true, 0, done) {
+		t.Fatal("a 16 KiB write was submitted over an 8 KiB limit")
+	}
+	if lun.writes != 0 {
+		t.Fatalf("the executor was offered %d writes over its limit, want none", lun.writes)
+	}
+	if !d.SubmitAt(ctx, make([]byte, 16384), 0, false, 0, done) || !d.SubmitAt(ctx, randBytes(8192), 0, true, 0, done) {
+		t.Fatal("a 16 KiB read or an 8 KiB write was not submitted")
+	}
+	d.Kick()
+	for range 2 {
+		if err := done.wait(t); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := d.paths[0]; p.outstanding.Load() != 0 {
+		t.Fatalf("outstanding %d after every request completed", p.outstanding.Load())
+	}
+}
+
 // TestSubmitAtFallback: a first attempt that is not a final answer is redone by the synchronous
 // path (retries, UNIT ATTENTION reporting), a final SCSI error is reported as ReadAt would.
 func TestSubmitAtFallback(t *testing.T) {
