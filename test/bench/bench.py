@@ -446,9 +446,10 @@ def systems(tgt, work, pprof_addr=None, alt_bin=None, preexec=None):
 
 
 class Profiler:
-    """With --pprof DIR: a CPU profile of the gateway over each iser-blk job (all of the job but
-    its first and last second) and the allocation profile after it, saved as
-    DIR/<system>[-<placement>]-<job>.{cpu,allocs}.pprof for `go tool pprof` (the shared
+    """With --pprof DIR: a CPU profile and a block profile (where goroutines waited, as a delta) of
+    the gateway over each iser-blk job (all of the job but its first and last second) and the
+    allocation profile after it, saved as DIR/<system>[-<placement>]-<job>.{cpu,block,allocs}.pprof
+    for `go tool pprof` (the shared
     placement unsuffixed, so the split pass does not overwrite it). Profiling costs the gateway some
     CPU (the CLI also turns on mutex and block profiling), so figures of such a run are for
     finding hot spots, not for the report."""
@@ -467,12 +468,16 @@ class Profiler:
     def start(self, name, job, runtime):
         secs = max(1, runtime - 2)
         dest = os.path.join(self.out, f"{name}-{job}.cpu.pprof")
-        t = threading.Thread(target=self.fetch, args=(f"/debug/pprof/profile?seconds={secs}", dest))
-        t.start()
-        return t
+        ts = [threading.Thread(target=self.fetch, args=(f"/debug/pprof/profile?seconds={secs}", dest)),
+              threading.Thread(target=self.fetch, args=(f"/debug/pprof/block?seconds={secs}",
+                                                        os.path.join(self.out, f"{name}-{job}.block.pprof")))]
+        for t in ts:
+            t.start()
+        return ts
 
-    def finish(self, t, name, job):
-        t.join()
+    def finish(self, ts, name, job):
+        for t in ts:
+            t.join()
         self.fetch("/debug/pprof/allocs", os.path.join(self.out, f"{name}-{job}.allocs.pprof"))
 
 
