@@ -772,6 +772,12 @@ GOALS = [
     ("write-back vs cache off: 4k randread QD1 cold p50 (issue 18)", "iser-blk-wb-cold", "randread-4k-qd1", "p50_us", "iser-blk-nocache", "max", 1.03),
     ("cache off: gateway CPU µs per 4k randread QD32 (issue 18)", "iser-blk-nocache", "randread-4k-qd32", "gw_cpu_us_per_io", None, "abs", 9.0),
     ("cache off: gateway CPU µs per 4k randwrite QD32 (issue 18)", "iser-blk-nocache", "randwrite-4k-qd32", "gw_cpu_us_per_io", None, "abs", 9.0),
+    # The same CPU goal as a same-run ratio, as issue 18 states its goals: it set 9 µs where
+    # nbdkit's memory plugin spent 7.6 serving NBD alone (≤ 1.18× that), on a faster host than
+    # the bench host now (where nbdkit memory spends about 20). Random read only: nbdkit memory
+    # allocates on first write, which makes its randwrite CPU no reference.
+    ("cache off: gateway CPU per 4k randread QD32 vs nbdkit memory's (issue 18's 9 vs 7.6 µs)", "iser-blk-nocache",
+     "randread-4k-qd32", "gw_cpu_us_per_io", "nbdkit-memory", "max", 1.18),
     ("cache off: 4k randread QD1 p50 vs qemu-nbd (issue 18)", "iser-blk-nocache", "randread-4k-qd1", "p50_us", "qemu-nbd", "max", 0.9),
     # job None: the largest value over every job of the repetition; target None: rss_bound_mib()
     ("write-back: peak RSS MiB over all jobs ≤ cache + buffers + 64 MiB (issue 18)", "iser-blk-wb-cold", None, "gw_peak_rss_mib", None, "abs", None),
