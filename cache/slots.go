@@ -114,11 +114,9 @@ func (c *Cache) insertPage(pg int64, s int32, fill bool) (invalSeq uint32, ok bo
 	return invalSeq, true
 }
 
+// freeSlot returns slot s, whose page is not in the index, to the free list.
 func (c *Cache) freeSlot(s int32) {
-	c.allocMu.Lock()
-	c.slots[s].page = -1
-	c.freeSlots = append(c.freeSlots, s)
-	c.allocMu.Unlock()
+	c.releaseSlots([]int32{s})
 }
 
 // releaseSlots returns slots whose pages the caller removed from the index (under their shard

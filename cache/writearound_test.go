@@ -466,3 +466,39 @@ func TestWriteAroundCleansSuperseded(t *testing.T) {
 		t.Fatal("the backend does not hold the newest data")
 	}
 }
+
+// TestWriteAroundFreesEmptiedPages: a write-around over clean cached pages takes them out of the
+// index and gives their slots back, so that later misses in a full cache take those slots
+// without evicting a page anybody may read again.
+func TestWriteAroundFreesEmptiedPages(t *testing.T) {
+	ctx := context.Background()
+	c, _ := newTest(t, 4<<20, stdLimits(512), Config{Size: 1 << 20, ReadAhead: -1, ReadAround: -1,
+		WriteAround: 64 << 10, MaxDirtyAge: time.Hour})
+	buf := make([]byte, 64<<10)
+	readRange := func(off, n int64) {
+		t.Helper()
+		for o := off; o < off+n; o += int64(len(buf)) {
+			if err := c.ReadAt(ctx, buf, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	readRange(0, 1<<20) // every slot holds a clean page of the first MiB
+	if st := c.Stats(); st.Misses != 256 || st.Evictions != 0 {
+		t.Fatalf("filling: %d misses, %d evictions; want 256 and 0", st.Misses, st.Evictions)
+	}
+	if err := c.WriteAt(ctx, fill(256<<10, 1), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.WriteAroundBytes != 256<<10 {
+		t.Fatalf("%d bytes written around, want the 256 KiB write", st.WriteAroundBytes)
+	}
+	readRange(2<<20, 256<<10) // 64 misses: each takes a freed slot
+	if st := c.Stats(); st.Misses != 256+64 || st.Evictions != 0 {
+		t.Fatalf("after the write-around: %d misses, %d evictions; want 320 and 0", st.Misses, st.Evictions)
+	}
+	readRange(256<<10, 768<<10) // the pages the write-around did not cross are all still cached
+	if st := c.Stats(); st.Misses != 256+64 || st.Evictions != 0 {
+		t.Fatalf("the untouched pages: %d misses, %d evictions; want 320 and 0", st.Misses, st.Evictions)
+	}
+}
