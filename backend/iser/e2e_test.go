@@ -268,3 +268,50 @@ func TestE2EOpenErrors(t *testing.T) {
 		t.Fatalf("size %d", d.Size())
 	}
 }
+
+// TestE2ESubmitWriteMax: against tgtd the device's SubmitWriteMax is the immediate-data limit
+// the login negotiated (RFC 7143 §13.11, §13.14: min(FirstBurstLength, the target's
+// MaxRecvDataSegmentLength) with ImmediateData=Yes, 0 without), a write of that size is taken
+// by SubmitAt and lands, and one block more is declined (it needs an R2T, which only the
+// synchronous path serves).
+func TestE2ESubmitWriteMax(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		params map[string]string
+		want   int
+	}{
+		{"tgt defaults", nil, 8192},
+		{"bench-tuned", map[string]string{"MaxRecvDataSegmentLength": "262144", "FirstBurstLength": "262144",
+			"MaxBurstLength": "1048576"}, 262144},
+		{"no immediate data", map[string]string{"ImmediateData": "No"}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tg := tgtd.Start(t, tgtd.Options{Size: 16 << 20, Params: tc.params})
+			d := openE2E(t, fmt.Sprintf("iscsi://%s/%s/1", tg.Portal, tg.Name), Options{})
+			if got := d.SubmitWriteMax(); got != tc.want {
+				t.Fatalf("SubmitWriteMax = %d, want %d", got, tc.want)
+			}
+			ctx := context.Background()
+			done := make(devCompletion, 1)
+			if d.SubmitAt(ctx, make([]byte, tc.want+512), 0, true, 0, done) {
+				t.Fatalf("a write of %d bytes was submitted over the limit %d", tc.want+512, tc.want)
+			}
+			if tc.want == 0 {
+				return
+			}
+			data := make([]byte, tc.want)
+			_, _ = rand.NewChaCha8([32]byte{9}).Read(data)
+			if !d.SubmitAt(ctx, data, 4096, true, 0, done) {
+				t.Fatalf("a write of %d bytes (the limit) was declined", tc.want)
+			}
+			d.Kick()
+			if err := done.wait(t); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(data))
+			if err := d.ReadAt(ctx, got, 4096); err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("read back: %v (equal %v)", err, bytes.Equal(got, data))
+			}
+		})
+	}
+}
