@@ -3,9 +3,7 @@
 package nbd
 
 import (
-	"bufio"
 	"bytes"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,64 +16,15 @@ import (
 	"github.com/iser-blk/iser-blk/test/vm/vmtest"
 )
 
-// gateway is one `iser-blk attach` process of TestVMReattachKill9.
-type gateway struct {
-	cmd    *exec.Cmd
-	stderr *syncbuf.Buffer
-	exited chan error
-	dev    string
-}
-
-// startGateway runs attach with args and waits for the device path.
-func startGateway(t *testing.T, args ...string) *gateway {
+// startGateway runs `iser-blk attach` with args and waits for the device path
+// (vmtest.StartGateway, which stops the process and shows its log when the test ends).
+func startGateway(t *testing.T, args ...string) *vmtest.Gateway {
 	t.Helper()
 	bin := os.Getenv("ISERBLK_BIN")
 	if bin == "" {
 		t.Fatal("ISERBLK_BIN is not set (test/vm/run.sh go-test builds the CLI)")
 	}
-	g := &gateway{cmd: exec.Command(bin, append([]string{"attach"}, args...)...), stderr: &syncbuf.Buffer{}, exited: make(chan error, 1)}
-	g.cmd.Stderr = g.stderr
-	stdout, err := g.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := g.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line := make(chan string, 1)
-	go func() {
-		s, _ := bufio.NewReader(stdout).ReadString('\n')
-		line <- strings.TrimSpace(s)
-		io.Copy(io.Discard, stdout)
-		g.exited <- g.cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		if g.cmd.ProcessState == nil {
-			g.cmd.Process.Kill()
-			<-g.exited
-		}
-	})
-	select {
-	case g.dev = <-line:
-	case <-time.After(2 * time.Minute):
-		t.Fatal("attach printed no device within 2 min")
-	}
-	if g.dev == "" {
-		t.Fatalf("attach exited without a device: %v\n%s", <-g.exited, g.stderr.String())
-	}
-	return g
-}
-
-// waitLog waits until the gateway's log (copied by another goroutine) contains msg.
-func (g *gateway) waitLog(t *testing.T, msg string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(g.stderr.String(), msg) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %q in the gateway's log:\n%s", msg, g.stderr.String())
-		}
-		time.Sleep(50 * time.Millisecond) // polling the log, not synchronising
-	}
+	return vmtest.StartGateway(t, exec.Command(bin, append([]string{"attach"}, args...)...), vmtest.GatewayOptions{})
 }
 
 // TestVMReattachKill9 is acceptance 2 (kernel NBD, cache off, 4 connections): ext4 under fio
@@ -87,28 +36,28 @@ func TestVMReattachKill9(t *testing.T) {
 	args := []string{"--target", lio.URL("iscsi"), "--nbd", "/dev/nbd3", "--connections", "4",
 		"--cache", "off", "--name", "gw-nbd", "--run-dir", t.TempDir()}
 	g := startGateway(t, args...)
-	if got := sysBlock(t, g.dev, "backend"); !strings.HasPrefix(got, "iser-blk:gw-nbd:") {
+	if got := sysBlock(t, g.Device, "backend"); !strings.HasPrefix(got, "iser-blk:gw-nbd:") {
 		t.Fatalf("backend identifier %q does not name the gateway", got)
 	}
-	mnt, fioDone, fioOut := mountAndVerify(t, g.dev)
-	base := filepath.Base(g.dev)
+	mnt, fioDone, fioOut := mountAndVerify(t, g.Device)
+	base := filepath.Base(g.Device)
 	for i := range 3 {
 		waitMoreWrites(t, base, 200+int64(time.Now().UnixNano()%800))
-		g.cmd.Process.Kill()
-		<-g.exited
+		g.Stop() // SIGKILL
 		t0 := time.Now()
 		next := startGateway(t, args...)
-		if next.dev != g.dev {
-			t.Fatalf("restart %d: device %q, want %q; log:\n%s", i+1, next.dev, g.dev, next.stderr.String())
+		if next.Device != g.Device {
+			t.Fatalf("restart %d: device %q, want %q; log:\n%s", i+1, next.Device, g.Device, next.Stderr.String())
 		}
-		next.waitLog(t, "nbd device reattached")
-		t.Logf("restart %d: %s has new connections %v after kill -9", i+1, next.dev, time.Since(t0))
+		waitLogCount(t, next, "nbd device reattached", 1, 10*time.Second)
+		t.Logf("restart %d: %s has new connections %v after kill -9", i+1, next.Device, time.Since(t0))
 		g = next
 	}
-	finishVerify(t, fioDone, fioOut, g.dev, mnt)
-	g.cmd.Process.Signal(os.Interrupt)
-	if err := <-g.exited; err != nil {
-		t.Fatalf("detach: %v\n%s", err, g.stderr.String())
+	finishVerify(t, fioDone, fioOut, g.Device, mnt)
+	g.Cmd.Process.Signal(os.Interrupt)
+	<-g.Exited
+	if g.Err != nil {
+		t.Fatalf("detach: %v\n%s", g.Err, g.Stderr)
 	}
 }
 
@@ -188,23 +137,23 @@ func TestVMReattachWriteBackDirty(t *testing.T) {
 	args := []string{"--target", lio.URL("iscsi"), "--nbd", "/dev/nbd4", "--connections", "2",
 		"--cache", "writeback", "--name", "gw-nbd-wb", "--run-dir", t.TempDir()}
 	g := startGateway(t, args...)
-	dd := exec.Command("dd", "if=/dev/urandom", "of="+g.dev, "bs=4k", "count=100000", "oflag=direct")
+	dd := exec.Command("dd", "if=/dev/urandom", "of="+g.Device, "bs=4k", "count=100000", "oflag=direct")
 	if err := dd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { dd.Process.Kill() })
-	waitMoreWrites(t, filepath.Base(g.dev), 500)
-	g.cmd.Process.Kill()
-	<-g.exited
+	waitMoreWrites(t, filepath.Base(g.Device), 500)
+	g.Stop() // SIGKILL
 	next := startGateway(t, args...)
-	if next.dev != g.dev {
-		t.Fatalf("successor attached %s, want %s", next.dev, g.dev)
+	if next.Device != g.Device {
+		t.Fatalf("successor attached %s, want %s", next.Device, g.Device)
 	}
-	took := vmtest.ExpectEIO(t, next.dev, 1<<20, 2*time.Second)
+	took := vmtest.ExpectEIO(t, next.Device, 1<<20, 2*time.Second)
 	t.Logf("read failed with EIO %v after the successor announced the device", took)
-	next.waitLog(t, "NOT resuming the device")
-	next.cmd.Process.Signal(os.Interrupt)
-	if err := <-next.exited; err != nil {
-		t.Fatalf("detach of the fenced device: %v\n%s", err, next.stderr.String())
+	waitLogCount(t, next, "NOT resuming the device", 1, 10*time.Second)
+	next.Cmd.Process.Signal(os.Interrupt)
+	<-next.Exited
+	if next.Err != nil {
+		t.Fatalf("detach of the fenced device: %v\n%s", next.Err, next.Stderr)
 	}
 }

@@ -27,53 +27,56 @@ func TestVMPlannedRestart(t *testing.T) {
 	args := []string{"--target", lio.URL("iscsi"), "--nbd", "/dev/nbd5", "--connections", "2",
 		"--cache", "writeback", "--name", "gw-nbd-planned", "--run-dir", runDir}
 	g := startGateway(t, args...)
-	pid := g.cmd.Process.Pid
-	mnt, fioDone, fioOut := mountAndVerify(t, g.dev)
-	base := filepath.Base(g.dev)
+	pid := g.Cmd.Process.Pid
+	mnt, fioDone, fioOut := mountAndVerify(t, g.Device)
+	base := filepath.Base(g.Device)
 	for i := range 3 {
 		waitMoreWrites(t, base, 200+int64(time.Now().UnixNano()%800))
 		t0 := time.Now()
 		out, err := exec.Command(bin, "restart", "gw-nbd-planned", "--run-dir", runDir).CombinedOutput()
 		if err != nil {
-			t.Fatalf("restart %d: %v\n%s\n%s", i+1, err, out, g.stderr.String())
+			t.Fatalf("restart %d: %v\n%s\n%s", i+1, err, out, g.Stderr.String())
 		}
-		g.waitLogCount(t, "nbd device reattached", i+1, time.Minute)
-		t.Logf("restart %d: %s reattached %v after the request (%s)", i+1, g.dev, time.Since(t0), bytes.TrimSpace(out))
-		g.checkSameProcess(t, pid)
+		waitLogCount(t, g, "nbd device reattached", i+1, time.Minute)
+		t.Logf("restart %d: %s reattached %v after the request (%s)", i+1, g.Device, time.Since(t0), bytes.TrimSpace(out))
+		checkSameProcess(t, g, pid)
 	}
-	for _, l := range strings.Split(g.stderr.String(), "\n") {
+	for _, l := range strings.Split(g.Stderr.String(), "\n") {
 		if strings.Contains(l, "re-executing for a planned restart") {
 			t.Logf("log: %s", l)
 		}
 	}
-	if n := strings.Count(g.stderr.String(), "re-executing for a planned restart"); n != 3 {
+	if n := strings.Count(g.Stderr.String(), "re-executing for a planned restart"); n != 3 {
 		t.Fatalf("%d re-exec lines in the log, want 3", n)
 	}
-	finishVerify(t, fioDone, fioOut, g.dev, mnt)
+	finishVerify(t, fioDone, fioOut, g.Device, mnt)
 	t.Logf("fio: %s", lastLine(fioOut.String(), "err="))
-	g.cmd.Process.Signal(os.Interrupt)
-	if err := <-g.exited; err != nil {
-		t.Fatalf("detach: %v\n%s", err, g.stderr.String())
+	g.Cmd.Process.Signal(os.Interrupt)
+	<-g.Exited
+	if g.Err != nil {
+		t.Fatalf("detach: %v\n%s", g.Err, g.Stderr)
 	}
 }
 
 // waitLogCount waits until msg is in the gateway's log n times.
-func (g *gateway) waitLogCount(t *testing.T, msg string, n int, within time.Duration) {
+func waitLogCount(t *testing.T, g *vmtest.Gateway, msg string, n int, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
-	for strings.Count(g.stderr.String(), msg) < n {
+	for strings.Count(g.Stderr.String(), msg) < n {
 		if time.Now().After(deadline) {
-			t.Fatalf("%q not %d times in the gateway's log within %v:\n%s", msg, n, within, g.stderr.String())
+			t.Fatalf("%q not %d times in the gateway's log within %v:\n%s", msg, n, within, g.Stderr.String())
 		}
 		time.Sleep(50 * time.Millisecond) // polling the log, not synchronising
 	}
 }
 
 // checkSameProcess requires the gateway to be running as pid still.
-func (g *gateway) checkSameProcess(t *testing.T, pid int) {
+func checkSameProcess(t *testing.T, g *vmtest.Gateway, pid int) {
 	t.Helper()
-	if g.cmd.ProcessState != nil {
-		t.Fatalf("the gateway exited: %v", g.cmd.ProcessState)
+	select {
+	case <-g.Exited:
+		t.Fatalf("the gateway exited: %v", g.Err)
+	default:
 	}
 	if _, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil {
 		t.Fatalf("pid %d is gone: %v", pid, err)

@@ -3,7 +3,6 @@
 package ublk
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/iser-blk/iser-blk/internal/syncbuf"
 	"github.com/iser-blk/iser-blk/test/vm/vmtest"
 )
 
@@ -24,51 +22,27 @@ func attachCLI(t *testing.T, args ...string) (string, func()) {
 	if bin == "" {
 		t.Fatal("this test needs $ISERBLK_BIN with attach --ublk (test/vm/run.sh go-test builds it)")
 	}
-	cmd := exec.Command(bin, append([]string{"attach"}, args...)...)
-	stderr := &syncbuf.Buffer{}
-	cmd.Stderr = stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	line := make(chan string, 1)
-	go func() {
-		s, _ := bufio.NewReader(out).ReadString('\n')
-		line <- strings.TrimSpace(s)
-	}()
-	go func() { exited <- cmd.Wait() }()
-	var path string
-	select {
-	case path = <-line:
-	case err := <-exited:
-		t.Fatalf("attach %v exited: %v\n%s", args, err, stderr.String())
-	case <-time.After(90 * time.Second):
-		cmd.Process.Kill()
-		t.Fatalf("attach %v announced nothing in 90 s", args)
-	}
+	g := vmtest.StartGateway(t, exec.Command(bin, append([]string{"attach"}, args...)...),
+		vmtest.GatewayOptions{Announce: 90 * time.Second})
 	stopped := false
 	stop := func() {
 		if stopped {
 			return
 		}
 		stopped = true
-		cmd.Process.Signal(syscall.SIGTERM)
+		g.Cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case err := <-exited:
-			if err != nil {
-				t.Errorf("attach %v: exit after SIGTERM: %v\n%s", args, err, stderr.String())
+		case <-g.Exited:
+			if g.Err != nil {
+				t.Errorf("attach %v: exit after SIGTERM: %v\n%s", args, g.Err, g.Stderr)
 			}
 		case <-time.After(2 * time.Minute):
-			cmd.Process.Kill()
+			g.Stop()
 			t.Errorf("attach %v did not exit after SIGTERM", args)
 		}
 	}
 	t.Cleanup(stop)
-	return path, stop
+	return g.Device, stop
 }
 
 type perf struct{ randIOPS, seqMBps float64 }

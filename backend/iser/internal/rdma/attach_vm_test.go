@@ -3,8 +3,6 @@
 package rdma_test
 
 import (
-	"bufio"
-	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/json"
@@ -107,63 +105,36 @@ func TestCLIAttachNBD(t *testing.T) {
 	vmtest.LoadModules(t, "nbd")
 	tg := vmtest.StartLIO(t, vmtest.LIOOptions{SizeMiB: 256})
 
-	var stderr bytes.Buffer
-	cmd := exec.Command(bin, "attach", "--nbd", "/dev/nbd0", "--target", tg.URL("iser"), "--initiator-name", devInitiator)
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	lines := make(chan string, 4)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-		exited <- cmd.Wait()
-	}()
+	g := vmtest.StartGateway(t, exec.Command(bin, "attach", "--nbd", "/dev/nbd0", "--target", tg.URL("iser"),
+		"--initiator-name", devInitiator), vmtest.GatewayOptions{Announce: 3 * time.Minute})
 	defer func() {
 		if t.Failed() {
-			// a goroutine dump says where the process was (Go prints it on SIGQUIT and exits)
-			cmd.Process.Signal(syscall.SIGQUIT)
+			// a goroutine dump says where the process was (Go prints it on SIGQUIT and
+			// exits); StartGateway's cleanup then logs the stderr that holds it
+			g.Cmd.Process.Signal(syscall.SIGQUIT)
 			select {
-			case <-exited:
+			case <-g.Exited:
 			case <-time.After(30 * time.Second):
-				cmd.Process.Kill()
-				<-exited
+				g.Stop()
 			}
-			t.Logf("iser-blk attach stderr (after SIGQUIT):\n%s", stderr.String())
 			return
 		}
-		cmd.Process.Signal(syscall.SIGTERM)
+		g.Cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case err := <-exited:
-			if err != nil {
-				t.Errorf("iser-blk attach exited with %v", err)
+		case <-g.Exited:
+			if g.Err != nil {
+				t.Errorf("iser-blk attach exited with %v", g.Err)
 			}
 		case <-time.After(3 * time.Minute):
-			cmd.Process.Kill()
+			g.Stop()
 			t.Errorf("iser-blk attach did not exit within 3 minutes of SIGTERM")
 		}
-		if t.Failed() {
-			t.Logf("iser-blk attach stderr:\n%s", stderr.String())
-		}
 	}()
-	var dev string
-	select {
-	case dev = <-lines:
-	case <-time.After(3 * time.Minute):
-		t.Fatal("iser-blk attach printed no device within 3 minutes")
-	}
+	dev := g.Device
 	if dev != "/dev/nbd0" {
 		t.Fatalf("attach printed %q, want /dev/nbd0", dev)
 	}
-	pid := cmd.Process.Pid
+	pid := g.Cmd.Process.Pid
 
 	// acceptance 3: ext4 with 2000 checksummed files, fsck, remount, verify
 	mnt := t.TempDir()
