@@ -45,8 +45,9 @@ type asyncReq struct {
 // a final SCSI error (e.g. MEDIUM ERROR) is reported as that path would report it.
 //
 // It declines (false) what that path must do itself: requests over one command's transfer
-// limit, FUA writes on a LUN without native FUA, and any request while commands failed by a
-// connection loss wait to be replayed (they go first, see replay.go).
+// limit, writes over the session's SubmitWriteMax (data that needs R2Ts), FUA writes on a LUN
+// without native FUA, and any request while commands failed by a connection loss wait to be
+// replayed (they go first, see replay.go).
 func (d *Device) SubmitAt(ctx context.Context, p []byte, off int64, write bool, flags block.WriteFlags, done block.Completion) bool {
 	if d.closed.Load() || len(p) == 0 || int64(len(p)) > int64(d.maxXferBlocks)<<d.shift {
 		return false

@@ -79,7 +79,9 @@ type conn struct {
 
 	// Replies: whoever answers a request (a worker, or the reader) appends it to replies; if no
 	// one is writing, it becomes the writer and sends the queue in vectored writes until it is
-	// empty (see reply). This avoids a hand-off to a writer goroutine per request.
+	// empty (see reply). This avoids a hand-off to a writer goroutine per request. A device's
+	// completion cannot write (it must not block): the first of a run takes the writer role and
+	// the run's Flush hands it to the reply writer goroutine, one wake-up per run (see Flush).
 	replyMu sync.Mutex
 	replies []*request
 	writing bool

@@ -128,10 +128,11 @@ func (c *conn) takeQueue() bool {
 func (c *conn) sendBatch() {
 	for next := 0; next < len(c.batch); {
 		iov, end, splice := c.gatherWrite(next)
-		if !c.broken && c.writeIov(iov) && splice != nil {
+		if c.broken {
+			clear(iov) // not written: do not keep the payloads reachable from c.iov
+		} else if c.writeIov(iov) && splice != nil {
 			c.spliceReply(splice)
 		}
-		clear(iov) // do not keep the payloads reachable from c.iov
 		c.releaseReplies(c.batch[next:end])
 		next = end
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/iser-blk/iser-blk/block"
@@ -26,6 +27,9 @@ type runDevice struct {
 	kicked  []submitted // kicked, for the completer
 	wake    chan struct{}
 	stopped chan struct{}
+	// completed counts the requests completed through SubmitAt, so that a test can check its
+	// requests took that path and not a worker's
+	completed atomic.Int64
 }
 
 type submitted struct {
@@ -80,6 +84,7 @@ func (d *runDevice) complete() {
 				flushers = append(flushers, f)
 			}
 		}
+		d.completed.Add(int64(len(run)))
 		for _, f := range flushers {
 			f.Flush()
 		}
@@ -96,9 +101,9 @@ func (d *runDevice) Close() error {
 }
 
 // serveRunDevice serves dev, wrapped in a runDevice, to one client on a socketpair (transmission
-// phase), and returns the client's end and the connection once it has ended. setup runs on the
-// connection before transmission.
-func serveRunDevice(t testing.TB, dev block.Device, opts Options, structured bool, setup func(*conn)) (net.Conn, <-chan *conn) {
+// phase), and returns the client's end, the connection once it has ended, and the runDevice.
+// setup runs on the connection before transmission.
+func serveRunDevice(t testing.TB, dev block.Device, opts Options, structured bool, setup func(*conn)) (net.Conn, <-chan *conn, *runDevice) {
 	t.Helper()
 	rd := newRunDevice(dev)
 	t.Cleanup(func() { rd.Close() })
@@ -115,7 +120,7 @@ func serveRunDevice(t testing.TB, dev block.Device, opts Options, structured boo
 		done <- c
 	})
 	t.Cleanup(func() { nc.Close(); srv.Close() })
-	return nc, done
+	return nc, done, rd
 }
 
 // slowConn hands the client at most 1 KiB per Read, so that the server's socket stays full
@@ -127,9 +132,10 @@ func (c slowConn) Read(p []byte) (int, error) {
 }
 
 // TestRepliesOnAFullSocket: when the reply writer's socket stays full (a send buffer of a few
-// KiB, a client that reads slowly), every reply still arrives once, whole and uninterleaved,
-// spliced READ payloads included: the client parses the stream reply by reply and checks each
-// READ's bytes against the device.
+// KiB, a client that reads slowly), every reply still arrives once, whole and uninterleaved: the
+// client parses the stream reply by reply and checks each READ's bytes against the device. Every
+// request went through SubmitAt and a completion's Flush (runDevice counts them). Spliced READ
+// replies have their own test (TestSplicedReadsWire).
 func TestRepliesOnAFullSocket(t *testing.T) {
 	for _, structured := range []bool{false, true} {
 		t.Run(fmt.Sprintf("structured=%v", structured), func(t *testing.T) {
@@ -147,7 +153,7 @@ func repliesOnAFullSocket(t *testing.T, structured bool) {
 	if err := mem.WriteAt(context.Background(), content, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	nc, done := serveRunDevice(t, mem, Options{MaxInflight: 32}, structured, func(c *conn) {
+	nc, done, rd := serveRunDevice(t, mem, Options{MaxInflight: 32}, structured, func(c *conn) {
 		// After newConn's SetWriteBuffer: the kernel's minimum send buffer, a few KiB.
 		if err := c.nc.(*net.UnixConn).SetWriteBuffer(1); err != nil {
 			t.Error(err)
@@ -171,6 +177,7 @@ func repliesOnAFullSocket(t *testing.T, structured bool) {
 		}
 		return reqs[h].length
 	}
+	var sent int64
 	for i, round := uint64(0), 0; i < 600; round++ {
 		clear(reqs)
 		for range 1 + round%8 {
@@ -186,6 +193,7 @@ func repliesOnAFullSocket(t *testing.T, structured bool) {
 				t.Fatal(err)
 			}
 			i++
+			sent++
 		}
 		for pending := len(reqs); pending > 0; pending-- {
 			r, err := client.readReply(readLen)
@@ -204,6 +212,9 @@ func repliesOnAFullSocket(t *testing.T, structured bool) {
 	}
 	nc.Close()
 	<-done
+	if n := rd.completed.Load(); n != sent {
+		t.Fatalf("%d of the %d requests were completed through SubmitAt, want all", n, sent)
+	}
 }
 
 // TestFlushPathAllocatesNothing: a 4 KiB READ or WRITE round trip completed in runs, whose reply
@@ -216,7 +227,7 @@ func TestFlushPathAllocatesNothing(t *testing.T) {
 	}
 	t.Cleanup(func() { p.Close() })
 	for _, cmd := range []uint16{cmdRead, cmdWrite} {
-		nc, done := serveRunDevice(t, newMem(t, 8<<20, ""), Options{Pool: p}, false, func(*conn) {})
+		nc, done, rd := serveRunDevice(t, newMem(t, 8<<20, ""), Options{Pool: p}, false, func(*conn) {})
 		req := make([]byte, requestHeaderLen+4096)
 		reply := make([]byte, simpleReplyLen+4096)
 		if cmd == cmdRead {
@@ -229,6 +240,9 @@ func TestFlushPathAllocatesNothing(t *testing.T) {
 		}
 		nc.Close()
 		<-done
+		if n := rd.completed.Load(); n < 2500 { // 500 warm-up round trips and AllocsPerRun's 2000 and more
+			t.Errorf("cmd %d: %d requests completed through SubmitAt and Flush, want every round trip's", cmd, n)
+		}
 	}
 }
 

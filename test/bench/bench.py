@@ -449,7 +449,8 @@ class Profiler:
     """With --pprof DIR: a CPU profile and a block profile (where goroutines waited, as a delta) of
     the gateway over each iser-blk job (all of the job but its first and last second) and the
     allocation profile after it, saved as DIR/<system>[-<placement>]-<job>.{cpu,block,allocs}.pprof
-    for `go tool pprof` (the shared
+    for `go tool pprof` (the block profile holds the pprof handlers' own waits: read it with
+    -ignore=pprof) (the shared
     placement unsuffixed, so the split pass does not overwrite it). Profiling costs the gateway some
     CPU (the CLI also turns on mutex and block profiling), so figures of such a run are for
     finding hot spots, not for the report."""
@@ -503,7 +504,7 @@ def main():
                     " (this tree against --alt-bin, cache off) and " + default_ab.NAME +
                     " (the default mode against cache off, target-defaults placement)")
     ap.add_argument("--pprof", default=os.environ.get("BENCH_PPROF", ""),
-                    help="directory for CPU and allocation profiles of iser-blk per job (see Profiler)")
+                    help="directory for CPU, block and allocation profiles of iser-blk per job (see Profiler)")
     ap.add_argument("--alt-bin", default=os.environ.get("BENCH_ALT_BIN", ""),
                     help="a second iser-blk binary run side by side (systems named ...-alt)")
     ap.add_argument("--placements", default=os.environ.get("BENCH_PLACEMENTS", "shared,split,target-defaults"),
