@@ -449,11 +449,10 @@ class Profiler:
     """With --pprof DIR: a CPU profile and a block profile (where goroutines waited, as a delta) of
     the gateway over each iser-blk job (all of the job but its first and last second) and the
     allocation profile after it, saved as DIR/<system>[-<placement>]-<job>.{cpu,block,allocs}.pprof
-    for `go tool pprof` (the block profile holds the pprof handlers' own waits: read it with
-    -ignore=pprof) (the shared
-    placement unsuffixed, so the split pass does not overwrite it). Profiling costs the gateway some
-    CPU (the CLI also turns on mutex and block profiling), so figures of such a run are for
-    finding hot spots, not for the report."""
+    for `go tool pprof`; the shared placement is unsuffixed, so the split pass does not overwrite
+    it. The block profile also holds the pprof handlers' own waits: read it with -ignore=pprof.
+    Profiling costs the gateway some CPU (the CLI also turns on mutex and block profiling), so
+    figures of such a run are for finding hot spots, not for the report."""
 
     def __init__(self, out, addr):
         self.out, self.addr = out, addr
@@ -468,10 +467,9 @@ class Profiler:
 
     def start(self, name, job, runtime):
         secs = max(1, runtime - 2)
-        dest = os.path.join(self.out, f"{name}-{job}.cpu.pprof")
-        ts = [threading.Thread(target=self.fetch, args=(f"/debug/pprof/profile?seconds={secs}", dest)),
-              threading.Thread(target=self.fetch, args=(f"/debug/pprof/block?seconds={secs}",
-                                                        os.path.join(self.out, f"{name}-{job}.block.pprof")))]
+        ts = [threading.Thread(target=self.fetch, args=(f"/debug/pprof/{kind}?seconds={secs}",
+                                                        os.path.join(self.out, f"{name}-{job}.{ext}.pprof")))
+              for kind, ext in (("profile", "cpu"), ("block", "block"))]
         for t in ts:
             t.start()
         return ts
