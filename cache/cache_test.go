@@ -682,7 +682,7 @@ func TestReadHitZeroAllocs(t *testing.T) {
 	if err := c.ReadAt(ctx, buf, 0); err != nil {
 		t.Fatal(err)
 	}
-	allocs := testing.AllocsPerRun(1000, func() {
+	allocs := allocsPerCall(t, 1000, func() {
 		if err := c.ReadAt(ctx, buf, 0); err != nil {
 			panic(err)
 		}
@@ -1056,7 +1056,7 @@ func TestReadCached(t *testing.T) {
 			t.Fatalf("ReadCached read the backend: %+v", op)
 		}
 	}
-	allocs := testing.AllocsPerRun(1000, func() {
+	allocs := allocsPerCall(t, 1000, func() {
 		if !c.ReadCached(got[:4096], 8192) {
 			panic("miss")
 		}
@@ -1121,7 +1121,7 @@ func TestWriteCached(t *testing.T) {
 	if r := c.reserved.Load(); r != limit/4096 {
 		t.Fatalf("reserved %d pages, want %d", r, limit/4096)
 	}
-	allocs := testing.AllocsPerRun(1000, func() {
+	allocs := allocsPerCall(t, 1000, func() {
 		if !c.WriteCached(data[:4096], 0) {
 			panic("refused")
 		}

@@ -104,7 +104,7 @@ func TestReadPathsZeroAllocs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := testing.AllocsPerRun(50, func() {
+	if n := allocsPerCall(t, 50, func() {
 		if err := c.ReadAt(ctx, large, 8<<20); err != nil {
 			t.Fatal(err)
 		}
@@ -112,7 +112,7 @@ func TestReadPathsZeroAllocs(t *testing.T) {
 		t.Errorf("1 MiB read-around: %v allocs per call", n)
 	}
 	off := int64(16 << 20)
-	if n := testing.AllocsPerRun(500, func() {
+	if n := allocsPerCall(t, 500, func() {
 		off += 64 << 10 // never sequential, never cached: every read a miss
 		if err := c.ReadAt(ctx, small, off); err != nil {
 			t.Fatal(err)

@@ -135,7 +135,7 @@ func TestSubmitZeroAllocs(t *testing.T) {
 	for i := 0; i < 2000; i++ { // every slot used once: the shards' maps have grown
 		read()
 	}
-	if n := testing.AllocsPerRun(500, read); n != 0 {
+	if n := allocsPerCall(t, 500, read); n != 0 {
 		t.Errorf("async 4 KiB read miss: %v allocs per call", n)
 	}
 	large := make([]byte, 1<<20)
@@ -153,7 +153,7 @@ func TestSubmitZeroAllocs(t *testing.T) {
 			}
 		}
 		submit()
-		if n := testing.AllocsPerRun(100, submit); n != 0 {
+		if n := allocsPerCall(t, 100, submit); n != 0 {
 			t.Errorf("async 1 MiB %s: %v allocs per call", tc.name, n)
 		}
 	}

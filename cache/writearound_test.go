@@ -198,7 +198,7 @@ func TestWritePathsZeroAllocs(t *testing.T) {
 		t.Fatal(err)
 	}
 	off := int64(0)
-	if n := testing.AllocsPerRun(200, func() {
+	if n := allocsPerCall(t, 200, func() {
 		off = (off + 4096) % (4 << 20)
 		if err := c.WriteAt(ctx, small, off, 0); err != nil {
 			t.Fatal(err)
@@ -206,7 +206,7 @@ func TestWritePathsZeroAllocs(t *testing.T) {
 	}); n != 0 {
 		t.Errorf("cached 4 KiB write: %v allocs per call", n)
 	}
-	if n := testing.AllocsPerRun(50, func() {
+	if n := allocsPerCall(t, 50, func() {
 		if err := c.WriteAt(ctx, large, 8<<20, 0); err != nil {
 			t.Fatal(err)
 		}
