@@ -67,8 +67,10 @@ func (d *Device) SubmitAt(ctx context.Context, p []byte, off int64, write bool, 
 	if !ok {
 		return false
 	}
-	if l, ok := pth.ex.(block.SubmitWriteLimiter); ok && write && len(p) > l.SubmitWriteMax() {
-		return false // the session would decline it after the command was built and started
+	if write {
+		if l, ok := pth.ex.(block.SubmitWriteLimiter); ok && len(p) > l.SubmitWriteMax() {
+			return false // the session would decline it after the command was built and started
+		}
 	}
 	r := d.get()
 	d.buildRW(&r.cmd, p, off, write, fua)
