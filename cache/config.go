@@ -228,23 +228,9 @@ func resolve(cfg Config, bs int, backendMaxTransfer int64) (resolved, error) {
 		}
 		r.DirtyLimit = int64(float64(r.Size) * pct / 100)
 	}
-	if r.MaxWriteBack == 0 {
-		r.MaxWriteBack = backendMaxTransfer
-		if r.MaxWriteBack == 0 {
-			r.MaxWriteBack = DefaultWriteBack
-		}
+	if err := r.resolveWriteBack(backendMaxTransfer); err != nil {
+		return r, err
 	}
-	if backendMaxTransfer > 0 && r.MaxWriteBack > backendMaxTransfer {
-		r.MaxWriteBack = backendMaxTransfer
-	}
-	if r.MaxWriteBack > maxWriteBackCap {
-		r.MaxWriteBack = maxWriteBackCap
-	}
-	r.MaxWriteBack = r.MaxWriteBack / int64(r.PageSize) * int64(r.PageSize)
-	if r.MaxWriteBack < int64(r.PageSize) {
-		return r, fmt.Errorf("cache: write-back size %d is smaller than a page (%d)", r.MaxWriteBack, r.PageSize)
-	}
-	r.maxJob = r.MaxWriteBack
 	r.nPages = int(r.Size / int64(r.PageSize))
 	if r.nPages < 16 {
 		return r, fmt.Errorf("cache: --cache-size %s holds fewer than 16 pages", humanize.IBytes(uint64(r.Size)))
@@ -283,4 +269,27 @@ func resolve(cfg Config, bs int, backendMaxTransfer int64) (resolved, error) {
 		r.raPages = r.ReadAhead / int64(r.PageSize)
 	}
 	return r, nil
+}
+
+// resolveWriteBack sets the bytes one write-back carries: MaxWriteBack (the backend's transfer
+// limit by default), at most that limit and maxWriteBackCap, in whole pages.
+func (r *resolved) resolveWriteBack(backendMaxTransfer int64) error {
+	if r.MaxWriteBack == 0 {
+		r.MaxWriteBack = backendMaxTransfer
+		if r.MaxWriteBack == 0 {
+			r.MaxWriteBack = DefaultWriteBack
+		}
+	}
+	if backendMaxTransfer > 0 && r.MaxWriteBack > backendMaxTransfer {
+		r.MaxWriteBack = backendMaxTransfer
+	}
+	if r.MaxWriteBack > maxWriteBackCap {
+		r.MaxWriteBack = maxWriteBackCap
+	}
+	r.MaxWriteBack = r.MaxWriteBack / int64(r.PageSize) * int64(r.PageSize)
+	if r.MaxWriteBack < int64(r.PageSize) {
+		return fmt.Errorf("cache: write-back size %d is smaller than a page (%d)", r.MaxWriteBack, r.PageSize)
+	}
+	r.maxJob = r.MaxWriteBack
+	return nil
 }

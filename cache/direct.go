@@ -246,6 +246,15 @@ func (c *Cache) invalidate(off, length int64, token uint64, act rangeAction, src
 		}
 		return inflight
 	}
+	c.visitCachedIn(first, last, visit)
+	return inflight
+}
+
+// visitCachedIn calls visit for every cached page in [first, last], for a range with more pages
+// than the cache has slots (a discard of the whole device): looking up the cached pages costs
+// less than looking up every page of the range. The pages it empties stay in the index, to be
+// reused or evicted as any clean page.
+func (c *Cache) visitCachedIn(first, last int64, visit func(pg int64, s int32) bool) {
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
@@ -256,7 +265,6 @@ func (c *Cache) invalidate(off, length int64, token uint64, act rangeAction, src
 		}
 		sh.mu.Unlock()
 	}
-	return inflight
 }
 
 // directOverlaps reports whether a direct operation is in flight over [off, off+n).

@@ -492,9 +492,13 @@ func (a *Attachment) ioctlConnect(remotes []*os.File, opts AttachOptions) error 
 	if err := <-setup; err != nil {
 		return err
 	}
-	// The kernel applies the queue limits (write cache, FUA, discard) and then the capacity when
-	// NBD_DO_IT starts the device: wait until the capacity shows, or DO_IT fails, so that the
-	// device is fully configured when Attach returns.
+	return a.waitStarted(path)
+}
+
+// waitStarted waits until NBD_DO_IT has started the device or failed. The kernel applies the
+// queue limits (write cache, FUA, discard) and then the capacity when NBD_DO_IT starts the
+// device: once the capacity shows, the device is fully configured.
+func (a *Attachment) waitStarted(path string) error {
 	sizeFile := fmt.Sprintf("/sys/block/nbd%d/size", a.index)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
