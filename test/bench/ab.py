@@ -9,19 +9,21 @@ beside the rate.
 Used by metrics_ab.py (issue 16: metrics served against not), release_ab.py (issue 15: this
 tree against --alt-bin) and default_ab.py (issue 18: the default mode against cache off).
 """
+import math
 import os
 import statistics
 
 
 def interleave(bench, a, work, rep, servers, first, second, jobs, pairs, runtime, tag, before=None,
-               after=None, preexec=None, placement="shared"):
+               after=None, preexec=None, placement="shared", pair0=0):
     """Runs pairs alternating pairs of every job on servers[first] and servers[second] (NBDServer)
     and returns one row per run, marked ab=tag. before(system) may start something for the run
-    and returns what after(system, it) gets; after returns fields added to the row."""
+    and returns what after(system, it) gets; after returns fields added to the row. Pairs are
+    numbered from pair0, so that rounds on freshly started servers (release_ab) add up."""
     rows = []
     for job, args in jobs:
         key = bench.metric_of(job)
-        for pair in range(pairs):
+        for pair in range(pair0, pair0 + pairs):
             order = (first, second) if pair % 2 == 0 else (second, first)
             got = {}
             for system in order:
@@ -74,6 +76,24 @@ def spread(rs):
     """median, min–max and interquartile range of ratios, as report cells."""
     q = statistics.quantiles(rs, n=4, method="inclusive") if len(rs) >= 2 else [rs[0], rs[0], rs[0]]
     return statistics.median(rs), f"{min(rs):.3f}–{max(rs):.3f}", f"{q[0]:.3f}–{q[2]:.3f}"
+
+
+def t975(df):
+    """Student's t at 97.5 % for df degrees of freedom: 1.96 + 2.4/df + 3/df², within 1 % of the
+    table from df 4 up (statistics has the normal distribution, not Student's)."""
+    return 1.96 + 2.4 / df + 3 / df ** 2
+
+
+def geo_ci(rs):
+    """The geometric mean of ratios and its 95 % confidence interval (lo, hi), pairs taken as
+    independent: a t interval on the logarithms, where a ratio and its inverse are symmetric.
+    Needs 4 ratios; None below."""
+    if len(rs) < 4 or min(rs) <= 0:
+        return None
+    logs = [math.log(r) for r in rs]
+    m = statistics.mean(logs)
+    half = t975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(m), math.exp(m - half), math.exp(m + half)
 
 
 def median_of(rows, job, system, key):

@@ -526,6 +526,9 @@ def main():
                     help="with --alt-bin: this tree/alt pairs per job and repetition, cache off "
                     "(test/bench/release_ab.py; 0: none; --systems release-ab runs only them)")
     ap.add_argument("--release-ab-runtime", type=int, default=5, help="seconds per release A/B run")
+    ap.add_argument("--release-ab-pairs-per-start", type=int, default=2,
+                    help="release A/B pairs run on one start of both gateways before both are started "
+                    "afresh (0: all pairs of a repetition on one start)")
     ap.add_argument("--default-ab-pairs", type=int, default=int(os.environ.get("BENCH_DEFAULT_AB_PAIRS", 3)),
                     help="default mode/cache off pairs per job and repetition, target-defaults placement "
                     "(test/bench/default_ab.py; 0: none; --systems default-ab runs only them)")
@@ -675,7 +678,8 @@ def report(a, jobs, results, started, load_before, work, curve_rows):
         if rs:  # none when only the metrics A/B ran (--systems metrics-ab)
             lines += placement_report(a, jobs, rs, placement, work)
     lines += metrics_ab.report(sys.modules[__name__], [r for r in ab if r["ab"] == metrics_ab.NAME])
-    lines += release_ab.report(sys.modules[__name__], ab, os.path.basename(a.alt_bin))
+    lines += release_ab.report(sys.modules[__name__], ab, os.path.basename(a.alt_bin),
+                                a.release_ab_pairs_per_start)
     lines += default_ab.report(sys.modules[__name__], ab)
     if curve_rows:
         lines.append("\n# Scaling curves (shared placement, one run each; test/bench/curves.py)\n")

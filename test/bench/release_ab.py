@@ -7,10 +7,17 @@ one binary's rate moves ±15 % between runs on this host; a 3 % verdict needs th
 Cache off is the data path the structure pass rearranged without meaning to change it (the
 write-back cache's speed changed on purpose, issue 18, and is compared in the tables). Speed
 ratio = this tree / alt for a rate, alt / this tree for a p50 latency, so above 1 is faster;
-no regression beyond noise: median ≥ 0.97, or the upper quartile ≥ 0.97 and CPU per request
-this tree / alt ≤ 1.03 (ab.met).
+no regression beyond noise is shown when the 95 % confidence interval of the ratio's geometric
+mean (ab.geo_ci) lies at or above 0.97; one wholly below it is a regression; one that spans it
+says the run had too few pairs to tell, and how many would (verdict).
+
+Run alone on results files, it prints the section again over their pairs pooled (python3
+release_ab.py results.json... [alt name]), so that runs of the same two builds add up.
 """
+import json
+import math
 import os
+import sys
 
 import ab  # noqa: E402  (beside this file)
 
@@ -21,7 +28,14 @@ TARGET = 0.97
 
 
 def run(bench, a, tgt, work, rep, preexec=None):
-    """One repetition of the A/B; returns rows (marked ab=NAME, kept out of the job tables)."""
+    """One repetition of the A/B; returns rows (marked ab=NAME, kept out of the job tables).
+    Both gateways are started afresh every --release-ab-pairs-per-start pairs, so that whatever one
+    process carries of its own (where the scheduler put its thread beside tgtd's and fio's, how
+    its heap grew) falls on many starts. On 2026-12-02, 40 pairs restarted every 2 showed no such
+    bias (the variance of a start's mean ratio matched the within-start variance / 2); what made
+    three earlier runs of 10–15 pairs disagree by 8 % is that one pair's ratio spreads ±14 % (the
+    standard deviation of its logarithm) at 4 KiB QD32, so 10 pairs pin the mean to ±9 %
+    (docs/bench/release-ab-20261202.md). The verdict therefore rests on the confidence interval."""
     jobs = [(n, args) for n, args, _ in bench.JOBS if n in JOBS and (not a.jobs or n in a.jobs.split(","))]
     if not jobs or not a.alt_bin or a.release_ab_pairs <= 0:
         return []
@@ -30,28 +44,80 @@ def run(bench, a, tgt, work, rep, preexec=None):
         sock = os.path.join(work, f"{name}.sock")
         argv = [binary, "serve", "--target", tgt.url, "--listen", f"unix://{sock}", "--cache", "off"]
         return bench.NBDServer(name, argv, sock, work, preexec=preexec)
-    servers = {}
-    try:
-        servers[NEW] = start(NEW, bench.BIN)
-        servers[OLD] = start(OLD, a.alt_bin)
-        return ab.interleave(bench, a, work, rep, servers, NEW, OLD, jobs, a.release_ab_pairs,
-                             a.release_ab_runtime, NAME, preexec=preexec)
-    finally:
-        for s in servers.values():
-            s.stop()
+    per_start = a.release_ab_pairs_per_start or a.release_ab_pairs
+    rows = []
+    for pair0 in range(0, a.release_ab_pairs, per_start):
+        servers = {}
+        try:
+            servers[NEW] = start(NEW, bench.BIN)
+            servers[OLD] = start(OLD, a.alt_bin)
+            rows += ab.interleave(bench, a, work, rep, servers, NEW, OLD, jobs,
+                                  min(per_start, a.release_ab_pairs - pair0), a.release_ab_runtime, NAME,
+                                  preexec=preexec, pair0=pair0)
+        finally:
+            for s in servers.values():
+                s.stop()
+    return rows
 
 
-def report(bench, rows, alt_version):
-    """The A/B's section: per job, the median speed ratio this tree / alt and the CPU ratio."""
+def verdict(rs, target):
+    """yes: the 95 % interval of the geometric mean lies at or above target; no: wholly below it;
+    otherwise "open", with the pairs that would settle it if the mean and spread held (none when
+    the mean itself is short of target: only a regression could be shown then)."""
+    ci = ab.geo_ci(rs)
+    if ci is None:
+        return "open (under 4 pairs)"
+    g, lo, hi = ci
+    if lo >= target:
+        return "yes"
+    if hi < target:
+        return "no"
+    if g <= target:
+        return "open"
+    # half-width needed: log(g / target); it shrinks as 1 / sqrt(pairs)
+    need = len(rs) * (math.log(g / lo) / math.log(g / target)) ** 2
+    return f"open (~{math.ceil(need)} pairs)"
+
+
+def report(bench, rows, alt_version, per_start=0):
+    """The A/B's section: per job, the speed ratio this tree / alt (median, spread, geometric mean
+    with its 95 % interval), the CPU ratio and the verdict."""
     rows = [r for r in rows if r.get("ab") == NAME]
     if not rows:
         return []
     out = [f"\n## No regression (issue 15): this tree against {alt_version}, cache off, interleaved pairs\n",
-           "Each pair is one run of each gateway, back to back, order alternating (test/bench/ab.py). "
-           "Speed = this tree / alt for IOPS and MiB/s, alt / this tree for a p50 latency (above 1: "
+           "Each pair is one run of each gateway, back to back, order alternating (test/bench/ab.py); "
+           + (f"both gateways are started afresh every {per_start} pairs. " if per_start else
+              "both gateways run every pair of a repetition on one start. ")
+           + "Speed = this tree / alt for IOPS and MiB/s, alt / this tree for a p50 latency (above 1: "
            f"this tree is faster); goal ≥ {TARGET:g}. CPU = the gateway's CPU per request, this "
-           f"tree / alt (below 1: this tree costs less). met: the speed's median reaches the goal, or "
-           f"its upper quartile does (the gap is within the noise) and the CPU's median is ≤ {1 / TARGET:.3f}. Spread: min–max and interquartile range over every pair "
-           "of every repetition.\n"]
-    return out + ab.speed_table(bench, rows, JOBS, NEW, OLD, TARGET, "this tree", "alt", digits=1)
+           "tree / alt (below 1: this tree costs less). Spread: min–max and interquartile range over "
+           "every pair of every repetition. 95 % CI: the interval of the speed ratio's geometric mean, "
+           f"pairs taken as independent. met: yes when the interval lies at or above {TARGET:g}, no when "
+           "it lies below, open when it spans the goal (the pairs that would settle it, if the mean and "
+           "spread held).\n",
+           "| job | this tree: median | alt: median | speed: median | min–max | IQR | "
+           "CPU µs/IO: median | CPU IQR | pairs | speed: geo-mean (95 % CI) | met |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for job in JOBS:
+        cs, _ = ab.cells(bench, rows, job, NEW, OLD, TARGET, digits=1)
+        if cs is None:
+            continue
+        rs = ab.ratios(rows, job, bench.metric_of(job), NEW, OLD)
+        ci = ab.geo_ci(rs)
+        cell = "–" if ci is None else f"{ci[0]:.3f} ({ci[1]:.3f}–{ci[2]:.3f})"
+        out.append(ab.table_row(cs, cell, verdict(rs, TARGET)))
+    return out
 
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench as bench_module  # noqa: E402
+    # results files to pool (their repetitions kept apart), then optionally the alt's name
+    files = [p for p in sys.argv[1:] if p.endswith(".json")]
+    alt = ([p for p in sys.argv[1:] if not p.endswith(".json")] or ["alt"])[0]
+    pooled = []
+    for i, path in enumerate(files):
+        with open(path) as f:
+            pooled += [dict(r, rep=(i, r.get("rep"))) for r in json.load(f)["results"]]
+    print("\n".join(report(bench_module, pooled, alt)))
