@@ -32,13 +32,15 @@ def interleave(bench, a, work, rep, servers, first, second, jobs, pairs, runtime
                     os.unlink(stale)
                 it = before(system) if before else None
                 pid = servers[system].proc.pid
-                c0 = bench.cpu_seconds(pid)
+                c0, (s0, y0) = bench.cpu_seconds(pid), bench.switches_and_syscalls(pid)
                 m = bench.fio(servers[system].uri, job, args, runtime, a.size, work, preexec)
-                c1 = bench.cpu_seconds(pid)
+                c1, (s1, y1) = bench.cpu_seconds(pid), bench.switches_and_syscalls(pid)
                 if "write" in args.get("rw", ""):
                     bench.flush(servers[system].uri)  # untimed: no run pays an earlier one's backlog
                 m.update(ab=tag, rep=rep, placement=placement, system=system, job=job, pair=pair,
-                         gw_cpu_us_per_io=(c1 - c0) * 1e6 / max(m["ios"], 1))
+                         gw_cpu_us_per_io=(c1 - c0) * 1e6 / max(m["ios"], 1),
+                         gw_switches_per_io=(s1 - s0) / max(m["ios"], 1),
+                         gw_syscalls_per_io=(y1 - y0) / max(m["ios"], 1))
                 if after:
                     m.update(after(system, it))
                 rows.append(m)
