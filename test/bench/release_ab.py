@@ -60,6 +60,11 @@ def run(bench, a, tgt, work, rep, preexec=None):
     return rows
 
 
+# A mean close to the goal needs pairs without bound (1 / log(mean / goal) squared): past this
+# many, the verdict says so instead of quoting a number.
+MAX_PAIRS_QUOTED = 1000
+
+
 def verdict(rs, target):
     """yes: the 95 % interval of the geometric mean lies at or above target; no: wholly below it;
     otherwise "open", with the pairs that would settle it if the mean and spread held (none when
@@ -76,6 +81,8 @@ def verdict(rs, target):
         return "open"
     # half-width needed: log(g / target); it shrinks as 1 / sqrt(pairs)
     need = len(rs) * (math.log(g / lo) / math.log(g / target)) ** 2
+    if need > MAX_PAIRS_QUOTED:
+        return f"open (over {MAX_PAIRS_QUOTED} pairs)"
     return f"open (~{math.ceil(need)} pairs)"
 
 
@@ -113,11 +120,14 @@ def report(bench, rows, alt_version, per_start=0):
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bench as bench_module  # noqa: E402
-    # results files to pool (their repetitions kept apart), then optionally the alt's name
-    files = [p for p in sys.argv[1:] if p.endswith(".json")]
-    alt = ([p for p in sys.argv[1:] if not p.endswith(".json")] or ["alt"])[0]
+    # results files to pool (their repetitions kept apart), then optionally the alt's name and
+    # per-start=N (the --release-ab-pairs-per-start they ran with, for the section's text)
+    args = sys.argv[1:]
+    files = [p for p in args if p.endswith(".json")]
+    per_start = int(next((p.split("=", 1)[1] for p in args if p.startswith("per-start=")), 0))
+    alt = ([p for p in args if not p.endswith(".json") and not p.startswith("per-start=")] or ["alt"])[0]
     pooled = []
     for i, path in enumerate(files):
         with open(path) as f:
             pooled += [dict(r, rep=(i, r.get("rep"))) for r in json.load(f)["results"]]
-    print("\n".join(report(bench_module, pooled, alt)))
+    print("\n".join(report(bench_module, pooled, alt, per_start)))
