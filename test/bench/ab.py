@@ -136,6 +136,28 @@ def table_row(cs, *more):
     return "| " + " | ".join(list(cs) + list(more)) + " |"
 
 
+def cost_table(rows, jobs, first, second, label_first, label_second):
+    """Where the gateway's CPU per request goes, per job with pairs: the CPU ratio first / second
+    as a geometric mean with its 95 % interval (geo_ci), and each side's median context switches
+    and read/write-class system calls per request (interleave records them; rows from before
+    they were recorded show –). The same kernel work on both sides puts a CPU difference in user
+    space."""
+    out = [f"| job | CPU µs/IO ratio: geo-mean (95 % CI) | switches/IO: {label_first} | "
+           f"{label_second} | syscalls/IO: {label_first} | {label_second} |",
+           "|---|---|---|---|---|---|"]
+    for job in jobs:
+        ci = geo_ci(ratios(rows, job, "gw_cpu_us_per_io", first, second, better=False))
+        if ci is None:
+            continue
+        cs = [job, f"{ci[0]:.3f} ({ci[1]:.3f}–{ci[2]:.3f})"]
+        for key in ("gw_switches_per_io", "gw_syscalls_per_io"):
+            for system in (first, second):
+                have = [r for r in rows if r["job"] == job and r["system"] == system and key in r]
+                cs.append(f"{median_of(have, job, system, key):.2f}" if have else "–")
+        out.append(table_row(cs))
+    return out
+
+
 def speed_table(bench, rows, jobs, first, second, target, label_first, label_second, digits=0):
     """The table of a speed A/B (release_ab, default_ab): one row per job of jobs with pairs."""
     out = [f"| job | {label_first}: median | {label_second}: median | speed: median | min–max | IQR | "

@@ -14,6 +14,7 @@ says the run had too few pairs to tell, and how many would (verdict).
 Run alone on results files, it prints the section again over their pairs pooled (python3
 release_ab.py results.json... [alt name]), so that runs of the same two builds add up.
 """
+import argparse
 import json
 import math
 import os
@@ -114,18 +115,23 @@ def report(bench, rows, alt_version, per_start=0):
         ci = ab.geo_ci(rs)
         cell = "–" if ci is None else f"{ci[0]:.3f} ({ci[1]:.3f}–{ci[2]:.3f})"
         out.append(ab.table_row(cs, cell, verdict(rs, TARGET)))
+    out += ["\nWhere the CPU per request goes: the CPU ratio over every pair, and each side's median "
+            "context switches and system calls per request over its runs.\n"]
+    out += ab.cost_table(rows, JOBS, NEW, OLD, "this tree", "alt")
     return out
 
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bench as bench_module  # noqa: E402
-    # results files to pool (their repetitions kept apart), then optionally the alt's name and
-    # per-start=N (the --release-ab-pairs-per-start they ran with, for the section's text)
-    args = sys.argv[1:]
-    files = [p for p in args if p.endswith(".json")]
-    per_start = int(next((p.split("=", 1)[1] for p in args if p.startswith("per-start=")), 0))
-    alt = ([p for p in args if not p.endswith(".json") and not p.startswith("per-start=")] or ["alt"])[0]
+    ap = argparse.ArgumentParser(description="Pool release A/B results files (runs of the same "
+                                 "two builds, their repetitions kept apart) and print the section.")
+    ap.add_argument("results", nargs="+", help="results-*.json files written by test/bench/run.sh")
+    ap.add_argument("--alt-name", default="alt", help="what the alt build was, for the heading")
+    ap.add_argument("--per-start", type=int, default=0,
+                    help="the --release-ab-pairs-per-start the runs used (0: one start per repetition)")
+    args = ap.parse_args()
+    files, alt, per_start = args.results, args.alt_name, args.per_start
     pooled = []
     for i, path in enumerate(files):
         with open(path) as f:
