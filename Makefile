@@ -1,6 +1,7 @@
 # iser-blk — the two commands that matter are `make demo` and `make test` (see README.md).
-# Tiers: unit (go test), fuzz (go test -fuzz, seconds each), e2e (root + tgtd/libnbd/fio on the
-# host, build tag e2e), vm (QEMU guest with the 6.12 kernel, build tag vm; mk/vm.mk), bench.
+# Tiers: unit (go test), py (the bench's Python, test/pyunit.py), fuzz (go test -fuzz, seconds
+# each), e2e (root + tgtd/libnbd/fio on the host, build tag e2e), vm (QEMU guest with the 6.12
+# kernel, build tag vm; mk/vm.mk), bench.
 
 SHELL     := /bin/bash
 GO        ?= go
@@ -12,7 +13,7 @@ SUMMARY   := $(GO) run ./internal/testsummary
 RACE      ?= -race
 export ISERBLK_BIN := $(CURDIR)/$(BIN)
 
-.PHONY: all build deps lint test test-unit test-fuzz test-e2e test-vm demo bench clean tally-reset tally install
+.PHONY: all build deps lint test test-unit test-py test-fuzz test-e2e test-vm demo bench clean tally-reset tally install
 
 all: build
 
@@ -38,6 +39,10 @@ tally-reset:
 test-unit: tally-reset
 	@set -o pipefail; $(GO) test $(RACE) -count=1 -json ./... | $(SUMMARY) -tier unit -tally $(TALLY)
 
+# test-py: the unit tests of the bench's Python (statistics, verdicts, /proc readers).
+test-py:
+	@mkdir -p bin && python3 test/pyunit.py --tally $(TALLY)
+
 test-fuzz:
 	@TALLY=$(CURDIR)/$(TALLY) test/fuzz.sh
 
@@ -57,6 +62,7 @@ test: deps
 	$(MAKE) --no-print-directory lint || rc=1; \
 	$(MAKE) --no-print-directory build || rc=1; \
 	$(MAKE) --no-print-directory test-unit || rc=1; \
+	$(MAKE) --no-print-directory test-py || rc=1; \
 	$(MAKE) --no-print-directory test-fuzz || rc=1; \
 	$(MAKE) --no-print-directory test-e2e || rc=1; \
 	$(MAKE) --no-print-directory test-vm || rc=1; \

@@ -81,9 +81,15 @@ def spread(rs):
 
 
 def t975(df):
-    """Student's t at 97.5 % for df degrees of freedom: 1.96 + 2.4/df + 3/df², within 1 % of the
-    table from df 4 up (statistics has the normal distribution, not Student's)."""
-    return 1.96 + 2.4 / df + 3 / df ** 2
+    """Student's t at 97.5 % for df degrees of freedom, by the Cornish-Fisher expansion about the
+    normal quantile z (Abramowitz & Stegun 26.7.5, four terms): within 1 % of the table from df 3
+    up and 0.3 % from df 4 (statistics has the normal distribution, not Student's; the earlier
+    1.96 + 2.4/df + 3/df² was 1.0 % short at df 4, 2.8 % at df 3)."""
+    z = statistics.NormalDist().inv_cdf(0.975)
+    g1 = (z ** 3 + z) / 4
+    g2 = (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96
+    g3 = (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384
+    return z + g1 / df + g2 / df ** 2 + g3 / df ** 3
 
 
 def geo_ci(rs):

@@ -1,0 +1,192 @@
+"""Unit tests of the bench's statistics and verdicts (ab.py, release_ab.py): the numbers issue
+15's and 18's closing notes quote come from these functions, so each is checked against values
+worked by hand or against the table it approximates. Run by make test's py tier
+(test/pyunit.py); no gateway, target or fio is involved.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ab  # noqa: E402
+import bench  # noqa: E402
+import release_ab  # noqa: E402
+
+# Student's t at 97.5 % (two-sided 95 %), from the printed table.
+T_TABLE = {3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 8: 2.306, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042,
+           60: 2.000, 120: 1.980}
+
+
+class FakeBench:
+    """The two things ab.cells and release_ab.report take from bench.py."""
+    JOBS = [(j, {}, "lat" if j == "randread-4k-qd1" else "iops") for j in release_ab.JOBS]
+
+    @staticmethod
+    def metric_of(job):
+        return "p50_us" if job == "randread-4k-qd1" else "iops"
+
+
+def pair_rows(job, new_vals, old_vals, key="iops", rep=0, **extra):
+    """Rows of an A/B as ab.interleave records them: one per system per pair."""
+    rows = []
+    for pair, (n, o) in enumerate(zip(new_vals, old_vals)):
+        for system, v in ((release_ab.NEW, n), (release_ab.OLD, o)):
+            rows.append(dict({"ab": release_ab.NAME, "job": job, "rep": rep, "pair": pair,
+                              "system": system, key: v, "gw_cpu_us_per_io": 10.0}, **extra))
+    return rows
+
+
+class RatioTest(unittest.TestCase):
+    def test_rate_and_latency_point_the_same_way(self):
+        self.assertAlmostEqual(ab.ratio("iops", 110, 100), 1.1)
+        self.assertAlmostEqual(ab.ratio("bw_mib", 90, 100), 0.9)
+        # a latency: lower is better, so the first system's 90 µs against 100 is 1.11× better
+        self.assertAlmostEqual(ab.ratio("p50_us", 90, 100), 100 / 90)
+
+    def test_zero_denominator_is_no_ratio(self):
+        self.assertEqual(ab.ratio("iops", 5, 0), 0)
+        self.assertEqual(ab.ratio("p50_us", 0, 5), 0)
+
+    def test_ratios_pair_by_repetition_and_pair(self):
+        rows = pair_rows("randread-4k-qd32", [100, 200], [50, 100])
+        rows += pair_rows("randread-4k-qd32", [300], [100], rep=1)
+        rows.append({"job": "randread-4k-qd32", "rep": 2, "pair": 0, "system": release_ab.NEW, "iops": 7})
+        got = ab.ratios(rows, "randread-4k-qd32", "iops", release_ab.NEW, release_ab.OLD)
+        # rep 2 has no alt run: no ratio from it
+        self.assertEqual(sorted(got), [2.0, 2.0, 3.0])
+
+    def test_cost_ratios_are_plain(self):
+        rows = pair_rows("randread-4k-qd1", [50], [100], key="p50_us")
+        got = ab.ratios(rows, "randread-4k-qd1", "p50_us", release_ab.NEW, release_ab.OLD, better=False)
+        self.assertEqual(got, [0.5])
+
+
+class IntervalTest(unittest.TestCase):
+    def test_t975_against_the_table(self):
+        # geo_ci's fewest pairs, 4, are df 3: within 1 % there, 0.3 % from df 4 up
+        for df, t in T_TABLE.items():
+            tol = 0.01 if df == 3 else 0.003
+            self.assertLess(abs(ab.t975(df) / t - 1), tol, f"df={df}: {ab.t975(df):.4f} against {t}")
+
+    def test_geo_ci_needs_four_positive_ratios(self):
+        self.assertIsNone(ab.geo_ci([1.0, 1.0, 1.0]))
+        self.assertIsNone(ab.geo_ci([1.0, 1.0, 0.0, 1.0]))
+
+    def test_geo_ci_by_hand(self):
+        # logs ±0.1 alternating: mean 0, sample sd sqrt(4 · 0.01 / 3), half-width t(3) · sd / 2
+        e = math.exp(0.1)
+        g, lo, hi = ab.geo_ci([e, 1 / e, e, 1 / e])
+        half = T_TABLE[3] * math.sqrt(0.04 / 3) / 2
+        self.assertAlmostEqual(g, 1.0)
+        self.assertAlmostEqual(math.log(lo), -half, delta=0.01 * half)  # t975's 1 % at df 3
+        self.assertAlmostEqual(math.log(hi), half, delta=0.01 * half)
+
+    def test_geo_ci_is_symmetric_under_inversion(self):
+        rs = [0.91, 1.07, 0.99, 1.12, 0.95, 1.03]
+        g, lo, hi = ab.geo_ci(rs)
+        gi, loi, hii = ab.geo_ci([1 / r for r in rs])
+        self.assertAlmostEqual(g * gi, 1.0)
+        self.assertAlmostEqual(lo * hii, 1.0)
+        self.assertAlmostEqual(hi * loi, 1.0)
+
+    def test_identical_ratios_have_no_width(self):
+        g, lo, hi = ab.geo_ci([1.02] * 5)
+        self.assertAlmostEqual(g, 1.02)
+        self.assertAlmostEqual(lo, 1.02)
+        self.assertAlmostEqual(hi, 1.02)
+
+
+class VerdictTest(unittest.TestCase):
+    def test_yes_no_open(self):
+        self.assertEqual(release_ab.verdict([1.0, 1.01, 0.99, 1.0, 1.02, 0.98], 0.97), "yes")
+        self.assertEqual(release_ab.verdict([0.90, 0.91, 0.89, 0.90, 0.92, 0.88], 0.97), "no")
+        self.assertEqual(release_ab.verdict([1.0, 1.0], 0.97), "open (under 4 pairs)")
+
+    def test_open_says_how_many_pairs_would_settle_it(self):
+        rs = [1.10, 0.90, 1.10, 0.90, 1.12, 0.92]
+        g, lo, _ = ab.geo_ci(rs)
+        self.assertGreater(g, 0.97)
+        self.assertLess(lo, 0.97)
+        need = math.ceil(len(rs) * (math.log(g / lo) / math.log(g / 0.97)) ** 2)
+        self.assertEqual(release_ab.verdict(rs, 0.97), f"open (~{need} pairs)")
+
+    def test_a_mean_at_the_goal_quotes_no_number(self):
+        self.assertEqual(release_ab.verdict([0.90, 1.04, 0.90, 1.04], 0.97), "open")  # mean below goal
+        rs = [0.8, 1.18, 0.8, 1.18, 0.8, 1.18]  # mean just above the goal, wide spread
+        self.assertGreater(ab.geo_ci(rs)[0], 0.97)
+        self.assertEqual(release_ab.verdict(rs, 0.97), f"open (over {release_ab.MAX_PAIRS_QUOTED} pairs)")
+
+    def test_met_lets_cpu_decide_only_within_the_rate_noise(self):
+        self.assertTrue(ab.met([0.98, 0.99, 1.0], [1.2], 0.97))            # median reaches it
+        self.assertTrue(ab.met([0.90, 0.95, 0.98, 1.01], [1.0], 0.97))     # upper quartile + CPU
+        self.assertFalse(ab.met([0.90, 0.95, 0.98, 1.01], [1.05], 0.97))   # CPU short of it
+        self.assertFalse(ab.met([0.90, 0.91, 0.92, 0.93], [0.5], 0.97))    # both quartiles short
+
+
+class ReportTest(unittest.TestCase):
+    def rows(self):
+        rs = pair_rows("randread-4k-qd32", [100, 101, 99, 100, 102], [100, 100, 100, 100, 100],
+                       gw_switches_per_io=0.6, gw_syscalls_per_io=3.0)
+        return rs + pair_rows("seqwrite-1m-qd8", [90, 91, 89, 90], [100, 100, 100, 100])
+
+    def test_report_has_a_row_and_verdict_per_job_with_pairs(self):
+        out = "\n".join(release_ab.report(FakeBench, self.rows(), "5469c4e", per_start=2))
+        self.assertIn("this tree against 5469c4e", out)
+        self.assertIn("started afresh every 2 pairs", out)
+        read = [line for line in out.splitlines() if line.startswith("| randread-4k-qd32 |")]
+        write = [line for line in out.splitlines() if line.startswith("| seqwrite-1m-qd8 |")]
+        self.assertEqual(len(read), 2)  # the speed table and the cost table
+        self.assertTrue(read[0].endswith("| yes |"), read[0])
+        self.assertTrue(write[0].endswith("| no |"), write[0])
+        self.assertIn("| 0.60 | 0.60 | 3.00 | 3.00 |", read[1])
+        self.assertIn("| – | – | – | – |", write[1])  # rows without the counters
+        self.assertFalse(any("randread-4k-qd1" in line for line in out.splitlines()))
+
+    def test_report_of_nothing_is_empty(self):
+        self.assertEqual(release_ab.report(FakeBench, [], "x"), [])
+
+    def test_pooling_cli_keeps_repetitions_of_each_file_apart(self):
+        # two files, each with rep 0 and pair 0: pooled, they are two pairs, not one overwritten
+        with tempfile.TemporaryDirectory() as d:
+            paths = []
+            for i, (n, o) in enumerate(((100, 100), (120, 100))):
+                rows = pair_rows("randwrite-4k-qd32", [n, n, n, n], [o, o, o, o])
+                paths.append(os.path.join(d, f"results-{i}.json"))
+                with open(paths[-1], "w") as f:
+                    json.dump({"results": rows}, f)
+            script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "release_ab.py")
+            out = subprocess.run([sys.executable, script, *paths, "--alt-name", "old", "--per-start", "2"],
+                                 capture_output=True, text=True, check=True).stdout
+        self.assertIn("this tree against old", out)
+        row = [line for line in out.splitlines() if line.startswith("| randwrite-4k-qd32 |")][0]
+        self.assertIn("| 8 |", row)  # 4 pairs from each file
+
+
+class ProcCountersTest(unittest.TestCase):
+    """bench.switches_and_syscalls and cpu_seconds read /proc: checked on this process."""
+
+    def test_syscalls_counted_across_threads(self):
+        _, y0 = bench.switches_and_syscalls(os.getpid())
+        fd = os.open("/dev/zero", os.O_RDONLY)
+        try:
+            for _ in range(200):
+                os.read(fd, 1)
+        finally:
+            os.close(fd)
+        s1, y1 = bench.switches_and_syscalls(os.getpid())
+        self.assertGreaterEqual(y1 - y0, 200)
+        self.assertGreater(s1, 0)
+
+    def test_a_gone_process_reads_as_zero(self):
+        p = subprocess.Popen(["true"])
+        p.wait()
+        self.assertEqual(bench.switches_and_syscalls(p.pid), (0, 0))
+        self.assertEqual(bench.cpu_seconds(p.pid), 0.0)
+
+
+if __name__ == "__main__":
+    unittest.main()
