@@ -4,9 +4,16 @@ verdicts), every test_*.py file beside the code it tests. Prints one line per te
 "py: N passed, M failed, K skipped"; with --tally FILE appends "py N M K" to it, as the Go tiers
 do (make tally sums the file). Exits non-zero if any test failed or none was found: a tier that
 silently runs nothing is not a pass.
+
+Each directory's tests run in a child process of their own (--dir): the bench's modules import
+each other by bare name, so two directories in one interpreter would share sys.path and
+sys.modules (a second bench.py would quietly be the first). A child that dies before reporting
+its counts is one failure, and the tally line is written whatever happened.
 """
 import argparse
+import json
 import os
+import subprocess
 import sys
 import unittest
 
@@ -25,33 +32,67 @@ class Result(unittest.TextTestResult):
         self.passed += 1
 
 
-def suites():
-    """One suite per directory under test/ holding test_*.py files, imported from that directory
-    (the bench's modules import each other by bare name)."""
-    loader = unittest.TestLoader()
-    for d, _, files in sorted(os.walk(ROOT)):
-        if "__pycache__" in d or not any(f.startswith("test_") and f.endswith(".py") for f in files):
+def test_dirs():
+    """The directories under test/ holding test_*.py files, less packages inside one already
+    listed (its discover finds them: running them again would count them twice)."""
+    out = []
+    for d, subdirs, files in sorted(os.walk(ROOT)):
+        subdirs[:] = [s for s in subdirs if s != "__pycache__"]
+        if not any(f.startswith("test_") and f.endswith(".py") for f in files):
             continue
-        yield loader.discover(d, pattern="test_*.py", top_level_dir=d)
+        if os.path.exists(os.path.join(d, "__init__.py")) and any(d.startswith(p + os.sep) for p in out):
+            continue
+        out.append(d)
+    return out
+
+
+def run_dir(d):
+    """Runs d's tests here and prints their counts as the last line, a JSON list."""
+    suite = unittest.TestLoader().discover(d, pattern="test_*.py", top_level_dir=d)
+    r = unittest.TextTestRunner(stream=sys.stdout, verbosity=2, resultclass=Result).run(suite)
+    failed = len(r.failures) + len(r.errors) + len(r.unexpectedSuccesses)
+    # an expected failure is a known defect, not a pass
+    print(json.dumps([r.passed, failed, len(r.skipped) + len(r.expectedFailures)]), flush=True)
+
+
+def counts_of(d):
+    """Runs d's tests in a child process, its output passed through; (passed, failed, skipped)."""
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--dir", d], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    out = p.stdout.rstrip("\n").split("\n")
+    print("\n".join(out[:-1]))
+    try:
+        passed, failed, skipped = json.loads(out[-1])
+    except (ValueError, TypeError):
+        print(out[-1])
+        print(f"py: {os.path.relpath(d, ROOT)}: the test run ended without its counts (exit status {p.returncode})")
+        return 0, 1, 0
+    return passed, failed, skipped
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--tally", help="append the tier's counts to this file")
+    ap.add_argument("--dir", help=argparse.SUPPRESS)  # the child: one directory's tests
     a = ap.parse_args()
-    runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2, resultclass=Result)
+    if a.dir:
+        run_dir(a.dir)
+        return 0
     passed = failed = skipped = 0
-    for suite in suites():
-        r = runner.run(suite)
-        passed += r.passed
-        failed += len(r.failures) + len(r.errors) + len(r.unexpectedSuccesses)
-        skipped += len(r.skipped)
-    if passed + failed + skipped == 0:
-        print("py: no tests found under", ROOT)
-        failed = 1
-    if a.tally:
-        with open(a.tally, "a") as f:
-            f.write(f"py {passed} {failed} {skipped}\n")
+    try:
+        for d in test_dirs():
+            p, f, s = counts_of(d)
+            passed, failed, skipped = passed + p, failed + f, skipped + s
+        if passed + failed + skipped == 0:
+            print("py: no tests found under", ROOT)
+            failed = 1
+    except Exception as e:  # the tier itself broke: a failure, still counted into the total
+        print(f"py: {e!r}")
+        failed += 1
+    finally:
+        if a.tally:
+            with open(a.tally, "a") as f:
+                f.write(f"py {passed} {failed} {skipped}\n")
     print(f"py: {passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 

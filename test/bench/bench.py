@@ -143,7 +143,9 @@ def cpu_seconds(pid):
 def switches_and_syscalls(pid):
     """(context switches, read- and write-class system calls) of pid so far, over all its
     threads: where a gateway's CPU per request goes when it parks and wakes (a difference in
-    these per request explains a CPU difference that the rate's noise hides). (0, 0) once gone."""
+    these per request explains a CPU difference that the rate's noise hides). (0, 0) once gone.
+    Live threads only: one that ended between two readings takes its switches with it (a Go
+    gateway keeps its threads)."""
     switches = 0
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
