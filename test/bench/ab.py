@@ -80,18 +80,27 @@ def spread(rs):
     return statistics.median(rs), f"{min(rs):.3f}–{max(rs):.3f}", f"{q[0]:.3f}–{q[2]:.3f}"
 
 
+# The Cornish-Fisher expansion of Student's t about the normal quantile z (Abramowitz & Stegun
+# 26.7.5, five terms), for t975: z and the coefficients g1..g4 of 1/df .. 1/df⁴.
+_Z975 = statistics.NormalDist().inv_cdf(0.975)
+_T_TERMS = tuple(c(_Z975) for c in (
+    lambda z: (z ** 3 + z) / 4,
+    lambda z: (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96,
+    lambda z: (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384,
+    lambda z: (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160))
+
+
 def t975(df):
-    """Student's t at 97.5 % for df degrees of freedom, by the Cornish-Fisher expansion about the
-    normal quantile z (Abramowitz & Stegun 26.7.5, five terms): within 0.2 % of the table from df
-    3 up, the fewest geo_ci takes (statistics has the normal distribution, not Student's; the
-    earlier 1.96 + 2.4/df + 3/df² was 1.0 % short at df 4, 2.8 % at df 3, so its intervals were
-    too narrow)."""
-    z = statistics.NormalDist().inv_cdf(0.975)
-    g = ((z ** 3 + z) / 4,
-         (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96,
-         (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384,
-         (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160)
-    return z + sum(gk / df ** (k + 1) for k, gk in enumerate(g))
+    """Student's t at 97.5 % for df degrees of freedom (the expansion above): within 0.2 % of the
+    table from df 3 up, the fewest geo_ci takes (statistics has the normal distribution, not
+    Student's; the earlier 1.96 + 2.4/df + 3/df² was 1.0 % short at df 4, 2.8 % at df 3, so its
+    intervals were too narrow)."""
+    return _Z975 + sum(g / df ** (k + 1) for k, g in enumerate(_T_TERMS))
+
+
+def log_sd(rs):
+    """The sample standard deviation of the ratios' logarithms (geo_ci's spread)."""
+    return statistics.stdev(math.log(r) for r in rs)
 
 
 def geo_ci(rs):
@@ -100,9 +109,8 @@ def geo_ci(rs):
     Needs 4 ratios; None below."""
     if len(rs) < 4 or min(rs) <= 0:
         return None
-    logs = [math.log(r) for r in rs]
-    m = statistics.mean(logs)
-    half = t975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    m = statistics.mean(math.log(r) for r in rs)
+    half = t975(len(rs) - 1) * log_sd(rs) / math.sqrt(len(rs))
     return math.exp(m), math.exp(m - half), math.exp(m + half)
 
 
@@ -160,8 +168,8 @@ def cost_table(rows, jobs, first, second, label_first, label_second):
         cs = [job, f"{ci[0]:.3f} ({ci[1]:.3f}–{ci[2]:.3f})"]
         for key in ("gw_switches_per_io", "gw_syscalls_per_io"):
             for system in (first, second):
-                have = [r for r in rows if r["job"] == job and r["system"] == system and key in r]
-                cs.append(f"{median_of(have, job, system, key):.2f}" if have else "–")
+                have = [r[key] for r in rows if r["job"] == job and r["system"] == system and key in r]
+                cs.append(f"{statistics.median(have):.2f}" if have else "–")
         out.append(table_row(cs))
     return out
 

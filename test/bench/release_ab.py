@@ -12,7 +12,8 @@ mean (ab.geo_ci) lies at or above 0.97; one wholly below it is a regression; one
 says the run had too few pairs to tell, and how many would (verdict).
 
 Run alone on results files, it prints the section again over their pairs pooled (python3
-release_ab.py results.json... [alt name]), so that runs of the same two builds add up.
+release_ab.py results-*.json --alt-name NAME --per-start N), so that runs of the same two builds
+add up.
 """
 import argparse
 import json
@@ -83,7 +84,7 @@ def verdict(rs, target):
     # The interval's half-width is t975(n - 1) · sd / sqrt(n); the fewest pairs n at which it fits
     # in log(g / target). Both factors shrink with n: keeping this run's t, as scaling by 1/sqrt(n)
     # alone does, overstates the pairs by a third at 6 pairs.
-    sd = math.log(g / lo) * math.sqrt(len(rs)) / ab.t975(len(rs) - 1)
+    sd = ab.log_sd(rs)
     room = math.log(g / target)
     for n in range(len(rs) + 1, MAX_PAIRS_QUOTED + 1):
         if ab.t975(n - 1) * sd / math.sqrt(n) <= room:
