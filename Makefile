@@ -36,7 +36,8 @@ lint:
 tally-reset:
 	@mkdir -p bin && rm -f $(TALLY)
 
-test-unit: tally-reset
+test-unit:
+	@mkdir -p bin
 	@set -o pipefail; $(GO) test $(RACE) -count=1 -json ./... | $(SUMMARY) -tier unit -tally $(TALLY)
 
 # test-py: the unit tests of the bench's Python (statistics, verdicts, /proc readers).
@@ -52,15 +53,23 @@ test-e2e: build
 # test-vm is defined in mk/vm.mk.
 -include mk/*.mk
 
+# tally: every tier appends "tier P F S" to $(TALLY), and "FAILED tier what" per failure. The
+# failures are recapped above the total line (the first 12): a CI log is often read from its tail.
 tally:
-	@awk '{p+=$$2; f+=$$3; s+=$$4} END {printf "total: %d passed, %d failed, %d skipped\n", p, f, s}' $(TALLY)
+	@awk '$$1 == "FAILED" { if (++n <= 12) print "FAILED: " substr($$0, 8, 240); next } \
+		{ p += $$2; f += $$3; s += $$4 } \
+		END { if (n > 12) printf "FAILED: ... and %d more (see each tier above)\n", n - 12; \
+		      printf "total: %d passed, %d failed, %d skipped\n", p, f, s }' $(TALLY)
 
 # make test: set up everything on a fresh Debian 12 machine, then every tier. Each tier runs even
 # when an earlier one failed, so one run shows everything; the exit status is non-zero if any failed.
-test: deps
+# lint and build count as one check each.
+test: deps tally-reset
 	@rc=0; \
-	$(MAKE) --no-print-directory lint || rc=1; \
-	$(MAKE) --no-print-directory build || rc=1; \
+	for c in lint build; do \
+		if $(MAKE) --no-print-directory $$c; then echo "$$c 1 0 0" >>$(TALLY); \
+		else rc=1; printf '%s 0 1 0\nFAILED %s make %s (see its output above)\n' $$c $$c $$c >>$(TALLY); fi; \
+	done; \
 	$(MAKE) --no-print-directory test-unit || rc=1; \
 	$(MAKE) --no-print-directory test-py || rc=1; \
 	$(MAKE) --no-print-directory test-fuzz || rc=1; \

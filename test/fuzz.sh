@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every `go test -fuzz` target in the module for FUZZTIME (default 5s) each. A target that
 # finds a crasher fails the run; go writes the reproducer under testdata/fuzz/ of its package.
-# Prints "fuzz: N passed, M failed" at the end.
+# Prints "fuzz: N passed, M failed" at the end; TALLY=FILE appends "fuzz N M 0" and a
+# "FAILED fuzz ./pkg FuzzX" line per failure (make test's recap).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FUZZTIME=${FUZZTIME:-5s}
@@ -28,6 +29,9 @@ while IFS= read -r file; do
   done
 done < <(git ls-files --cached --others --exclude-standard '*_test.go' | xargs grep -l '^func Fuzz' 2>/dev/null | sort)
 rm -f /tmp/fuzz.$$.log
-[ -n "${TALLY:-}" ] && echo "fuzz $pass $fail 0" >> "$TALLY"
+if [ -n "${TALLY:-}" ]; then
+  echo "fuzz $pass $fail 0" >> "$TALLY"
+  for f in "${failed[@]}"; do echo "FAILED fuzz $f" >> "$TALLY"; done
+fi
 echo "fuzz: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """make test's py tier: the unit tests of the Python under test/ (the bench's statistics and
 verdicts), every test_*.py file beside the code it tests. Prints one line per test and
-"py: N passed, M failed, K skipped"; with --tally FILE appends "py N M K" to it, as the Go tiers
-do (make tally sums the file). Exits non-zero if any test failed or none was found: a tier that
+"py: N passed, M failed, K skipped"; with --tally FILE appends "py N M K" to it and a
+"FAILED py what" line per failure, as the Go tiers do (make tally sums the file and recaps the
+failures). Exits non-zero if any test failed or none was found: a tier that
 silently runs nothing is not a pass.
 
 Each directory's tests run in a child process of their own (--dir): the bench's modules import
@@ -50,24 +51,26 @@ def run_dir(d):
     """Runs d's tests here and prints their counts as the last line, a JSON list."""
     suite = unittest.TestLoader().discover(d, pattern="test_*.py", top_level_dir=d)
     r = unittest.TextTestRunner(stream=sys.stdout, verbosity=2, resultclass=Result).run(suite)
-    failed = len(r.failures) + len(r.errors) + len(r.unexpectedSuccesses)
+    names = [t.id() for t, _ in r.failures + r.errors] + [t.id() for t in r.unexpectedSuccesses]
     # an expected failure is a known defect, not a pass
-    print(json.dumps([r.passed, failed, len(r.skipped) + len(r.expectedFailures)]), flush=True)
+    print(json.dumps([r.passed, len(names), len(r.skipped) + len(r.expectedFailures), names]), flush=True)
 
 
 def counts_of(d):
-    """Runs d's tests in a child process, its output passed through; (passed, failed, skipped)."""
+    """Runs d's tests in a child process, its output passed through; (passed, failed, skipped,
+    the failed tests' names)."""
     p = subprocess.run([sys.executable, os.path.abspath(__file__), "--dir", d], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True)
     out = p.stdout.rstrip("\n").split("\n")
     print("\n".join(out[:-1]))
     try:
-        passed, failed, skipped = json.loads(out[-1])
+        passed, failed, skipped, names = json.loads(out[-1])
     except (ValueError, TypeError):
         print(out[-1])
-        print(f"py: {os.path.relpath(d, ROOT)}: the test run ended without its counts (exit status {p.returncode})")
-        return 0, 1, 0
-    return passed, failed, skipped
+        why = f"{os.path.relpath(d, ROOT)}: the test run ended without its counts (exit status {p.returncode})"
+        print("py:", why)
+        return 0, 1, 0, [why]
+    return passed, failed, skipped, names
 
 
 def main():
@@ -79,20 +82,25 @@ def main():
         run_dir(a.dir)
         return 0
     passed = failed = skipped = 0
+    failures = []
     try:
         for d in test_dirs():
-            p, f, s = counts_of(d)
+            p, f, s, names = counts_of(d)
             passed, failed, skipped = passed + p, failed + f, skipped + s
+            failures += names
         if passed + failed + skipped == 0:
-            print("py: no tests found under", ROOT)
+            failures.append(f"no tests found under {ROOT}")
+            print("py:", failures[-1])
             failed = 1
     except Exception as e:  # the tier itself broke: a failure, still counted into the total
-        print(f"py: {e!r}")
+        failures.append(f"the tier broke: {e!r}")
+        print("py:", failures[-1])
         failed += 1
     finally:
         if a.tally:
             with open(a.tally, "a") as f:
                 f.write(f"py {passed} {failed} {skipped}\n")
+                f.writelines(f"FAILED py {n}\n" for n in failures)
     print(f"py: {passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 

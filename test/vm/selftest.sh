@@ -6,7 +6,8 @@
 #   4. SIGTERM to the runner kills its QEMU;
 # and after each, no QEMU of that run is left (found by its unique -name, so QEMUs that other
 # people run on this machine are never looked at or touched).
-# Prints PASS/FAIL per check and "N passed, M failed"; TALLY=FILE appends "vm-self P F 0".
+# Prints PASS/FAIL per check and "N passed, M failed"; TALLY=FILE appends "vm-self P F 0" and a
+# "FAILED vm-self what" line per failure.
 # One { } block: bash reads all of it before running, so an edit to this file while it runs
 # cannot make the running copy execute shifted bytes.
 {
@@ -18,7 +19,8 @@ failed=0
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/vm-selftest.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 ok() { passed=$((passed + 1)); echo "PASS $*"; }
-bad() { failed=$((failed + 1)); echo "FAIL $*"; }
+fails=()
+bad() { failed=$((failed + 1)); fails+=("$*"); echo "FAIL $*"; }
 qemu_of() { pgrep -f -- "-name $1 " >/dev/null; } # is this run's QEMU alive?
 t_now() { echo "${EPOCHREALTIME%.*}"; }
 
@@ -77,7 +79,10 @@ if [ $seen = 1 ] && [ $rc = 143 ] && ! qemu_of "$id"; then ok "SIGTERM to run.sh
 else bad "SIGTERM: QEMU seen $seen, rc=$rc, left: $(pgrep -af -- "-name $id " || echo none)"; fi
 
 echo "$passed passed, $failed failed"
-[ -z "${TALLY:-}" ] || echo "vm-self $passed $failed 0" >>"$TALLY"
+if [ -n "${TALLY:-}" ]; then
+	echo "vm-self $passed $failed 0" >>"$TALLY"
+	for f in "${fails[@]}"; do echo "FAILED vm-self $f" | tr -s '\n' ' ' >>"$TALLY"; echo >>"$TALLY"; done
+fi
 [ $failed = 0 ]
 exit
 }

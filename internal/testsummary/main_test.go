@@ -1,0 +1,69 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// events builds test2json lines: each item is "action pkg [test]".
+func events(items ...string) string {
+	var b strings.Builder
+	for _, it := range items {
+		f := strings.Fields(it)
+		test := ""
+		if len(f) > 2 {
+			test = f[2]
+		}
+		b.WriteString(`{"Action":"` + f[0] + `","Package":"` + f[1] + `","Test":"` + test + `"}` + "\n")
+	}
+	return b.String()
+}
+
+func TestSummaryCountsAndRecap(t *testing.T) {
+	in := events(
+		"pass ex/a TestOK", "skip ex/a TestSkipped", "fail ex/a TestBroken", "fail ex/a",
+		"pass ex/b TestOK", "fail ex/b", // failed outside any test: TestMain, a crash after the tests
+		"pass ex/c TestOK", "pass ex/c",
+	)
+	var out, tally bytes.Buffer
+	s := summarize(strings.NewReader(in), &out)
+	if s.passed != 3 || s.failed != 1 || s.skipped != 1 {
+		t.Fatalf("counts %d/%d/%d, want 3/1/1", s.passed, s.failed, s.skipped)
+	}
+	s.writeTally(&tally, "unit")
+	want := "unit 3 1 1\n" +
+		"FAILED unit ex/a.TestBroken\n" +
+		"FAILED unit ex/b (the package failed outside any test: build, crash or TestMain)\n"
+	if tally.String() != want {
+		t.Fatalf("tally:\n%s\nwant:\n%s", tally.String(), want)
+	}
+	if !strings.Contains(out.String(), "FAILED: ex/a.TestBroken") {
+		t.Fatalf("output lacks the failed test's name:\n%s", out.String())
+	}
+}
+
+func TestSummaryBuildFailureCountsOnce(t *testing.T) {
+	in := "# ex/d\nd.go:3:1: syntax error\nFAIL\tex/d [build failed]\n" + events("pass ex/e TestOK")
+	var out, tally bytes.Buffer
+	s := summarize(strings.NewReader(in), &out)
+	if s.passed != 1 || s.failed != 1 {
+		t.Fatalf("counts %d passed %d failed, want 1 and 1", s.passed, s.failed)
+	}
+	s.writeTally(&tally, "e2e")
+	if want := "e2e 1 1 0\nFAILED e2e a build failed (see the output above)\n"; tally.String() != want {
+		t.Fatalf("tally %q, want %q", tally.String(), want)
+	}
+	if !strings.Contains(out.String(), "syntax error") {
+		t.Fatalf("the build's error did not pass through:\n%s", out.String())
+	}
+}
+
+func TestSummaryAllPassWritesNoFailures(t *testing.T) {
+	var out, tally bytes.Buffer
+	s := summarize(strings.NewReader(events("pass ex/a TestOK", "pass ex/a")), &out)
+	s.writeTally(&tally, "vm-go")
+	if tally.String() != "vm-go 1 0 0\n" {
+		t.Fatalf("tally %q", tally.String())
+	}
+}
