@@ -36,8 +36,8 @@ lint:
 tally-reset:
 	@mkdir -p bin && rm -f $(TALLY)
 
-test-unit:
-	@mkdir -p bin
+# Run alone, test-unit starts a fresh tally; under make test (IN_MAKE_TEST) it adds to lint's.
+test-unit: $(if $(IN_MAKE_TEST),,tally-reset)
 	@set -o pipefail; $(GO) test $(RACE) -count=1 -json ./... | $(SUMMARY) -tier unit -tally $(TALLY)
 
 # test-py: the unit tests of the bench's Python (statistics, verdicts, /proc readers).
@@ -67,10 +67,10 @@ tally:
 test: deps tally-reset
 	@rc=0; \
 	for c in lint build; do \
-		if $(MAKE) --no-print-directory $$c; then echo "$$c 1 0 0" >>$(TALLY); \
+		if $(MAKE) --no-print-directory $$c IN_MAKE_TEST=1; then echo "$$c 1 0 0" >>$(TALLY); \
 		else rc=1; printf '%s 0 1 0\nFAILED %s make %s (see its output above)\n' $$c $$c $$c >>$(TALLY); fi; \
 	done; \
-	$(MAKE) --no-print-directory test-unit || rc=1; \
+	$(MAKE) --no-print-directory test-unit IN_MAKE_TEST=1 || rc=1; \
 	$(MAKE) --no-print-directory test-py || rc=1; \
 	$(MAKE) --no-print-directory test-fuzz || rc=1; \
 	$(MAKE) --no-print-directory test-e2e || rc=1; \

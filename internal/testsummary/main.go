@@ -16,12 +16,17 @@ import (
 	"strings"
 )
 
+// event is one line of `go test -json` (cmd/test2json). Since Go 1.24 a build's output arrives as
+// build-output events keyed by ImportPath, and a package that did not build fails with
+// FailedBuild set.
 type event struct {
-	Action  string
-	Package string
-	Test    string
-	Output  string
-	Elapsed float64
+	Action      string
+	Package     string
+	Test        string
+	Output      string
+	Elapsed     float64
+	ImportPath  string
+	FailedBuild string
 }
 
 type key struct{ pkg, test string }
@@ -30,7 +35,7 @@ type key struct{ pkg, test string }
 type summary struct {
 	passed, failed, skipped int
 	failedTests             []string // "pkg.Test", sorted
-	pkgsFailedAlone         []string // packages that failed with no failed test: build, crash, TestMain
+	pkgsFailedAlone         []string // "pkg (why)" for packages that failed with no failed test
 	buildFailed             bool     // a non-JSON FAIL line: the build broke before any event
 }
 
@@ -76,6 +81,10 @@ func summarize(r io.Reader, w io.Writer) summary {
 		}
 		k := key{ev.Package, ev.Test}
 		switch ev.Action {
+		case "build-output":
+			fmt.Fprint(w, ev.Output) // the compiler's errors
+		case "build-fail":
+			s.buildFailed = true
 		case "output":
 			if ev.Test == "" {
 				// Package-level output: keep ok/FAIL/coverage lines and panics.
@@ -104,8 +113,11 @@ func summarize(r io.Reader, w io.Writer) summary {
 				delete(outputs, k)
 			} else {
 				pkgFailed = true
-				if !testFailedIn[ev.Package] {
-					s.pkgsFailedAlone = append(s.pkgsFailedAlone, ev.Package)
+				switch {
+				case ev.FailedBuild != "":
+					s.pkgsFailedAlone = append(s.pkgsFailedAlone, ev.Package+" (did not build: "+ev.FailedBuild+")")
+				case !testFailedIn[ev.Package]:
+					s.pkgsFailedAlone = append(s.pkgsFailedAlone, ev.Package+" (failed outside any test: a crash, TestMain or a timeout)")
 				}
 				if len(outputs[k]) > 0 && !strings.Contains(strings.Join(outputs[k], ""), "--- FAIL") {
 					fmt.Fprintf(w, "=== package %s failed:\n%s", ev.Package, strings.Join(outputs[k], ""))
@@ -130,7 +142,7 @@ func (s summary) writeTally(w io.Writer, tier string) {
 		fmt.Fprintf(w, "FAILED %s %s\n", tier, n)
 	}
 	for _, p := range s.pkgsFailedAlone {
-		fmt.Fprintf(w, "FAILED %s %s (the package failed outside any test: build, crash or TestMain)\n", tier, p)
+		fmt.Fprintf(w, "FAILED %s %s\n", tier, p)
 	}
 	if s.buildFailed && len(s.failedTests) == 0 && len(s.pkgsFailedAlone) == 0 {
 		fmt.Fprintf(w, "FAILED %s a build failed (see the output above)\n", tier)

@@ -34,7 +34,7 @@ func TestSummaryCountsAndRecap(t *testing.T) {
 	s.writeTally(&tally, "unit")
 	want := "unit 3 1 1\n" +
 		"FAILED unit ex/a.TestBroken\n" +
-		"FAILED unit ex/b (the package failed outside any test: build, crash or TestMain)\n"
+		"FAILED unit ex/b (failed outside any test: a crash, TestMain or a timeout)\n"
 	if tally.String() != want {
 		t.Fatalf("tally:\n%s\nwant:\n%s", tally.String(), want)
 	}
@@ -43,6 +43,29 @@ func TestSummaryCountsAndRecap(t *testing.T) {
 	}
 }
 
+// Go 1.24 and later: the build's output as build-output events, the package's fail with FailedBuild.
+func TestSummaryBuildEventsNameThePackage(t *testing.T) {
+	in := `{"ImportPath":"ex/d [ex/d.test]","Action":"build-output","Output":"ex/d/d.go:3:1: syntax error\n"}
+{"ImportPath":"ex/d [ex/d.test]","Action":"build-fail"}
+{"Action":"start","Package":"ex/d"}
+{"Action":"output","Package":"ex/d","Output":"FAIL\tex/d [build failed]\n"}
+{"Action":"fail","Package":"ex/d","Elapsed":0,"FailedBuild":"ex/d [ex/d.test]"}
+` + events("pass ex/e TestOK")
+	var out, tally bytes.Buffer
+	s := summarize(strings.NewReader(in), &out)
+	if s.passed != 1 || s.failed != 1 {
+		t.Fatalf("counts %d passed %d failed, want 1 and 1", s.passed, s.failed)
+	}
+	s.writeTally(&tally, "unit")
+	if want := "unit 1 1 0\nFAILED unit ex/d (did not build: ex/d [ex/d.test])\n"; tally.String() != want {
+		t.Fatalf("tally %q, want %q", tally.String(), want)
+	}
+	if !strings.Contains(out.String(), "d.go:3:1: syntax error") {
+		t.Fatalf("the compiler's error did not pass through:\n%s", out.String())
+	}
+}
+
+// Before Go 1.24 (or with GODEBUG=gotestjsonbuildtext=1) the build's errors are plain text.
 func TestSummaryBuildFailureCountsOnce(t *testing.T) {
 	in := "# ex/d\nd.go:3:1: syntax error\nFAIL\tex/d [build failed]\n" + events("pass ex/e TestOK")
 	var out, tally bytes.Buffer

@@ -16,7 +16,8 @@
 # closing "vm-go: N passed, N failed, N skipped" line.
 #
 # Environment: VM_MEM (2048 here), VM_TIMEOUT (2700 here); VM_GO_RACE=1 builds with -race (slow under TCG); VM_GO_TIMEOUT per-binary timeout
-# (default 25m: frontend/ublk's binary alone runs ~10 min under TCG on a loaded host); TALLY=FILE appends "vm-go PASSED FAILED SKIPPED" for `make test`'s total line;
+# (default 25m: frontend/ublk's binary alone runs ~10 min under TCG on a loaded host); TALLY=FILE appends "vm-go PASSED FAILED SKIPPED" for `make test`'s total line
+# and a "FAILED vm-go pkg.Test" line per failure for its recap;
 # VM_* knobs go to run.sh. Exit status: 0 all passed; 1 a test or build failed; 124/125 as run.sh.
 # One { } block: bash reads all of it before running, so an edit to this file while it runs
 # cannot make the running copy execute shifted bytes.

@@ -19,6 +19,9 @@ fail() {
 	poweroff -f
 }
 
+# selftest.sh's boot failure: run.sh must boot such a guest again (VM_SELFTEST_FAIL_BOOTS)
+grep -q 'iserblk.failboot=1' /proc/cmdline && fail "failing this boot on purpose (iserblk.failboot=1)"
+
 for m in $(cat /mods/order); do
 	insmod "/mods/$m" || fail "insmod $m"
 done

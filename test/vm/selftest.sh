@@ -4,6 +4,7 @@
 #   2. a hung guest is killed at VM_TIMEOUT, reported as such, exit status 124;
 #   3. a guest that dies without returning the command's status is a VM failure, exit status 125;
 #   4. SIGTERM to the runner kills its QEMU;
+#   5. a guest that dies before its command starts is booted again (up to VM_BOOTS), never after;
 # and after each, no QEMU of that run is left (found by its unique -name, so QEMUs that other
 # people run on this machine are never looked at or touched).
 # Prints PASS/FAIL per check and "N passed, M failed"; TALLY=FILE appends "vm-self P F 0" and a
@@ -77,6 +78,27 @@ wait $pid
 rc=$?
 if [ $seen = 1 ] && [ $rc = 143 ] && ! qemu_of "$id"; then ok "SIGTERM to run.sh kills its QEMU (exit 143)"
 else bad "SIGTERM: QEMU seen $seen, rc=$rc, left: $(pgrep -af -- "-name $id " || echo none)"; fi
+
+# 5. the guest dies before its command starts (init fails on purpose): booted again, the command
+# runs once; when every one of VM_BOOTS boots fails, a VM failure (125) and the command never ran
+id=vm-selftest-$$-boot
+out=$(VM_RUN_ID=$id VM_BOOTS=3 VM_SELFTEST_FAIL_BOOTS=1 VM_RESULTS=$tmp/r5 "$run" echo command-ran 2>"$tmp/err5")
+rc=$?
+echo "  VM_SELFTEST_FAIL_BOOTS=1 run.sh echo command-ran: exit $rc; stderr: $(grep -m1 'booting again' "$tmp/err5")"
+# (the first boot's console shows init's "vm-init: failing this boot on purpose", unless the
+# emulator's own boot Oops got there first: either way it is a boot that died)
+if [ $rc = 0 ] && [ "$(grep -c '^command-ran$' <<<"$out")" = 1 ] &&
+	grep -q 'booting again' "$tmp/err5" && ! qemu_of "$id"; then
+	ok "a guest that dies before its command starts is booted again; the command runs once"
+else bad "boot retry: rc=$rc out='$(tail -3 <<<"$out")' stderr: $(tail -3 "$tmp/err5")"; fi
+id=vm-selftest-$$-noboot
+out=$(VM_RUN_ID=$id VM_BOOTS=2 VM_SELFTEST_FAIL_BOOTS=2 VM_RESULTS=$tmp/r6 "$run" echo command-ran 2>"$tmp/err6")
+rc=$?
+echo "  VM_BOOTS=2 VM_SELFTEST_FAIL_BOOTS=2 run.sh echo command-ran: exit $rc; stderr: $(grep -m1 'VM failure' "$tmp/err6")"
+if [ $rc = 125 ] && ! grep -q '^command-ran$' <<<"$out" && grep -q 'did not boot in 2 tries' "$tmp/err6" &&
+	[ "$(grep -c 'booting again' "$tmp/err6")" = 1 ] && ! qemu_of "$id"; then
+	ok "a guest that fails every boot is a VM failure (exit 125) after VM_BOOTS tries"
+else bad "boot failures: rc=$rc out='$(tail -3 <<<"$out")' stderr: $(tail -3 "$tmp/err6")"; fi
 
 echo "$passed passed, $failed failed"
 if [ -n "${TALLY:-}" ]; then

@@ -36,12 +36,16 @@ smoke() {
 		"$here/run.sh" "$here/smoke.sh" 2>&1 | tee "$log"
 		st=${PIPESTATUS[0]}
 		line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -1)
-		# A VM failure (125: QEMU, boot or the guest died) before the suite's closing line is the
-		# emulator's, not a finding of the suite, which runs only Linux's and Debian's own tools:
-		# it gets one more boot, said out loud. A timeout (124) or a failed check does not.
-		[ -z "$line" ] && [ "$st" = 125 ] && [ $attempt = 1 ] || break
-		echo "=== vm tier: the smoke guest failed before the suite's closing line (run.sh exit 125; its" \
-			"last lines: $(grep -v '^ *$' "$log" | tail -4 | tr '\n' '|')); booting it once more"
+		# A guest that died under the suite — it started, no check failed, no closing line, and
+		# run.sh says the guest ended without the command's status (one that dies before its
+		# command starts is booted again by run.sh itself) — is the emulator's, not a finding of
+		# the suite, which runs only Linux's and Debian's own tools: the suite runs once more,
+		# said out loud. A timeout, a failed check or a run.sh that never booted is not retried.
+		[ -z "$line" ] && [ "$st" = 125 ] && [ $attempt = 1 ] &&
+			! grep -q '^FAIL \[' "$log" &&
+			grep -q "^run.sh: VM failure: the guest ended without the command's exit status" "$log" || break
+		echo "=== vm tier: the smoke guest died before the suite's closing line (run.sh exit 125; its" \
+			"last lines: $(grep -v '^ *$' "$log" | tail -4 | tr '\n' '|')); running the suite once more"
 	done
 	# count from the suite's own closing line; a VM that died before it counts as one failure,
 	# recapped with the log's last lines
