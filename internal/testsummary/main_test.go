@@ -43,42 +43,34 @@ func TestSummaryCountsAndRecap(t *testing.T) {
 	}
 }
 
-// Go 1.24 and later: the build's output as build-output events, the package's fail with FailedBuild.
-func TestSummaryBuildEventsNameThePackage(t *testing.T) {
-	in := `{"ImportPath":"ex/d [ex/d.test]","Action":"build-output","Output":"ex/d/d.go:3:1: syntax error\n"}
+// A package that does not build counts once and is named in the recap, with the compiler's
+// errors passed through, in both of go test -json's forms.
+func TestSummaryBuildFailures(t *testing.T) {
+	for _, tc := range []struct{ name, in, tally string }{{
+		name: "Go 1.24 and later: build-output events, the package's fail with FailedBuild",
+		in: `{"ImportPath":"ex/d [ex/d.test]","Action":"build-output","Output":"ex/d/d.go:3:1: syntax error\n"}
 {"ImportPath":"ex/d [ex/d.test]","Action":"build-fail"}
 {"Action":"start","Package":"ex/d"}
 {"Action":"output","Package":"ex/d","Output":"FAIL\tex/d [build failed]\n"}
 {"Action":"fail","Package":"ex/d","Elapsed":0,"FailedBuild":"ex/d [ex/d.test]"}
-` + events("pass ex/e TestOK")
-	var out, tally bytes.Buffer
-	s := summarize(strings.NewReader(in), &out)
-	if s.passed != 1 || s.failed != 1 {
-		t.Fatalf("counts %d passed %d failed, want 1 and 1", s.passed, s.failed)
-	}
-	s.writeTally(&tally, "unit")
-	if want := "unit 1 1 0\nFAILED unit ex/d (did not build: ex/d [ex/d.test])\n"; tally.String() != want {
-		t.Fatalf("tally %q, want %q", tally.String(), want)
-	}
-	if !strings.Contains(out.String(), "d.go:3:1: syntax error") {
-		t.Fatalf("the compiler's error did not pass through:\n%s", out.String())
-	}
-}
-
-// Before Go 1.24 (or with GODEBUG=gotestjsonbuildtext=1) the build's errors are plain text.
-func TestSummaryBuildFailureCountsOnce(t *testing.T) {
-	in := "# ex/d\nd.go:3:1: syntax error\nFAIL\tex/d [build failed]\n" + events("pass ex/e TestOK")
-	var out, tally bytes.Buffer
-	s := summarize(strings.NewReader(in), &out)
-	if s.passed != 1 || s.failed != 1 {
-		t.Fatalf("counts %d passed %d failed, want 1 and 1", s.passed, s.failed)
-	}
-	s.writeTally(&tally, "e2e")
-	if want := "e2e 1 1 0\nFAILED e2e a build failed (see the output above)\n"; tally.String() != want {
-		t.Fatalf("tally %q, want %q", tally.String(), want)
-	}
-	if !strings.Contains(out.String(), "syntax error") {
-		t.Fatalf("the build's error did not pass through:\n%s", out.String())
+`,
+		tally: "unit 1 1 0\nFAILED unit ex/d (did not build: ex/d [ex/d.test])\n",
+	}, {
+		name:  "before Go 1.24 (or GODEBUG=gotestjsonbuildtext=1): plain text",
+		in:    "# ex/d\nex/d/d.go:3:1: syntax error\nFAIL\tex/d [build failed]\n",
+		tally: "unit 1 1 0\nFAILED unit a build failed (see the output above)\n",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, tally bytes.Buffer
+			s := summarize(strings.NewReader(tc.in+events("pass ex/e TestOK")), &out)
+			s.writeTally(&tally, "unit")
+			if tally.String() != tc.tally {
+				t.Fatalf("tally %q, want %q", tally.String(), tc.tally)
+			}
+			if !strings.Contains(out.String(), "d.go:3:1: syntax error") {
+				t.Fatalf("the compiler's error did not pass through:\n%s", out.String())
+			}
+		})
 	}
 }
 
