@@ -283,9 +283,10 @@ while :; do
 	fi
 done'
 # A guest that dies before its command starts (no $job/booted: stage 2 writes it just before the
-# command) never ran the command, so it is booted again, up to VM_BOOTS times in all. Debian's 6.12 kernel under QEMU 7.2's
-# multi-threaded TCG now and then takes "Oops: int3" in sched_clock_cpu while a static key is
-# being patched at boot (seen 1 boot in 6 on a loaded 2-core host): the emulator's, not the test's.
+# command) never ran the command, so it is booted again, up to VM_BOOTS times in all. Debian's
+# 6.12 kernel under QEMU 7.2's multi-threaded TCG now and then takes "Oops: int3" in
+# sched_clock_cpu while a static key is being patched at boot (seen 1 boot in 6 on a loaded
+# 2-core host): the emulator's, not the test's.
 # A death after the command started is the command's and is never retried; nor is a timeout (a
 # guest that hangs before its command is killed at VM_TIMEOUT like any other, then exit 124).
 boot=1
