@@ -103,7 +103,7 @@ else bad "boot failures: rc=$rc out='$(tail -3 <<<"$out")' stderr: $(tail -3 "$t
 echo "$passed passed, $failed failed"
 if [ -n "${TALLY:-}" ]; then
 	echo "vm-self $passed $failed 0" >>"$TALLY"
-	for f in "${fails[@]}"; do echo "FAILED vm-self $f" | tr -s '\n' ' ' >>"$TALLY"; echo >>"$TALLY"; done
+	for f in "${fails[@]}"; do printf 'FAILED vm-self %s\n' "${f//$'\n'/ }" >>"$TALLY"; done
 fi
 [ $failed = 0 ]
 exit

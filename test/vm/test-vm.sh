@@ -28,27 +28,15 @@ part() { # NAME CMD...: run one part, time it; a part that fails without countin
 	fi
 }
 smoke() {
-	local log st line attempt
+	local log st line
 	log=$(mktemp "${TMPDIR:-/tmp}/vm-smoke.XXXXXX")
-	for attempt in 1 2; do
-		# run.sh's own stderr ("run.sh: VM failure: ...") goes into the log too: it is the
-		# diagnosis when the guest dies
-		"$here/run.sh" "$here/smoke.sh" 2>&1 | tee "$log"
-		st=${PIPESTATUS[0]}
-		line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -1)
-		# A guest that died under the suite — it started, no check failed, no closing line, and
-		# run.sh says the guest ended without the command's status (one that dies before its
-		# command starts is booted again by run.sh itself) — is the emulator's, not a finding of
-		# the suite, which runs only Linux's and Debian's own tools: the suite runs once more,
-		# said out loud. A timeout, a failed check or a run.sh that never booted is not retried.
-		[ -z "$line" ] && [ "$st" = 125 ] && [ $attempt = 1 ] &&
-			! grep -q '^FAIL \[' "$log" &&
-			grep -q "^run.sh: VM failure: the guest ended without the command's exit status" "$log" || break
-		echo "=== vm tier: the smoke guest died before the suite's closing line (run.sh exit 125; its" \
-			"last lines: $(grep -v '^ *$' "$log" | tail -4 | tr '\n' '|')); running the suite once more"
-	done
+	# run.sh's own stderr ("run.sh: VM failure: ...") goes into the log too: it is the diagnosis
+	# when the guest dies (one that dies before the suite starts is booted again by run.sh)
+	"$here/run.sh" "$here/smoke.sh" 2>&1 | tee "$log"
+	st=${PIPESTATUS[0]}
 	# count from the suite's own closing line; a VM that died before it counts as one failure,
 	# recapped with the log's last lines
+	line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -1)
 	if [ -n "$line" ]; then
 		set -- $line
 		echo "vm-smoke $1 $3 0" >>"$tally"
