@@ -34,17 +34,28 @@ class Result(unittest.TextTestResult):
 
 
 def test_dirs():
-    """The directories under test/ holding test_*.py files, less packages inside one already
-    listed (its discover finds them: running them again would count them twice)."""
-    out = []
-    for d, subdirs, files in sorted(os.walk(ROOT)):
+    """The directories under test/ holding test_*.py files, less those a listed directory's
+    discover already reaches (running them again would count them twice): discover descends
+    only through packages, so a directory is left out only when every directory from a listed
+    one down to it has an __init__.py."""
+    found = []
+    for d, subdirs, files in os.walk(ROOT):
         subdirs[:] = [s for s in subdirs if s != "__pycache__"]
-        if not any(f.startswith("test_") and f.endswith(".py") for f in files):
-            continue
-        if os.path.exists(os.path.join(d, "__init__.py")) and any(d.startswith(p + os.sep) for p in out):
-            continue
-        out.append(d)
+        if any(f.startswith("test_") and f.endswith(".py") for f in files):
+            found.append(d)
+    out = []
+    for d in sorted(found):
+        if not any(reached_by_discover(p, d) for p in out):
+            out.append(d)
     return out
+
+
+def reached_by_discover(top, d):
+    """Whether unittest's discover from top finds the tests in d, a directory below it."""
+    if not d.startswith(top + os.sep):
+        return False
+    rel = os.path.relpath(d, top).split(os.sep)
+    return all(os.path.exists(os.path.join(top, *rel[:i + 1], "__init__.py")) for i in range(len(rel)))
 
 
 def run_dir(d):

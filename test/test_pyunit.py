@@ -37,10 +37,14 @@ MIXED = textwrap.dedent("""\
         @unittest.expectedFailure
         def test_known_defect(self):
             self.assertEqual(1, 2)
+
+        @unittest.expectedFailure
+        def test_defect_gone_unnoticed(self):
+            pass
     """)
 
 
-def test_dir(parent, name, source):
+def make_test_dir(parent, name, source):
     d = os.path.join(parent, name)
     os.mkdir(d)
     with open(os.path.join(d, "test_it.py"), "w") as f:
@@ -57,13 +61,15 @@ def quietly(fn, *args):
 class PyTierTest(unittest.TestCase):
     def test_counts_and_names_of_a_directory(self):
         with tempfile.TemporaryDirectory() as tmp:
-            passed, failed, skipped, names = quietly(pyunit.counts_of, test_dir(tmp, "mixed", MIXED))
-        self.assertEqual((passed, failed, skipped), (1, 2, 2))  # an expected failure is a skip, not a pass
-        self.assertEqual(sorted(names), ["test_it.Mixed.test_breaks", "test_it.Mixed.test_fails"])
+            passed, failed, skipped, names = quietly(pyunit.counts_of, make_test_dir(tmp, "mixed", MIXED))
+        # an expected failure is a skip, not a pass; an unexpected success is a failure
+        self.assertEqual((passed, failed, skipped), (1, 3, 2))
+        self.assertEqual(sorted(names), ["test_it.Mixed.test_breaks", "test_it.Mixed.test_defect_gone_unnoticed",
+                                         "test_it.Mixed.test_fails"])
 
     def test_a_child_that_dies_is_one_named_failure(self):
         with tempfile.TemporaryDirectory() as tmp:
-            d = test_dir(tmp, "dies", "import os\nos._exit(3)\n")
+            d = make_test_dir(tmp, "dies", "import os\nos._exit(3)\n")
             passed, failed, skipped, names = quietly(pyunit.counts_of, d)
         self.assertEqual((passed, failed, skipped), (0, 1, 0))
         self.assertEqual(len(names), 1)
@@ -71,7 +77,7 @@ class PyTierTest(unittest.TestCase):
 
     def test_tally_gets_the_counts_and_a_line_per_failure(self):
         with tempfile.TemporaryDirectory() as tmp:
-            dirs = [test_dir(tmp, "mixed", MIXED), test_dir(tmp, "dies", "import os\nos._exit(3)\n")]
+            dirs = [make_test_dir(tmp, "mixed", MIXED), make_test_dir(tmp, "dies", "import os\nos._exit(3)\n")]
             tally = os.path.join(tmp, "tally")
             with mock.patch.object(pyunit, "test_dirs", return_value=dirs), \
                     mock.patch.object(sys, "argv", ["pyunit.py", "--tally", tally]):
@@ -79,9 +85,29 @@ class PyTierTest(unittest.TestCase):
             with open(tally) as f:
                 lines = f.read().splitlines()
         self.assertEqual(rc, 1)
-        self.assertEqual(lines[0], "py 1 3 2")
-        self.assertEqual(len(lines), 4)
+        self.assertEqual(lines[0], "py 1 4 2")
+        self.assertEqual(len(lines), 5)
         self.assertTrue(all(l.startswith("FAILED py ") for l in lines[1:]), lines)
+
+    def test_dirs_leave_out_only_what_a_listed_directory_discovers(self):
+        with tempfile.TemporaryDirectory() as root:
+            def tests_in(rel, package=False):
+                d = os.path.join(root, rel)
+                os.makedirs(d, exist_ok=True)
+                open(os.path.join(d, "test_x.py"), "w").close()
+                if package:
+                    open(os.path.join(d, "__init__.py"), "w").close()
+            tests_in("")                                # root itself
+            tests_in("bench")                           # not a package: discover from root misses it
+            tests_in("pkg", package=True)               # a package under root: discover finds it
+            tests_in("pkg/sub", package=True)           # and its subpackage
+            os.makedirs(os.path.join(root, "vm"))       # not a package ...
+            tests_in("vm/pyx", package=True)            # ... so this package is out of root's reach
+            os.makedirs(os.path.join(root, "__pycache__"))
+            open(os.path.join(root, "__pycache__", "test_x.py"), "w").close()
+            with mock.patch.object(pyunit, "ROOT", root):
+                got = [os.path.relpath(d, root) for d in pyunit.test_dirs()]
+        self.assertEqual(got, [".", "bench", os.path.join("vm", "pyx")])
 
     def test_no_tests_at_all_is_a_failure(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -103,9 +129,12 @@ def make_tally(tally_lines):
         with open(tally, "w") as f:
             f.writelines(l + "\n" for l in tally_lines)
         # a clean environment: under make test the tier runs inside make, whose flags would carry over
-        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("MAKEFLAGS", "MFLAGS", "GNUMAKEFLAGS", "MAKELEVEL", "MAKEFILES")}
         p = subprocess.run(["make", "-s", "--no-print-directory", "-C", os.path.dirname(HERE), "tally",
-                            f"TALLY={tally}"], capture_output=True, text=True, env=env, check=True)
+                            f"TALLY={tally}"], capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise AssertionError(f"make tally exited {p.returncode}: {p.stderr}")
     return p.stdout.splitlines()
 
 

@@ -700,7 +700,7 @@ def report(a, jobs, results, started, load_before, work, curve_rows):
         rs = [r for r in results if r.get("placement", "shared") == placement and not r.get("ab")]
         if rs:  # none when only the metrics A/B ran (--systems metrics-ab)
             lines += placement_report(a, jobs, rs, placement, work)
-    lines += metrics_ab.report(sys.modules[__name__], [r for r in ab if r["ab"] == metrics_ab.NAME])
+    lines += metrics_ab.report(sys.modules[__name__], ab)
     lines += release_ab.report(sys.modules[__name__], ab, os.path.basename(a.alt_bin),
                                 a.release_ab_pairs_per_start)
     lines += default_ab.report(sys.modules[__name__], ab)

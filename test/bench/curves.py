@@ -134,11 +134,17 @@ def rss_curve(b, a, work):
                 srv.stop()
             bound = mib + BUFFER_MIB + RSS_SLACK_MIB
             rows.append(dict(cache_mib=mib, written_mib=written, seconds=secs, peak_rss_mib=peak, bound_mib=bound))
-            b.log(f"   curve rss cache {mib} MiB: wrote {written:.0f} MiB in {secs:.0f} s, peak RSS {peak:.0f} MiB "
-                  f"(bound {bound})")
+            b.log(f"   curve rss cache {mib} MiB: wrote {written:.0f} MiB in {secs:.0f} s, peak RSS {mib_cell(peak)} "
+                  f"MiB (bound {bound})")
     finally:
         tgt.stop()
     return rows
+
+
+def mib_cell(peak):
+    """A peak RSS in MiB for the log and the table; None (the gateway's /proc entry was gone
+    before it was read, see bench.peak_rss_mib) is "–", never a crash that loses the report."""
+    return "–" if peak is None else f"{peak:.0f}"
 
 
 def report(curves):
@@ -170,10 +176,10 @@ def report(curves):
                 "| --cache-size MiB | written MiB | seconds | peak RSS MiB | bound (cache + buffers + 64) MiB | met |",
                 "|---|---|---|---|---|---|"]
         for r in curves["rss"]:
-            peak = r["peak_rss_mib"]  # None: the gateway's /proc entry was gone before it was read
+            peak = r["peak_rss_mib"]
             ok = peak is not None and peak <= r["bound_mib"]
-            out.append(f"| {r['cache_mib']} | {r['written_mib']:.0f} | {r['seconds']:.0f} | "
-                       f"{'–' if peak is None else f'{peak:.0f}'} | {r['bound_mib']} | {'yes' if ok else 'no'} |")
+            out.append(f"| {r['cache_mib']} | {r['written_mib']:.0f} | {r['seconds']:.0f} | {mib_cell(peak)} | "
+                       f"{r['bound_mib']} | {'yes' if ok else 'no'} |")
         out.append("\n![peak RSS over cache size](curve-rss.png)\n")
     return out
 
@@ -215,7 +221,9 @@ def charts(out_dir, work, curves):
         dat = os.path.join(work, "curve-rss.dat")
         with open(dat, "w") as f:
             for r in curves["rss"]:
-                f.write(f"{r['cache_mib']} {r['peak_rss_mib'] or 0:.1f} {r['bound_mib']}\n")
+                # gnuplot leaves a NaN point out: an unread peak is no point, not one at 0 under the bound
+                peak = "NaN" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib']:.1f}"
+                f.write(f"{r['cache_mib']} {peak} {r['bound_mib']}\n")
         gnuplot(head + f"set output '{os.path.join(out_dir, 'curve-rss.png')}'\n"
                 "set title 'write-back gateway: peak RSS over --cache-size'\nset logscale x 2\n"
                 "set xlabel '--cache-size (MiB)'\nset ylabel 'MiB'\n"

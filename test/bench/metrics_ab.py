@@ -82,7 +82,8 @@ def run(bench, a, tgt, work, rep, preexec=None):
 
 def report(bench, rows):
     """The A/B's section of the report: per job, the median on/off ratio of the rate and of the
-    gateway's CPU per request, with their spread."""
+    gateway's CPU per request, with their spread. Rows of other A/Bs are left out."""
+    rows = [r for r in rows if r.get("ab") == NAME]
     if not rows:
         return []
     out = ["\n## Metrics cost (issue 16): /metrics served and scraped against not served, same binary, "

@@ -3,10 +3,12 @@ the two A/B sections built on ab.py that test_ab.py does not cover (default_ab.r
 metrics_ab.report). Issue 18's closing note quotes these tables; run by make test's py tier
 (test/pyunit.py), with no gateway, target, fio or gnuplot.
 """
+import json
 import os
 import sys
 import tempfile
 import unittest
+from types import SimpleNamespace
 from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -54,9 +56,11 @@ class ReportTest(unittest.TestCase):
 
     def test_rss_rows_say_met_against_their_bound(self):
         rows = [dict(cache_mib=64, written_mib=96, seconds=3, peak_rss_mib=500, bound_mib=640),
-                dict(cache_mib=256, written_mib=384, seconds=9, peak_rss_mib=900, bound_mib=832)]
+                dict(cache_mib=256, written_mib=384, seconds=9, peak_rss_mib=900, bound_mib=832),
+                dict(cache_mib=128, written_mib=192, seconds=5, peak_rss_mib=704, bound_mib=704)]
         out = curves.report({"rss": rows})
         self.assertIn("| 64 | 96 | 3 | 500 | 640 | yes |", out)
+        self.assertIn("| 128 | 192 | 5 | 704 | 704 | yes |", out)  # at the bound is within it
         self.assertIn("| 256 | 384 | 9 | 900 | 832 | no |", out)
 
     def test_rss_row_without_a_peak_is_not_met_and_does_not_break_the_report(self):
@@ -72,24 +76,57 @@ class ReportTest(unittest.TestCase):
 class ChartsTest(unittest.TestCase):
     def test_every_chart_starts_its_y_axis_at_zero_and_plots_every_system(self):
         scripts = []
+        qd = list(reversed(qd_rows()))  # out of order: the data files must sort by depth
+        sess = [dict(system=s, connections=n, bw_mib=100.0 * n, errors=0)
+                for s in ("iser-blk-nocache --sessions 1", "qemu-nbd") for n in (2, 1)]
+        rss = [dict(cache_mib=64, written_mib=96, seconds=3, peak_rss_mib=None, bound_mib=640),
+               dict(cache_mib=128, written_mib=192, seconds=5, peak_rss_mib=700.25, bound_mib=704)]
         with tempfile.TemporaryDirectory() as d, \
                 mock.patch.object(curves, "gnuplot", side_effect=scripts.append):
-            rss = [dict(cache_mib=64, written_mib=96, seconds=3, peak_rss_mib=None, bound_mib=640)]
-            sess = [dict(system="qemu-nbd", connections=1, bw_mib=200.0, errors=0)]
-            curves.charts(d, d, {"qd": qd_rows(), "sessions": sess, "rss": rss})
-            # the qd data files: one per system, sorted by depth
-            with open(os.path.join(d, "curve-qd-0.dat")) as f:
+            curves.charts(d, d, {"qd": qd, "sessions": sess, "rss": rss})
+            with open(os.path.join(d, "curve-qd-1.dat")) as f:  # qemu-nbd: the second system seen
                 self.assertEqual(f.read(), "1 7000.4 250.6\n32 14000.0 5000.0\n")
+            with open(os.path.join(d, "curve-sess-0.dat")) as f:
+                self.assertEqual(f.read(), "1 100.0\n2 200.0\n")
             with open(os.path.join(d, "curve-rss.dat")) as f:
-                self.assertEqual(f.read(), "64 0.0 640\n")  # a missing peak plots at 0, not a crash
+                # an unread peak is no point (gnuplot skips NaN), not a point at 0 under the bound
+                self.assertEqual(f.read(), "64 NaN 640\n128 700.2 704\n")
         names = ["curve-qd-iops.png", "curve-qd-p99.png", "curve-sessions.png", "curve-rss.png"]
         self.assertEqual(len(scripts), len(names))
         for s, name in zip(scripts, names):
             with self.subTest(chart=name):
                 self.assertIn("set yrange [0:*]", s)
                 self.assertIn(os.path.join(d, name), s)
-        for system in ("qemu-nbd", "iser-blk-nocache"):
-            self.assertIn(f"title '{system}'", scripts[0])
+        for script, col in ((scripts[0], 2), (scripts[1], 3)):  # IOPS, then p99
+            self.assertEqual(script.count(f"using 1:{col} "), 2)
+            for system in ("qemu-nbd", "iser-blk-nocache"):
+                self.assertIn(f"title '{system}'", script)
+        for system in ("qemu-nbd", "iser-blk-nocache --sessions 1"):
+            self.assertIn(f"title '{system}'", scripts[2])
+
+
+class RSSCurveTest(unittest.TestCase):
+    def test_an_unreadable_peak_is_logged_and_kept_as_none(self):
+        """rss_curve runs before the report: a peak it cannot read must not end the bench."""
+        logged = []
+        server = SimpleNamespace(proc=SimpleNamespace(pid=4242), uri="nbd+unix:///?socket=x", stop=lambda: None)
+        b = SimpleNamespace(BIN="iser-blk", log=logged.append, peak_rss_mib=lambda pid: None,
+                            reset_peak_rss=lambda pid: None, Tgtd=lambda *a, **kw: SimpleNamespace(url="iscsi://t",
+                                                                                                 stop=lambda: None),
+                            NBDServer=lambda *a, **kw: server)
+        a = SimpleNamespace(rss_caches="64", rss_runtime=1)
+
+        def fio(argv, **kw):
+            out = next(x.split("=", 1)[1] for x in argv if x.startswith("--output="))
+            with open(out, "w") as f:
+                json.dump({"jobs": [{"write": {"io_bytes": 96 << 20}}]}, f)
+        with tempfile.TemporaryDirectory() as d, mock.patch.object(curves.subprocess, "run", side_effect=fio):
+            rows = curves.rss_curve(b, a, d)
+        self.assertEqual(len(rows), 1)
+        self.assertIsNone(rows[0]["peak_rss_mib"])
+        self.assertEqual(rows[0]["written_mib"], 96)
+        self.assertEqual(rows[0]["bound_mib"], 64 + curves.BUFFER_MIB + curves.RSS_SLACK_MIB)
+        self.assertIn("peak RSS – MiB", logged[-1])
 
 
 def ab_rows(tag, first, second, job, firsts, seconds, cpu_first=10.0, **extra):
@@ -106,17 +143,18 @@ class ABSectionsTest(unittest.TestCase):
         return next(l for l in out if l.startswith(f"| {job} |"))
 
     def test_default_ab_rows_say_met_against_0_95(self):
-        rows = ab_rows(default_ab.NAME, default_ab.DEFAULT, default_ab.OFF, "seqwrite-1m-qd8",
-                       [960, 950, 970, 940], [1000] * 4)
-        rows += ab_rows(default_ab.NAME, default_ab.DEFAULT, default_ab.OFF, "seqread-1m-qd8",
-                        [800, 850, 820, 900], [1000] * 4, cpu_first=12.0)
-        out = default_ab.report(bench, rows)
-        write = self.row_of(out, "seqwrite-1m-qd8").split(" | ")
-        self.assertEqual(write[3], "0.955")   # the speed's median
-        self.assertEqual(write[-1], "yes |")
-        read = self.row_of(out, "seqread-1m-qd8").split(" | ")
-        self.assertEqual(read[6], "1.200")    # the CPU ratio: default costs more
-        self.assertEqual(read[-1], "no |")
+        def verdict(firsts, cpu_first=10.0):
+            rows = ab_rows(default_ab.NAME, default_ab.DEFAULT, default_ab.OFF, "seqwrite-1m-qd8",
+                           firsts, [1000] * len(firsts), cpu_first=cpu_first)
+            return self.row_of(default_ab.report(bench, rows), "seqwrite-1m-qd8").split(" | ")
+        at = verdict([940, 950, 950, 960])
+        self.assertEqual((at[3], at[-1]), ("0.950", "yes |"))    # the median at the goal
+        below = verdict([900, 940, 948, 949])
+        self.assertEqual((below[3], below[-1]), ("0.944", "no |"))  # median and upper quartile short
+        # median short, upper quartile at the goal: the CPU per request decides (≤ 1 / 0.95)
+        self.assertEqual(verdict([900, 940, 950, 960], cpu_first=10.0)[-1], "yes |")
+        costly = verdict([900, 940, 950, 960], cpu_first=10.6)
+        self.assertEqual((costly[6], costly[-1]), ("1.060", "no |"))
 
     def test_default_ab_ignores_other_ab_rows(self):
         rows = ab_rows("release-ab", default_ab.DEFAULT, default_ab.OFF, "seqwrite-1m-qd8", [1] * 4, [1] * 4)
@@ -127,6 +165,8 @@ class ABSectionsTest(unittest.TestCase):
                        [20000, 19000, 21000, 20500], [20000] * 4)
         for r in rows:
             r["scrapes"] = 5 if r["system"] == metrics_ab.ON else None
+        # another A/B's rows in the same list are left out (bench.py passes them all)
+        rows += ab_rows(default_ab.NAME, metrics_ab.ON, metrics_ab.OFF, "randread-4k-qd32", [1] * 4, [1000] * 4)
         cells = self.row_of(metrics_ab.report(bench, rows), "randread-4k-qd32").split(" | ")
         self.assertEqual(cells[-2], "5")      # scrapes per on-run
         self.assertEqual(cells[-1], "yes |")  # median on/off 1.013
