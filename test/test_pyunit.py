@@ -58,6 +58,17 @@ def quietly(fn, *args):
         return fn(*args)
 
 
+def run_tier(dirs):
+    """Runs the py tier's main on dirs with --tally; its exit status and the tally's lines."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tally = os.path.join(tmp, "tally")
+        with mock.patch.object(pyunit, "test_dirs", return_value=dirs), \
+                mock.patch.object(sys, "argv", ["pyunit.py", "--tally", tally]):
+            rc = quietly(pyunit.main)
+        with open(tally) as f:
+            return rc, f.read().splitlines()
+
+
 class PyTierTest(unittest.TestCase):
     def test_counts_and_names_of_a_directory(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -78,12 +89,7 @@ class PyTierTest(unittest.TestCase):
     def test_tally_gets_the_counts_and_a_line_per_failure(self):
         with tempfile.TemporaryDirectory() as tmp:
             dirs = [make_test_dir(tmp, "mixed", MIXED), make_test_dir(tmp, "dies", "import os\nos._exit(3)\n")]
-            tally = os.path.join(tmp, "tally")
-            with mock.patch.object(pyunit, "test_dirs", return_value=dirs), \
-                    mock.patch.object(sys, "argv", ["pyunit.py", "--tally", tally]):
-                rc = quietly(pyunit.main)
-            with open(tally) as f:
-                lines = f.read().splitlines()
+            rc, lines = run_tier(dirs)
         self.assertEqual(rc, 1)
         self.assertEqual(lines[0], "py 1 4 2")
         self.assertEqual(len(lines), 5)
@@ -110,13 +116,7 @@ class PyTierTest(unittest.TestCase):
         self.assertEqual(got, [".", "bench", os.path.join("vm", "pyx")])
 
     def test_no_tests_at_all_is_a_failure(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            tally = os.path.join(tmp, "tally")
-            with mock.patch.object(pyunit, "test_dirs", return_value=[]), \
-                    mock.patch.object(sys, "argv", ["pyunit.py", "--tally", tally]):
-                rc = quietly(pyunit.main)
-            with open(tally) as f:
-                lines = f.read().splitlines()
+        rc, lines = run_tier([])
         self.assertEqual(rc, 1)
         self.assertEqual(lines[0], "py 0 1 0")
         self.assertTrue(lines[1].startswith("FAILED py no tests found"), lines)
