@@ -23,13 +23,15 @@ T_TABLE = {3: 3.1824, 4: 2.7764, 5: 2.5706, 6: 2.4469, 8: 2.3060, 10: 2.2281, 15
            30: 2.0423, 60: 2.0003, 120: 1.9799}
 
 
-def pair_rows(job, new_vals, old_vals, key="iops", rep=0, **extra):
-    """Rows of an A/B as ab.interleave records them: one per system per pair."""
+def pair_rows(job, new_vals, old_vals, key="iops", rep=0, tag=release_ab.NAME, first=release_ab.NEW,
+              second=release_ab.OLD, cpu_first=10.0, **extra):
+    """Rows of an A/B (release_ab's unless tag, first and second say another) as ab.interleave
+    records them: one per system per pair; first's CPU per request is cpu_first, second's 10."""
     rows = []
     for pair, (n, o) in enumerate(zip(new_vals, old_vals)):
-        for system, v in ((release_ab.NEW, n), (release_ab.OLD, o)):
-            rows.append(dict({"ab": release_ab.NAME, "job": job, "rep": rep, "pair": pair,
-                              "system": system, key: v, "gw_cpu_us_per_io": 10.0}, **extra))
+        for system, v, cpu in ((first, n, cpu_first), (second, o, 10.0)):
+            rows.append(dict({"ab": tag, "job": job, "rep": rep, "pair": pair,
+                              "system": system, key: v, "gw_cpu_us_per_io": cpu}, **extra))
     return rows
 
 

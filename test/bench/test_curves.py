@@ -16,6 +16,7 @@ import bench  # noqa: E402
 import curves  # noqa: E402
 import default_ab  # noqa: E402
 import metrics_ab  # noqa: E402
+from test_ab import pair_rows  # noqa: E402
 
 
 class ParseTest(unittest.TestCase):
@@ -129,13 +130,10 @@ class RSSCurveTest(unittest.TestCase):
         self.assertIn("peak RSS – MiB", logged[-1])
 
 
-def ab_rows(tag, first, second, job, firsts, seconds, cpu_first=10.0, **extra):
-    rows = []
-    for pair, (x, y) in enumerate(zip(firsts, seconds)):
-        for system, v, cpu in ((first, x, cpu_first), (second, y, 10.0)):
-            rows.append(dict({"ab": tag, "job": job, "rep": 0, "pair": pair, "system": system,
-                              bench.metric_of(job): v, "gw_cpu_us_per_io": cpu}, **extra))
-    return rows
+def ab_rows(tag, first, second, job, firsts, seconds, cpu_first=10.0):
+    """test_ab's pair_rows for another A/B's systems, keyed by the job's metric."""
+    return pair_rows(job, firsts, seconds, key=bench.metric_of(job), tag=tag, first=first, second=second,
+                     cpu_first=cpu_first)
 
 
 class ABSectionsTest(unittest.TestCase):
