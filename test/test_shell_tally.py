@@ -1,0 +1,160 @@
+"""Unit tests of the tally lines that make test's shell writers produce: test/fuzz.sh ("fuzz P F 0"
+and a FAILED line per target that failed, its -fuzztime deadline rule included) and
+test/vm/test-vm.sh (the VM tier: the self-test's and Go tests' own lines passed through, the smoke
+suite's counted from its closing line, a part that fails without counting a failure counted as
+one, and a guest that dies before the smoke suite's closing line). Each script runs as it is, copied
+into a throwaway tree beside stubs of what it calls (the parts, `go`), so nothing here boots a
+guest or fuzzes; the lines it writes are then summed by the Makefile's own `make tally`.
+"""
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from test_pyunit import make_tally  # noqa: E402
+
+
+def write_script(path, body):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("#!/usr/bin/env bash\n" + textwrap.dedent(body))
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+
+
+def read_lines(path):
+    with open(path) as f:
+        return f.read().splitlines()
+
+
+class VMTierTallyTest(unittest.TestCase):
+    """test-vm.sh with stub parts: selftest.sh and gotest.sh write their own lines to $TALLY (as the
+    real ones do), run.sh prints what a smoke guest would."""
+
+    def run_tier(self, selftest, smoke_output, smoke_status, gotest):
+        with tempfile.TemporaryDirectory() as tmp:
+            vm = os.path.join(tmp, "test", "vm")
+            os.makedirs(vm)
+            shutil.copy(os.path.join(HERE, "vm", "test-vm.sh"), vm)
+            write_script(os.path.join(vm, "selftest.sh"), selftest)
+            write_script(os.path.join(vm, "gotest.sh"), gotest)
+            with open(os.path.join(tmp, "smoke-output"), "w") as f:
+                f.write(smoke_output)
+            write_script(os.path.join(vm, "run.sh"),
+                         f'cat "{tmp}/smoke-output"\necho "run.sh: stub stderr" >&2\nexit {smoke_status}\n')
+            write_script(os.path.join(vm, "smoke.sh"), "exit 99  # run.sh's argument, never run here\n")
+            tally = os.path.join(tmp, "tally")
+            env = dict(os.environ, TALLY=tally, TMPDIR=tmp)
+            p = subprocess.run([os.path.join(vm, "test-vm.sh")], capture_output=True, text=True, env=env)
+            lines = read_lines(tally) if os.path.exists(tally) else []
+            leftovers = sorted(n for n in os.listdir(tmp) if n.startswith("vm-"))
+        return p, lines, leftovers
+
+    def test_every_part_passing(self):
+        p, lines, leftovers = self.run_tier(
+            selftest='echo "vm-self 8 0 0" >>"$TALLY"\n',
+            smoke_output="PASS [  1.2s] serve and read\n14 passed, 0 failed\n", smoke_status=0,
+            gotest='echo "vm-go 338 0 2" >>"$TALLY"\n')
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual(lines, ["vm-self 8 0 0", "vm-smoke 14 0 0", "vm-go 338 0 2"])
+        self.assertEqual(p.stdout.splitlines()[-1], "vm: 360 passed, 0 failed, 2 skipped")
+        self.assertEqual(make_tally(lines), ["total: 360 passed, 0 failed, 2 skipped"])
+        self.assertEqual(leftovers, [], "the tier's own tally and smoke log are removed")
+
+    def test_failures_are_counted_once_and_named(self):
+        p, lines, _ = self.run_tier(
+            # counts its own failure: no second one from the runner
+            selftest='echo "vm-self 7 1 0" >>"$TALLY"\necho "FAILED vm-self hung guest not killed" >>"$TALLY"\nexit 1\n',
+            smoke_output=("PASS [  1.0s] serve and read\nFAIL [ 12.5s] attach, mkfs, fsck\n"
+                          "13 passed, 1 failed\n"), smoke_status=1,
+            # fails without writing anything (a build error before any test ran)
+            gotest="exit 2\n")
+        self.assertEqual(p.returncode, 1)
+        self.assertEqual(lines, [
+            "vm-self 7 1 0", "FAILED vm-self hung guest not killed",
+            "vm-smoke 13 1 0", "FAILED vm-smoke attach, mkfs, fsck",
+            "vm 0 1 0", "FAILED vm Go tests tagged vm (guest): exit 2 without a counted failure (see its output)",
+        ])
+        self.assertEqual(p.stdout.splitlines()[-1], "vm: 20 passed, 3 failed, 0 skipped")
+        self.assertEqual(make_tally(lines), [
+            "FAILED: vm-self hung guest not killed",
+            "FAILED: vm-smoke attach, mkfs, fsck",
+            "FAILED: vm Go tests tagged vm (guest): exit 2 without a counted failure (see its output)",
+            "total: 20 passed, 3 failed, 0 skipped",
+        ])
+
+    def test_a_smoke_guest_that_dies_before_its_closing_line(self):
+        p, lines, _ = self.run_tier(
+            selftest='echo "vm-self 8 0 0" >>"$TALLY"\n',
+            smoke_output=("PASS [  1.0s] serve and read\nPASS [  2.0s] detach\n\nbooting the kernel\n"
+                          "Kernel panic - not syncing\n"), smoke_status=125,
+            gotest='echo "vm-go 338 0 0" >>"$TALLY"\n')
+        self.assertEqual(p.returncode, 1)
+        self.assertEqual(lines[:3], ["vm-self 8 0 0", "vm-smoke 0 1 0",
+                                     "FAILED vm-smoke the guest ended before the suite's closing line "
+                                     "(run.sh exit 125); its last lines: PASS [  2.0s] detach|booting the kernel|"
+                                     "Kernel panic - not syncing|run.sh: stub stderr|"])
+        self.assertEqual(lines[3:], ["vm-go 338 0 0"], "one failure for the smoke part, not a second from part()")
+        self.assertEqual(p.stdout.splitlines()[-1], "vm: 346 passed, 1 failed, 0 skipped")
+
+
+class FuzzTallyTest(unittest.TestCase):
+    """fuzz.sh in a throwaway module whose `go` is a stub: each target's outcome is chosen by name."""
+
+    FAKE_GO = """\
+        # go test -run='^$' -fuzz=^FuzzX$ -fuzztime=... ./dir
+        for a in "$@"; do case $a in -fuzz=*) fn=${a#-fuzz=^}; fn=${fn%'$'} ;; ./*) dir=$a ;; esac; done
+        echo "$fn" >>"$FUZZ_CALLS"
+        case $fn in
+        FuzzGood) echo ok; exit 0 ;;
+        FuzzCrash) echo "panic: index out of range"; echo "Failing input written to testdata/fuzz/FuzzCrash/1"
+                   mkdir -p "$dir/testdata/fuzz/FuzzCrash"; echo x >"$dir/testdata/fuzz/FuzzCrash/1"; exit 1 ;;
+        FuzzSeedFails) echo "    fuzz_test.go:12: round trip differs"; echo "    context deadline exceeded"; exit 1 ;;
+        FuzzBuildBroken) echo "FAIL codec [build failed]"; exit 1 ;;
+        FuzzDeadline) echo "--- FAIL: FuzzDeadline (5.01s)"; echo "    context deadline exceeded"; exit 1 ;;
+        FuzzDeadlineNewInput) echo "    context deadline exceeded"
+                   mkdir -p "$dir/testdata/fuzz/FuzzDeadlineNewInput"; echo y >"$dir/testdata/fuzz/FuzzDeadlineNewInput/2"; exit 1 ;;
+        esac
+        echo "unexpected target $fn"; exit 3
+        """
+
+    def test_counts_and_names_the_failed_targets(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = os.path.join(tmp, "mod")
+            os.makedirs(os.path.join(root, "test"))
+            shutil.copy(os.path.join(HERE, "fuzz.sh"), os.path.join(root, "test"))
+            os.makedirs(os.path.join(root, "codec"))
+            with open(os.path.join(root, "codec", "fuzz_test.go"), "w") as f:
+                f.write("package codec\n\nfunc FuzzGood(f *testing.F) {}\n\nfunc FuzzCrash(f *testing.F) {}\n"
+                        "\nfunc FuzzDeadline(f *testing.F) {}\n\nfunc FuzzBuildBroken(f *testing.F) {}\n"
+                        "\nfunc FuzzSeedFails(f *testing.F) {}\n"
+                        "\nfunc FuzzDeadlineNewInput(f *testing.F) {}\n")
+            os.makedirs(os.path.join(root, "vmonly"))
+            with open(os.path.join(root, "vmonly", "fuzz_test.go"), "w") as f:
+                f.write("//go:build vm\n\npackage vmonly\n\nfunc FuzzTagged(f *testing.F) {}\n")
+            subprocess.run(["git", "init", "-q", root], check=True)
+            bindir = os.path.join(tmp, "bin")
+            write_script(os.path.join(bindir, "go"), self.FAKE_GO)
+            calls, tally = os.path.join(tmp, "calls"), os.path.join(tmp, "tally")
+            env = dict(os.environ, PATH=bindir + os.pathsep + os.environ["PATH"], TALLY=tally, FUZZ_CALLS=calls)
+            p = subprocess.run([os.path.join(root, "test", "fuzz.sh")], capture_output=True, text=True, env=env)
+            lines, called = read_lines(tally), read_lines(calls)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertEqual(sorted(called), ["FuzzBuildBroken", "FuzzCrash", "FuzzDeadline", "FuzzDeadlineNewInput", "FuzzGood",
+                                          "FuzzSeedFails"],
+                         "every untagged target once, the vm-tagged file's never")
+        # the deadline race (that line, no new input, no failing test) is a pass; with a reproducer
+        # written, a test's own failure beside it, or a failure that is not the deadline, a failure
+        self.assertEqual(lines, ["fuzz 2 4 0", "FAILED fuzz ./codec FuzzCrash", "FAILED fuzz ./codec FuzzBuildBroken",
+                                 "FAILED fuzz ./codec FuzzSeedFails", "FAILED fuzz ./codec FuzzDeadlineNewInput"])
+        self.assertEqual(p.stdout.splitlines()[-1], "fuzz: 2 passed, 4 failed")
+        self.assertEqual(make_tally(lines)[-1], "total: 2 passed, 4 failed, 0 skipped")
+
+
+if __name__ == "__main__":
+    unittest.main()
