@@ -7,6 +7,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 FUZZTIME=${FUZZTIME:-5s}
 pass=0; fail=0; failed=()
+log=$(mktemp "${TMPDIR:-/tmp}/fuzz.XXXXXX")
+trap 'rm -f "$log"' EXIT
 while IFS= read -r file; do
   dir=$(dirname "$file")
   tags=""
@@ -14,21 +16,20 @@ while IFS= read -r file; do
   for fn in $(grep -oE '^func (Fuzz[A-Za-z0-9_]+)\(' "$file" | sed -E 's/^func (Fuzz[A-Za-z0-9_]+)\(/\1/'); do
     corpus="$dir/testdata/fuzz/$fn"
     before=$(ls "$corpus" 2>/dev/null | sort)
-    if go test $tags -run='^$' -fuzz="^${fn}\$" -fuzztime="$FUZZTIME" "./$dir" >/tmp/fuzz.$$.log 2>&1; then
+    if go test $tags -run='^$' -fuzz="^${fn}\$" -fuzztime="$FUZZTIME" "./$dir" >"$log" 2>&1; then
       echo "ok   ./$dir $fn ($FUZZTIME)"; pass=$((pass+1))
     elif [ "$(ls "$corpus" 2>/dev/null | sort)" = "$before" ] &&
-         grep -q '^    context deadline exceeded$' /tmp/fuzz.$$.log &&
-         ! grep -qE 'panic:|Failing input|fuzz_test.go:[0-9]+:' /tmp/fuzz.$$.log; then
+         grep -q '^    context deadline exceeded$' "$log" &&
+         ! grep -qE 'panic:|Failing input|_test\.go:[0-9]+:' "$log"; then
       # Go <= 1.26's fuzz coordinator can report its own -fuzztime deadline as a failure
       # (golang/go#75804, fixed in 1.27): no input failed and no reproducer was written.
       echo "ok   ./$dir $fn ($FUZZTIME; the coordinator's end-of-fuzztime deadline race, no failing input)"
       pass=$((pass+1))
     else
-      echo "FAIL ./$dir $fn"; tail -30 /tmp/fuzz.$$.log; fail=$((fail+1)); failed+=("./$dir $fn")
+      echo "FAIL ./$dir $fn"; tail -30 "$log"; fail=$((fail+1)); failed+=("./$dir $fn")
     fi
   done
 done < <(git ls-files --cached --others --exclude-standard '*_test.go' | xargs grep -l '^func Fuzz' 2>/dev/null | sort)
-rm -f /tmp/fuzz.$$.log
 if [ -n "${TALLY:-}" ]; then
   echo "fuzz $pass $fail 0" >> "$TALLY"
   for f in "${failed[@]}"; do echo "FAILED fuzz $f" >> "$TALLY"; done

@@ -21,6 +21,7 @@ from test_pyunit import make_tally  # noqa: E402
 
 
 def write_script(path, body):
+    """Writes an executable bash script at path (its directories made)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write("#!/usr/bin/env bash\n" + textwrap.dedent(body))
@@ -28,15 +29,32 @@ def write_script(path, body):
 
 
 def read_lines(path):
+    """The lines of the file at path; none if it does not exist."""
+    if not os.path.exists(path):
+        return []
     with open(path) as f:
         return f.read().splitlines()
+
+
+def child_env(**extra):
+    """This environment for a script under test, without what would point it elsewhere: git's
+    repository variables (a hook's GIT_DIR would make `git init` re-initialise that repository)
+    and an outer TALLY or TMPDIR."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") and k not in ("TALLY", "TMPDIR")}
+    env.update(extra)
+    return env
+
+
+EARLIER_TIER = "unit 5 0 0"  # a tier that ran before: every writer appends after it
 
 
 class VMTierTallyTest(unittest.TestCase):
     """test-vm.sh with stub parts: selftest.sh and gotest.sh write their own lines to $TALLY (as the
     real ones do), run.sh prints what a smoke guest would."""
 
-    def run_tier(self, selftest, smoke_output, smoke_status, gotest):
+    def run_vm_tier(self, selftest, smoke_output, smoke_status, gotest):
+        """Runs test-vm.sh with these stubs; its process, the lines it appended to a tally that
+        already held EARLIER_TIER (checked to stay first), and the files it left in TMPDIR."""
         with tempfile.TemporaryDirectory() as tmp:
             vm = os.path.join(tmp, "test", "vm")
             os.makedirs(vm)
@@ -49,25 +67,28 @@ class VMTierTallyTest(unittest.TestCase):
                          f'cat "{tmp}/smoke-output"\necho "run.sh: stub stderr" >&2\nexit {smoke_status}\n')
             write_script(os.path.join(vm, "smoke.sh"), "exit 99  # run.sh's argument, never run here\n")
             tally = os.path.join(tmp, "tally")
-            env = dict(os.environ, TALLY=tally, TMPDIR=tmp)
-            p = subprocess.run([os.path.join(vm, "test-vm.sh")], capture_output=True, text=True, env=env)
-            lines = read_lines(tally) if os.path.exists(tally) else []
+            with open(tally, "w") as f:
+                f.write(EARLIER_TIER + "\n")
+            p = subprocess.run([os.path.join(vm, "test-vm.sh")], capture_output=True, text=True,
+                               env=child_env(TALLY=tally, TMPDIR=tmp))
+            lines = read_lines(tally)
             leftovers = sorted(n for n in os.listdir(tmp) if n.startswith("vm-"))
-        return p, lines, leftovers
+        self.assertEqual(lines[:1], [EARLIER_TIER], "the tier appends to the tally, never overwrites it")
+        return p, lines[1:], leftovers
 
     def test_every_part_passing(self):
-        p, lines, leftovers = self.run_tier(
+        p, lines, leftovers = self.run_vm_tier(
             selftest='echo "vm-self 8 0 0" >>"$TALLY"\n',
             smoke_output="PASS [  1.2s] serve and read\n14 passed, 0 failed\n", smoke_status=0,
             gotest='echo "vm-go 338 0 2" >>"$TALLY"\n')
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         self.assertEqual(lines, ["vm-self 8 0 0", "vm-smoke 14 0 0", "vm-go 338 0 2"])
         self.assertEqual(p.stdout.splitlines()[-1], "vm: 360 passed, 0 failed, 2 skipped")
-        self.assertEqual(make_tally(lines), ["total: 360 passed, 0 failed, 2 skipped"])
+        self.assertEqual(make_tally([EARLIER_TIER] + lines), ["total: 365 passed, 0 failed, 2 skipped"])
         self.assertEqual(leftovers, [], "the tier's own tally and smoke log are removed")
 
     def test_failures_are_counted_once_and_named(self):
-        p, lines, _ = self.run_tier(
+        p, lines, _ = self.run_vm_tier(
             # counts its own failure: no second one from the runner
             selftest='echo "vm-self 7 1 0" >>"$TALLY"\necho "FAILED vm-self hung guest not killed" >>"$TALLY"\nexit 1\n',
             smoke_output=("PASS [  1.0s] serve and read\nFAIL [ 12.5s] attach, mkfs, fsck\n"
@@ -81,18 +102,30 @@ class VMTierTallyTest(unittest.TestCase):
             "vm 0 1 0", "FAILED vm Go tests tagged vm (guest): exit 2 without a counted failure (see its output)",
         ])
         self.assertEqual(p.stdout.splitlines()[-1], "vm: 20 passed, 3 failed, 0 skipped")
-        self.assertEqual(make_tally(lines), [
+        self.assertEqual(make_tally([EARLIER_TIER] + lines), [
             "FAILED: vm-self hung guest not killed",
             "FAILED: vm-smoke attach, mkfs, fsck",
             "FAILED: vm Go tests tagged vm (guest): exit 2 without a counted failure (see its output)",
-            "total: 20 passed, 3 failed, 0 skipped",
+            "total: 25 passed, 3 failed, 0 skipped",
         ])
 
-    def test_a_smoke_guest_that_dies_before_its_closing_line(self):
-        p, lines, _ = self.run_tier(
+    def test_a_part_that_counted_no_failure_but_failed(self):
+        # gotest.sh when the guest times out after the summary was written: its counts say 0 failed
+        p, lines, _ = self.run_vm_tier(
             selftest='echo "vm-self 8 0 0" >>"$TALLY"\n',
-            smoke_output=("PASS [  1.0s] serve and read\nPASS [  2.0s] detach\n\nbooting the kernel\n"
-                          "Kernel panic - not syncing\n"), smoke_status=125,
+            smoke_output="14 passed, 0 failed\n", smoke_status=0,
+            gotest='echo "vm-go 338 0 0" >>"$TALLY"\nexit 124\n')
+        self.assertEqual(p.returncode, 1)
+        self.assertEqual(lines, ["vm-self 8 0 0", "vm-smoke 14 0 0", "vm-go 338 0 0", "vm 0 1 0",
+                                 "FAILED vm Go tests tagged vm (guest): exit 124 without a counted failure (see its output)"])
+        self.assertEqual(p.stdout.splitlines()[-1], "vm: 360 passed, 1 failed, 0 skipped")
+
+    def test_a_smoke_guest_that_dies_before_its_closing_line(self):
+        p, lines, _ = self.run_vm_tier(
+            selftest='echo "vm-self 8 0 0" >>"$TALLY"\n',
+            # a failed check's log, echoed indented, may hold a line like the closing one
+            smoke_output=("PASS [  1.0s] serve and read\n    | 3 passed, 0 failed\nPASS [  2.0s] detach\n\n"
+                          "booting the kernel\nKernel panic - not syncing\n"), smoke_status=125,
             gotest='echo "vm-go 338 0 0" >>"$TALLY"\n')
         self.assertEqual(p.returncode, 1)
         self.assertEqual(lines[:3], ["vm-self 8 0 0", "vm-smoke 0 1 0",
@@ -110,50 +143,70 @@ class FuzzTallyTest(unittest.TestCase):
         # go test -run='^$' -fuzz=^FuzzX$ -fuzztime=... ./dir
         for a in "$@"; do case $a in -fuzz=*) fn=${a#-fuzz=^}; fn=${fn%'$'} ;; ./*) dir=$a ;; esac; done
         echo "$fn" >>"$FUZZ_CALLS"
+        reproducer() { mkdir -p "$dir/testdata/fuzz/$fn"; echo x >"$dir/testdata/fuzz/$fn/1"; }
+        deadline() { echo "--- FAIL: $fn (5.01s)"; echo "    context deadline exceeded"; }
         case $fn in
-        FuzzGood) echo ok; exit 0 ;;
-        FuzzCrash) echo "panic: index out of range"; echo "Failing input written to testdata/fuzz/FuzzCrash/1"
-                   mkdir -p "$dir/testdata/fuzz/FuzzCrash"; echo x >"$dir/testdata/fuzz/FuzzCrash/1"; exit 1 ;;
-        FuzzSeedFails) echo "    fuzz_test.go:12: round trip differs"; echo "    context deadline exceeded"; exit 1 ;;
+        FuzzGood|FuzzParse) echo ok; exit 0 ;;
+        FuzzCrash) echo "panic: index out of range"; echo "Failing input written to testdata/fuzz/$fn/1"; reproducer; exit 1 ;;
+        FuzzDeadline) deadline; exit 1 ;;
         FuzzBuildBroken) echo "FAIL codec [build failed]"; exit 1 ;;
-        FuzzDeadline) echo "--- FAIL: FuzzDeadline (5.01s)"; echo "    context deadline exceeded"; exit 1 ;;
-        FuzzDeadlineNewInput) echo "    context deadline exceeded"
-                   mkdir -p "$dir/testdata/fuzz/FuzzDeadlineNewInput"; echo y >"$dir/testdata/fuzz/FuzzDeadlineNewInput/2"; exit 1 ;;
+        FuzzSeedFails) echo "    fuzz_test.go:12: round trip differs"; deadline; exit 1 ;;
+        FuzzSeedPanics) echo "panic: runtime error: slice bounds out of range"; deadline; exit 1 ;;
+        FuzzDialTimeout) echo "--- FAIL: $fn"; echo "    dial: context deadline exceeded"; exit 1 ;;
+        FuzzDeadlineNewInput) deadline; reproducer; exit 1 ;;
+        FuzzKnownInput) echo "    Failing input written to testdata/fuzz/$fn/1"; reproducer; deadline; exit 1 ;;
+        FuzzURL) echo "    url_test.go:70: round trip differs"; deadline; exit 1 ;;
         esac
         echo "unexpected target $fn"; exit 3
         """
+
+    FILES = {
+        "codec/fuzz_test.go": ["FuzzGood", "FuzzCrash", "FuzzDeadline", "FuzzBuildBroken", "FuzzSeedFails",
+                               "FuzzSeedPanics", "FuzzDialTimeout", "FuzzDeadlineNewInput", "FuzzKnownInput"],
+        "urls/url_test.go": ["FuzzParse", "FuzzURL"],  # a fuzz target's file need not be fuzz_test.go
+    }
 
     def test_counts_and_names_the_failed_targets(self):
         with tempfile.TemporaryDirectory() as tmp:
             root = os.path.join(tmp, "mod")
             os.makedirs(os.path.join(root, "test"))
             shutil.copy(os.path.join(HERE, "fuzz.sh"), os.path.join(root, "test"))
-            os.makedirs(os.path.join(root, "codec"))
-            with open(os.path.join(root, "codec", "fuzz_test.go"), "w") as f:
-                f.write("package codec\n\nfunc FuzzGood(f *testing.F) {}\n\nfunc FuzzCrash(f *testing.F) {}\n"
-                        "\nfunc FuzzDeadline(f *testing.F) {}\n\nfunc FuzzBuildBroken(f *testing.F) {}\n"
-                        "\nfunc FuzzSeedFails(f *testing.F) {}\n"
-                        "\nfunc FuzzDeadlineNewInput(f *testing.F) {}\n")
+            for path, targets in self.FILES.items():
+                os.makedirs(os.path.join(root, os.path.dirname(path)))
+                with open(os.path.join(root, path), "w") as f:
+                    f.write("package p\n" + "".join(f"\nfunc {t}(f *testing.F) {{}}\n" for t in targets))
+            # an input already in the corpus, found failing again: the listing does not change
+            known = os.path.join(root, "codec", "testdata", "fuzz", "FuzzKnownInput")
+            os.makedirs(known)
+            with open(os.path.join(known, "1"), "w") as f:
+                f.write("x\n")
             os.makedirs(os.path.join(root, "vmonly"))
             with open(os.path.join(root, "vmonly", "fuzz_test.go"), "w") as f:
-                f.write("//go:build vm\n\npackage vmonly\n\nfunc FuzzTagged(f *testing.F) {}\n")
-            subprocess.run(["git", "init", "-q", root], check=True)
-            bindir = os.path.join(tmp, "bin")
+                f.write("// Fuzzed in the guest only.\n//go:build vm\n\npackage vmonly\n\nfunc FuzzTagged(f *testing.F) {}\n")
+            bindir, scratch = os.path.join(tmp, "bin"), os.path.join(tmp, "scratch")
+            os.mkdir(scratch)
             write_script(os.path.join(bindir, "go"), self.FAKE_GO)
             calls, tally = os.path.join(tmp, "calls"), os.path.join(tmp, "tally")
-            env = dict(os.environ, PATH=bindir + os.pathsep + os.environ["PATH"], TALLY=tally, FUZZ_CALLS=calls)
+            with open(tally, "w") as f:
+                f.write(EARLIER_TIER + "\n")
+            env = child_env(PATH=bindir + os.pathsep + os.environ["PATH"], TALLY=tally, FUZZ_CALLS=calls,
+                            TMPDIR=scratch)
+            subprocess.run(["git", "init", "-q", root], check=True, env=env)
             p = subprocess.run([os.path.join(root, "test", "fuzz.sh")], capture_output=True, text=True, env=env)
-            lines, called = read_lines(tally), read_lines(calls)
+            lines, called, leftovers = read_lines(tally), read_lines(calls), os.listdir(scratch)
         self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
-        self.assertEqual(sorted(called), ["FuzzBuildBroken", "FuzzCrash", "FuzzDeadline", "FuzzDeadlineNewInput", "FuzzGood",
-                                          "FuzzSeedFails"],
+        self.assertEqual(sorted(called), sorted(t for ts in self.FILES.values() for t in ts),
                          "every untagged target once, the vm-tagged file's never")
-        # the deadline race (that line, no new input, no failing test) is a pass; with a reproducer
-        # written, a test's own failure beside it, or a failure that is not the deadline, a failure
-        self.assertEqual(lines, ["fuzz 2 4 0", "FAILED fuzz ./codec FuzzCrash", "FAILED fuzz ./codec FuzzBuildBroken",
-                                 "FAILED fuzz ./codec FuzzSeedFails", "FAILED fuzz ./codec FuzzDeadlineNewInput"])
-        self.assertEqual(p.stdout.splitlines()[-1], "fuzz: 2 passed, 4 failed")
-        self.assertEqual(make_tally(lines)[-1], "total: 2 passed, 4 failed, 0 skipped")
+        # the deadline race (that line alone, no new input, no panic, failing input or failing test) is a pass;
+        # everything else that exits non-zero is a failure, named
+        self.assertEqual(lines, [EARLIER_TIER, "fuzz 3 8 0",
+                                 "FAILED fuzz ./codec FuzzCrash", "FAILED fuzz ./codec FuzzBuildBroken",
+                                 "FAILED fuzz ./codec FuzzSeedFails", "FAILED fuzz ./codec FuzzSeedPanics",
+                                 "FAILED fuzz ./codec FuzzDialTimeout", "FAILED fuzz ./codec FuzzDeadlineNewInput",
+                                 "FAILED fuzz ./codec FuzzKnownInput", "FAILED fuzz ./urls FuzzURL"])
+        self.assertEqual(p.stdout.splitlines()[-1], "fuzz: 3 passed, 8 failed")
+        self.assertEqual(make_tally(lines)[-1], "total: 8 passed, 8 failed, 0 skipped")
+        self.assertEqual(leftovers, [], "fuzz.sh removes its log")
 
 
 if __name__ == "__main__":
