@@ -76,64 +76,62 @@ class VMTierTallyTest(unittest.TestCase):
         self.assertEqual(lines[:1], [EARLIER_TIER], "the tier appends to the tally, never overwrites it")
         return p, lines[1:], leftovers
 
+    def expect(self, stubs, status, lines, closing):
+        """Runs the tier with stubs and checks its exit status, the lines it appended and its
+        closing line; returns the lines and the files it left."""
+        p, got, leftovers = self.run_vm_tier(**stubs)
+        self.assertEqual(p.returncode, status, p.stdout + p.stderr)
+        self.assertEqual(got, lines)
+        self.assertEqual(p.stdout.splitlines()[-1], closing)
+        return got, leftovers
+
     def test_every_part_passing(self):
-        p, lines, leftovers = self.run_vm_tier(
-            selftest='echo "vm-self 8 0 0" >>"$TALLY"\n',
-            smoke_output="PASS [  1.2s] serve and read\n14 passed, 0 failed\n", smoke_status=0,
-            gotest='echo "vm-go 338 0 2" >>"$TALLY"\n')
-        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-        self.assertEqual(lines, ["vm-self 8 0 0", "vm-smoke 14 0 0", "vm-go 338 0 2"])
-        self.assertEqual(p.stdout.splitlines()[-1], "vm: 360 passed, 0 failed, 2 skipped")
+        lines, leftovers = self.expect(
+            dict(selftest='echo "vm-self 8 0 0" >>"$TALLY"\n',
+                 smoke_output="PASS [  1.2s] serve and read\n14 passed, 0 failed\n", smoke_status=0,
+                 gotest='echo "vm-go 338 0 2" >>"$TALLY"\n'),
+            0, ["vm-self 8 0 0", "vm-smoke 14 0 0", "vm-go 338 0 2"], "vm: 360 passed, 0 failed, 2 skipped")
         self.assertEqual(make_tally([EARLIER_TIER] + lines), ["total: 365 passed, 0 failed, 2 skipped"])
         self.assertEqual(leftovers, [], "the tier's own tally and smoke log are removed")
 
     def test_failures_are_counted_once_and_named(self):
-        p, lines, _ = self.run_vm_tier(
-            # counts its own failure: no second one from the runner
-            selftest='echo "vm-self 7 1 0" >>"$TALLY"\necho "FAILED vm-self hung guest not killed" >>"$TALLY"\nexit 1\n',
-            smoke_output=("PASS [  1.0s] serve and read\nFAIL [ 12.5s] attach, mkfs, fsck\n"
-                          "13 passed, 1 failed\n"), smoke_status=1,
-            # fails without writing anything (a build error before any test ran)
-            gotest="exit 2\n")
-        self.assertEqual(p.returncode, 1)
-        self.assertEqual(lines, [
-            "vm-self 7 1 0", "FAILED vm-self hung guest not killed",
-            "vm-smoke 13 1 0", "FAILED vm-smoke attach, mkfs, fsck",
-            "vm 0 1 0", "FAILED vm Go tests tagged vm (guest): exit 2 without a counted failure (see its output)",
-        ])
-        self.assertEqual(p.stdout.splitlines()[-1], "vm: 20 passed, 3 failed, 0 skipped")
+        gotest_failure = "FAILED vm Go tests tagged vm (guest): exit 2 without a counted failure (see its output)"
+        lines, _ = self.expect(
+            # the self-test counts its own failure: no second one from the runner; gotest.sh fails
+            # without writing anything (a build error before any test ran)
+            dict(selftest='echo "vm-self 7 1 0" >>"$TALLY"\necho "FAILED vm-self hung guest not killed" >>"$TALLY"\n'
+                          'exit 1\n',
+                 smoke_output="PASS [  1.0s] serve and read\nFAIL [ 12.5s] attach, mkfs, fsck\n13 passed, 1 failed\n",
+                 smoke_status=1, gotest="exit 2\n"),
+            1, ["vm-self 7 1 0", "FAILED vm-self hung guest not killed", "vm-smoke 13 1 0",
+                "FAILED vm-smoke attach, mkfs, fsck", "vm 0 1 0", gotest_failure],
+            "vm: 20 passed, 3 failed, 0 skipped")
         self.assertEqual(make_tally([EARLIER_TIER] + lines), [
-            "FAILED: vm-self hung guest not killed",
-            "FAILED: vm-smoke attach, mkfs, fsck",
-            "FAILED: vm Go tests tagged vm (guest): exit 2 without a counted failure (see its output)",
-            "total: 25 passed, 3 failed, 0 skipped",
-        ])
+            "FAILED: vm-self hung guest not killed", "FAILED: vm-smoke attach, mkfs, fsck",
+            "FAILED: " + gotest_failure[len("FAILED "):], "total: 25 passed, 3 failed, 0 skipped"])
 
     def test_a_part_that_counted_no_failure_but_failed(self):
         # gotest.sh when the guest times out after the summary was written: its counts say 0 failed
-        p, lines, _ = self.run_vm_tier(
-            selftest='echo "vm-self 8 0 0" >>"$TALLY"\n',
-            smoke_output="14 passed, 0 failed\n", smoke_status=0,
-            gotest='echo "vm-go 338 0 0" >>"$TALLY"\nexit 124\n')
-        self.assertEqual(p.returncode, 1)
-        self.assertEqual(lines, ["vm-self 8 0 0", "vm-smoke 14 0 0", "vm-go 338 0 0", "vm 0 1 0",
-                                 "FAILED vm Go tests tagged vm (guest): exit 124 without a counted failure (see its output)"])
-        self.assertEqual(p.stdout.splitlines()[-1], "vm: 360 passed, 1 failed, 0 skipped")
+        self.expect(
+            dict(selftest='echo "vm-self 8 0 0" >>"$TALLY"\n', smoke_output="14 passed, 0 failed\n",
+                 smoke_status=0, gotest='echo "vm-go 338 0 0" >>"$TALLY"\nexit 124\n'),
+            1, ["vm-self 8 0 0", "vm-smoke 14 0 0", "vm-go 338 0 0", "vm 0 1 0",
+                "FAILED vm Go tests tagged vm (guest): exit 124 without a counted failure (see its output)"],
+            "vm: 360 passed, 1 failed, 0 skipped")
 
     def test_a_smoke_guest_that_dies_before_its_closing_line(self):
-        p, lines, _ = self.run_vm_tier(
-            selftest='echo "vm-self 8 0 0" >>"$TALLY"\n',
-            # a failed check's log, echoed indented, may hold a line like the closing one
-            smoke_output=("PASS [  1.0s] serve and read\n    | 3 passed, 0 failed\nPASS [  2.0s] detach\n\n"
-                          "booting the kernel\nKernel panic - not syncing\n"), smoke_status=125,
-            gotest='echo "vm-go 338 0 0" >>"$TALLY"\n')
-        self.assertEqual(p.returncode, 1)
-        self.assertEqual(lines[:3], ["vm-self 8 0 0", "vm-smoke 0 1 0",
-                                     "FAILED vm-smoke the guest ended before the suite's closing line "
-                                     "(run.sh exit 125); its last lines: PASS [  2.0s] detach|booting the kernel|"
-                                     "Kernel panic - not syncing|run.sh: stub stderr|"])
-        self.assertEqual(lines[3:], ["vm-go 338 0 0"], "one failure for the smoke part, not a second from part()")
-        self.assertEqual(p.stdout.splitlines()[-1], "vm: 346 passed, 1 failed, 0 skipped")
+        # one failure for the smoke part, not a second one from part(); a failed check's log,
+        # echoed indented, may hold a line like the closing one
+        self.expect(
+            dict(selftest='echo "vm-self 8 0 0" >>"$TALLY"\n',
+                 smoke_output=("PASS [  1.0s] serve and read\n    | 3 passed, 0 failed\nPASS [  2.0s] detach\n\n"
+                               "booting the kernel\nKernel panic - not syncing\n"), smoke_status=125,
+                 gotest='echo "vm-go 338 0 0" >>"$TALLY"\n'),
+            1, ["vm-self 8 0 0", "vm-smoke 0 1 0",
+                "FAILED vm-smoke the guest ended before the suite's closing line (run.sh exit 125); its last lines: "
+                "PASS [  2.0s] detach|booting the kernel|Kernel panic - not syncing|run.sh: stub stderr|",
+                "vm-go 338 0 0"],
+            "vm: 346 passed, 1 failed, 0 skipped")
 
 
 class FuzzTallyTest(unittest.TestCase):
