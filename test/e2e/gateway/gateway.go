@@ -8,7 +8,7 @@
 // The binary is $ISERBLK_BIN or bin/iser-blk at the module root (`make build`).
 //
 // Progress is observed, never assumed after a fixed sleep: WaitWritten polls the process's
-// /proc/PID/io write counter (every byte it sends to the target or the client).
+// /proc/PID/io write counter (every byte it sends to the target or the client), WaitLog its log.
 package gateway
 
 import (
@@ -151,6 +151,25 @@ func (s *Server) LogLines(msg string) []string {
 		}
 	}
 	return out
+}
+
+// WaitLog waits until the server has logged msg at least n times, polling its log, and fails
+// the test with the log if that takes longer than within. It returns the matching lines.
+func (s *Server) WaitLog(t testing.TB, msg string, n int, within time.Duration) []string {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		lines := s.LogLines(msg)
+		if len(lines) >= n {
+			return lines
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d %q lines in the log after %v:\n%s", len(lines), n, msg, within, s.Log())
+		}
+		<-tick.C
+	}
 }
 
 // Written is the number of bytes the server process has passed to write-family system calls

@@ -35,20 +35,6 @@ func (f *fleet) waitStatus(name, what string, timeout time.Duration, cond func(s
 	}
 }
 
-// waitLog polls the gateway's log until it holds msg.
-func waitLog(t *testing.T, g *gateway.Server, msg string, timeout time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for len(g.LogLines(msg)) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %q in the log within %v:\n%s", msg, timeout, g.Log())
-		}
-		<-tick.C
-	}
-}
-
 // dirty writes 1 MiB of 0x5a in 4 KiB writes, which stay in the cache (fio sends no FLUSH).
 func (f *fleet) dirty(g *gateway.Server, name string) {
 	f.t.Helper()
@@ -123,7 +109,7 @@ func TestServiceDetachRefusedWhileStopping(t *testing.T) {
 	f.dirty(g, "st")
 	tg.Kill()
 	g.Signal(t, syscall.SIGTERM)
-	waitLog(t, g, "flushing dirty data to the target", 10*time.Second)
+	g.WaitLog(t, "flushing dirty data to the target", 1, 10*time.Second)
 	start := time.Now()
 	_, code := f.cli("detach", "st")
 	if code != 1 || time.Since(start) > 10*time.Second {
@@ -155,9 +141,9 @@ func TestServiceSignalDuringDetachJoins(t *testing.T) {
 	if err := detach.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitLog(t, g, "flushing dirty data to the target", 10*time.Second)
+	g.WaitLog(t, "flushing dirty data to the target", 1, 10*time.Second)
 	g.Signal(t, syscall.SIGTERM)
-	waitLog(t, g, "shutting down", 10*time.Second)
+	g.WaitLog(t, "shutting down", 1, 10*time.Second)
 	if err := tg.Restart(); err != nil {
 		t.Fatal(err)
 	}

@@ -296,8 +296,7 @@ func checkRefusals(t *testing.T, srv *gateway.Server, p *pki) {
 	// A client trusting another CA hangs up on the server's certificate; the server sees the
 	// handshake fail like the two it refuses itself. It logs each failure when its own read of
 	// the handshake ends, which can be after the client has exited: wait for the lines.
-	waitLog(t, srv, "nbd TLS handshake failed", before+3)
-	for _, l := range srv.LogLines("nbd TLS handshake failed") {
+	for _, l := range srv.WaitLog(t, "nbd TLS handshake failed", before+3, 30*time.Second) {
 		if !strings.Contains(l, "tcp:127.0.0.1:") {
 			t.Errorf("failed handshake logged without the peer address: %s", l)
 		}
@@ -311,7 +310,7 @@ func checkRotation(t *testing.T, srv *gateway.Server, p *pki) {
 	addr := net.JoinHostPort(host, port)
 	cert := p.rotate(t)
 	srv.Signal(t, syscall.SIGHUP)
-	waitLog(t, srv, "TLS certificates reloaded", 1)
+	srv.WaitLog(t, "TLS certificates reloaded", 1, 30*time.Second)
 	if got := serverSerial(t, addr, p); got != cert.SerialNumber.String() {
 		t.Fatalf("after SIGHUP the server presents serial %s, want the new %s", got, cert.SerialNumber)
 	}
@@ -323,23 +322,11 @@ func checkRotation(t *testing.T, srv *gateway.Server, p *pki) {
 		t.Fatal(err)
 	}
 	srv.Signal(t, syscall.SIGHUP)
-	waitLog(t, srv, "TLS certificate reload failed; keeping the old certificates", 1)
+	srv.WaitLog(t, "TLS certificate reload failed; keeping the old certificates", 1, 30*time.Second)
 	if got := serverSerial(t, addr, p); got != cert.SerialNumber.String() {
 		t.Fatalf("after a failed reload the server presents serial %s, want %s", got, cert.SerialNumber)
 	}
 	checkNBDInfo(t, tlsURI(t, srv, p.clientDir))
-}
-
-// waitLog waits until the server has logged msg at least n times.
-func waitLog(t *testing.T, srv *gateway.Server, msg string, n int) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for len(srv.LogLines(msg)) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d %q lines in the log after 30 s:\n%s", len(srv.LogLines(msg)), n, msg, srv.Log())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // NBD wire values (proto.md) for the raw clients below.
