@@ -1,4 +1,6 @@
-"""Unit tests of the tally lines that make test's shell writers produce: test/fuzz.sh ("fuzz P F 0"
+"""Unit tests of the tally lines that make test's shell writers produce: the Makefile's own test
+recipe (lint and build counted as one check each, every tier run after a failure, the tally started
+fresh), test/fuzz.sh ("fuzz P F 0"
 and a FAILED line per target that failed, its -fuzztime deadline rule included) and
 test/vm/test-vm.sh (the VM tier: the self-test's and Go tests' own lines passed through, the smoke
 suite's counted from its closing line, a part that fails without counting a failure counted as
@@ -205,6 +207,87 @@ class FuzzTallyTest(unittest.TestCase):
         self.assertEqual(p.stdout.splitlines()[-1], "fuzz: 3 passed, 8 failed")
         self.assertEqual(make_tally(lines)[-1], "total: 8 passed, 8 failed, 0 skipped")
         self.assertEqual(leftovers, [], "fuzz.sh removes its log")
+
+
+class MakeTestTallyTest(unittest.TestCase):
+    """The Makefile's test recipe in a throwaway tree whose tiers and tools are stubs: each tier
+    appends a line of its own, `go`, gofmt and staticcheck pass or fail as a test chooses."""
+
+    # go env GOPATH (the Makefile puts its bin first on PATH); vet and both builds pass unless
+    # told; go test prints nothing and the summary (go run ./internal/testsummary) writes the tier.
+    FAKE_GO = """\
+        case $1 in
+        env) echo "$STUB_GOPATH" ;;
+        vet) exit "${STUB_VET:-0}" ;;
+        build) [ "$2" = -o ] && exit "${STUB_BUILD:-0}"; exit 0 ;;
+        test) exit 0 ;;
+        run) shift; while [ $# -gt 0 ]; do case $1 in -tier) t=$2 ;; -tally) f=$2 ;; esac; shift; done
+             echo "$t 4 0 1" >>"$f" ;;
+        *) echo "stub go: unexpected $*" >&2; exit 3 ;;
+        esac
+        """
+    TIERS = ["unit 4 0 1", "py 2 0 0", "fuzz 3 0 0", "e2e 4 0 1", "vm 5 0 0"]
+
+    def run_make_test(self, **stubs):
+        """make test with these stub outcomes (STUB_VET, STUB_BUILD, STUB_STATICCHECK, STUB_GOFMT);
+        its process and the tally it left, which held a stale line from an earlier run before."""
+        with tempfile.TemporaryDirectory() as tmp:
+            root, gopath = os.path.join(tmp, "tree"), os.path.join(tmp, "gopath")
+            stubs_bin = os.path.join(gopath, "bin")
+            os.makedirs(os.path.join(root, "mk"))
+            shutil.copy(os.path.join(os.path.dirname(HERE), "Makefile"), root)
+            with open(os.path.join(root, "mk", "vm.mk"), "w") as f:
+                f.write("test-vm:\n\t@echo 'vm 5 0 0' >>$(TALLY)\n")
+            write_script(os.path.join(root, "test", "deps.sh"), "echo 'deps: ok'\n")
+            write_script(os.path.join(root, "test", "fuzz.sh"), 'echo "fuzz 3 0 0" >>"$TALLY"\n')
+            with open(os.path.join(root, "test", "pyunit.py"), "w") as f:
+                f.write("import sys\nopen(sys.argv[sys.argv.index('--tally') + 1], 'a').write('py 2 0 0\\n')\n")
+            write_script(os.path.join(stubs_bin, "go"), self.FAKE_GO)
+            write_script(os.path.join(stubs_bin, "staticcheck"), 'exit "${STUB_STATICCHECK:-0}"\n')
+            write_script(os.path.join(stubs_bin, "gofmt"), '[ -n "$STUB_GOFMT" ] && echo "$STUB_GOFMT"; exit 0\n')
+            os.makedirs(os.path.join(root, "bin"))
+            tally = os.path.join(root, "bin", "test-tally")
+            with open(tally, "w") as f:
+                f.write("unit 99 9 0\nFAILED unit an earlier run\n")
+            env = child_env(PATH=stubs_bin + os.pathsep + os.environ["PATH"], STUB_GOPATH=gopath, **stubs)
+            for k in ("MAKEFLAGS", "MFLAGS", "GNUMAKEFLAGS", "MAKELEVEL", "MAKEFILES"):
+                env.pop(k, None)
+            subprocess.run(["git", "init", "-q", root], check=True, env=env)
+            p = subprocess.run(["make", "test"], cwd=root, capture_output=True, text=True, env=env,
+                               stdin=subprocess.DEVNULL)
+            lines = read_lines(tally)
+        return p, lines
+
+    def test_every_check_passing(self):
+        p, lines = self.run_make_test()
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual(lines, ["lint 1 0 0", "build 1 0 0"] + self.TIERS, "a fresh tally, every tier once")
+        self.assertEqual(p.stdout.splitlines()[-1], "total: 20 passed, 0 failed, 2 skipped")
+
+    def test_failed_lint_and_build_are_one_failure_each_and_the_tiers_still_run(self):
+        p, lines = self.run_make_test(STUB_STATICCHECK="1", STUB_BUILD="1")
+        self.assertNotEqual(p.returncode, 0)
+        # e2e builds the binary first: with the build broken it writes nothing, the build's line says why
+        self.assertEqual(lines, ["lint 0 1 0", "FAILED lint make lint (see its output above)",
+                                 "build 0 1 0", "FAILED build make build (see its output above)",
+                                 "unit 4 0 1", "py 2 0 0", "fuzz 3 0 0", "vm 5 0 0"])
+        out = p.stdout.splitlines()
+        self.assertEqual(out[-3:], ["FAILED: lint make lint (see its output above)",
+                                    "FAILED: build make build (see its output above)",
+                                    "total: 14 passed, 2 failed, 1 skipped"])
+
+    def test_unformatted_code_fails_lint(self):
+        p, lines = self.run_make_test(STUB_GOFMT="cache/cache.go")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("gofmt needed:\ncache/cache.go", p.stdout)
+        self.assertEqual(lines[:3], ["lint 0 1 0", "FAILED lint make lint (see its output above)", "build 1 0 0"])
+        self.assertEqual(lines[3:], self.TIERS)
+
+    def test_failed_vet_fails_lint(self):
+        p, lines = self.run_make_test(STUB_VET="1")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertEqual(lines[:2], ["lint 0 1 0", "FAILED lint make lint (see its output above)"])
+        self.assertEqual(p.stdout.splitlines()[-1], "total: 19 passed, 1 failed, 2 skipped")
 
 
 if __name__ == "__main__":
