@@ -214,13 +214,14 @@ class MakeTestTallyTest(unittest.TestCase):
     appends a line of its own, `go`, gofmt and staticcheck pass or fail as a test chooses."""
 
     # go env GOPATH (the Makefile puts its bin first on PATH); vet and both builds pass unless
-    # told; go test prints nothing and the summary (go run ./internal/testsummary) writes the tier.
+    # told; go test prints nothing and exits as STUB_GOTEST_UNIT / _E2E say (pipefail carries that
+    # past the summary), and the summary (go run ./internal/testsummary) writes the tier.
     FAKE_GO = """\
         case $1 in
         env) echo "$STUB_GOPATH" ;;
         vet) exit "${STUB_VET:-0}" ;;
         build) [ "$2" = -o ] && exit "${STUB_BUILD:-0}"; exit 0 ;;
-        test) exit 0 ;;
+        test) case " $* " in *" -tags e2e "*) exit "${STUB_GOTEST_E2E:-0}" ;; *) exit "${STUB_GOTEST_UNIT:-0}" ;; esac ;;
         run) shift; while [ $# -gt 0 ]; do case $1 in -tier) t=$2 ;; -tally) f=$2 ;; esac; shift; done
              echo "$t 4 0 1" >>"$f" ;;
         *) echo "stub go: unexpected $*" >&2; exit 3 ;;
@@ -229,7 +230,8 @@ class MakeTestTallyTest(unittest.TestCase):
     TIERS = ["unit 4 0 1", "py 2 0 0", "fuzz 3 0 0", "e2e 4 0 1", "vm 5 0 0"]
 
     def run_make_test(self, **stubs):
-        """make test with these stub outcomes (STUB_VET, STUB_BUILD, STUB_STATICCHECK, STUB_GOFMT);
+        """make test with these stub outcomes (STUB_VET, STUB_BUILD, STUB_STATICCHECK, STUB_GOFMT, and
+        each tier's exit status: STUB_GOTEST_UNIT, STUB_GOTEST_E2E, STUB_PY, STUB_FUZZ, STUB_VM);
         its process and the tally it left, which held a stale line from an earlier run before."""
         with tempfile.TemporaryDirectory() as tmp:
             root, gopath = os.path.join(tmp, "tree"), os.path.join(tmp, "gopath")
@@ -237,20 +239,22 @@ class MakeTestTallyTest(unittest.TestCase):
             os.makedirs(os.path.join(root, "mk"))
             shutil.copy(os.path.join(os.path.dirname(HERE), "Makefile"), root)
             with open(os.path.join(root, "mk", "vm.mk"), "w") as f:
-                f.write("test-vm:\n\t@echo 'vm 5 0 0' >>$(TALLY)\n")
+                f.write("test-vm:\n\t@echo 'vm 5 0 0' >>$(TALLY); exit $${STUB_VM:-0}\n")
             write_script(os.path.join(root, "test", "deps.sh"), "echo 'deps: ok'\n")
-            write_script(os.path.join(root, "test", "fuzz.sh"), 'echo "fuzz 3 0 0" >>"$TALLY"\n')
+            write_script(os.path.join(root, "test", "fuzz.sh"), 'echo "fuzz 3 0 0" >>"$TALLY"; exit "${STUB_FUZZ:-0}"\n')
             with open(os.path.join(root, "test", "pyunit.py"), "w") as f:
-                f.write("import sys\nopen(sys.argv[sys.argv.index('--tally') + 1], 'a').write('py 2 0 0\\n')\n")
-            write_script(os.path.join(stubs_bin, "go"), self.FAKE_GO)
+                f.write("import os, sys\nopen(sys.argv[sys.argv.index('--tally') + 1], 'a').write('py 2 0 0\\n')\n"
+                        "sys.exit(int(os.environ.get('STUB_PY', '0')))\n")
+            tools = os.path.join(tmp, "tools")
+            write_script(os.path.join(tools, "go"), self.FAKE_GO)
             write_script(os.path.join(stubs_bin, "staticcheck"), 'exit "${STUB_STATICCHECK:-0}"\n')
-            write_script(os.path.join(stubs_bin, "gofmt"), '[ -n "$STUB_GOFMT" ] && echo "$STUB_GOFMT"; exit 0\n')
+            write_script(os.path.join(tools, "gofmt"), '[ -n "$STUB_GOFMT" ] && echo "$STUB_GOFMT"; exit 0\n')
             os.makedirs(os.path.join(root, "bin"))
             tally = os.path.join(root, "bin", "test-tally")
             with open(tally, "w") as f:
                 f.write("unit 99 9 0\nFAILED unit an earlier run\n")
-            env = child_env(PATH=stubs_bin + os.pathsep + os.environ["PATH"], STUB_GOPATH=gopath, **stubs)
-            for k in ("MAKEFLAGS", "MFLAGS", "GNUMAKEFLAGS", "MAKELEVEL", "MAKEFILES"):
+            env = child_env(PATH=tools + os.pathsep + os.environ["PATH"], STUB_GOPATH=gopath, **stubs)
+            for k in ("GO", "IN_MAKE_TEST", "MAKEFLAGS", "MFLAGS", "GNUMAKEFLAGS", "MAKELEVEL", "MAKEFILES"):
                 env.pop(k, None)
             subprocess.run(["git", "init", "-q", root], check=True, env=env)
             p = subprocess.run(["make", "test"], cwd=root, capture_output=True, text=True, env=env,
@@ -288,6 +292,13 @@ class MakeTestTallyTest(unittest.TestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertEqual(lines[:2], ["lint 0 1 0", "FAILED lint make lint (see its output above)"])
         self.assertEqual(p.stdout.splitlines()[-1], "total: 19 passed, 1 failed, 2 skipped")
+
+    def test_any_failed_tier_fails_make_test_and_the_rest_still_run(self):
+        # the stub tiers still write their passing lines: only the exit status can tell
+        for which in ("STUB_GOTEST_UNIT", "STUB_GOTEST_E2E", "STUB_PY", "STUB_FUZZ", "STUB_VM"):
+            p, lines = self.run_make_test(**{which: "1"})
+            self.assertNotEqual(p.returncode, 0, which)
+            self.assertEqual(lines, ["lint 1 0 0", "build 1 0 0"] + self.TIERS)
 
 
 if __name__ == "__main__":
