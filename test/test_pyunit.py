@@ -122,15 +122,18 @@ class PyTierTest(unittest.TestCase):
         self.assertTrue(lines[1].startswith("FAILED py no tests found"), lines)
 
 
+# What an outer make passes its children: under make test the py tier runs inside make, and a make
+# these tests start must not inherit those flags.
+MAKE_VARS = ("MAKEFLAGS", "MFLAGS", "GNUMAKEFLAGS", "MAKELEVEL", "MAKEFILES")
+
+
 def make_tally(tally_lines):
     """Runs the Makefile's tally target on a tally file holding tally_lines; its output lines."""
     with tempfile.TemporaryDirectory() as tmp:
         tally = os.path.join(tmp, "tally")
         with open(tally, "w") as f:
             f.writelines(l + "\n" for l in tally_lines)
-        # a clean environment: under make test the tier runs inside make, whose flags would carry over
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("MAKEFLAGS", "MFLAGS", "GNUMAKEFLAGS", "MAKELEVEL", "MAKEFILES")}
+        env = {k: v for k, v in os.environ.items() if k not in MAKE_VARS}
         p = subprocess.run(["make", "-s", "--no-print-directory", "-C", os.path.dirname(HERE), "tally",
                             f"TALLY={tally}"], capture_output=True, text=True, env=env)
     if p.returncode != 0:

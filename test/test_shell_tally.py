@@ -19,7 +19,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_pyunit import make_tally  # noqa: E402
+from test_pyunit import MAKE_VARS, make_tally  # noqa: E402
 
 
 def write_script(path, body):
@@ -235,7 +235,6 @@ class MakeTestTallyTest(unittest.TestCase):
         its process and the tally it left, which held a stale line from an earlier run before."""
         with tempfile.TemporaryDirectory() as tmp:
             root, gopath = os.path.join(tmp, "tree"), os.path.join(tmp, "gopath")
-            stubs_bin = os.path.join(gopath, "bin")
             os.makedirs(os.path.join(root, "mk"))
             shutil.copy(os.path.join(os.path.dirname(HERE), "Makefile"), root)
             with open(os.path.join(root, "mk", "vm.mk"), "w") as f:
@@ -245,16 +244,18 @@ class MakeTestTallyTest(unittest.TestCase):
             with open(os.path.join(root, "test", "pyunit.py"), "w") as f:
                 f.write("import os, sys\nopen(sys.argv[sys.argv.index('--tally') + 1], 'a').write('py 2 0 0\\n')\n"
                         "sys.exit(int(os.environ.get('STUB_PY', '0')))\n")
+            # go and gofmt on the caller's PATH; staticcheck, as `make deps` installs it, only in
+            # GOPATH/bin, which the recipe itself must put on PATH
             tools = os.path.join(tmp, "tools")
             write_script(os.path.join(tools, "go"), self.FAKE_GO)
-            write_script(os.path.join(stubs_bin, "staticcheck"), 'exit "${STUB_STATICCHECK:-0}"\n')
             write_script(os.path.join(tools, "gofmt"), '[ -n "$STUB_GOFMT" ] && echo "$STUB_GOFMT"; exit 0\n')
+            write_script(os.path.join(gopath, "bin", "staticcheck"), 'exit "${STUB_STATICCHECK:-0}"\n')
             os.makedirs(os.path.join(root, "bin"))
             tally = os.path.join(root, "bin", "test-tally")
             with open(tally, "w") as f:
                 f.write("unit 99 9 0\nFAILED unit an earlier run\n")
             env = child_env(PATH=tools + os.pathsep + os.environ["PATH"], STUB_GOPATH=gopath, **stubs)
-            for k in ("GO", "IN_MAKE_TEST", "MAKEFLAGS", "MFLAGS", "GNUMAKEFLAGS", "MAKELEVEL", "MAKEFILES"):
+            for k in ("GO", "IN_MAKE_TEST") + MAKE_VARS:
                 env.pop(k, None)
             subprocess.run(["git", "init", "-q", root], check=True, env=env)
             p = subprocess.run(["make", "test"], cwd=root, capture_output=True, text=True, env=env,
@@ -296,9 +297,10 @@ class MakeTestTallyTest(unittest.TestCase):
     def test_any_failed_tier_fails_make_test_and_the_rest_still_run(self):
         # the stub tiers still write their passing lines: only the exit status can tell
         for which in ("STUB_GOTEST_UNIT", "STUB_GOTEST_E2E", "STUB_PY", "STUB_FUZZ", "STUB_VM"):
-            p, lines = self.run_make_test(**{which: "1"})
-            self.assertNotEqual(p.returncode, 0, which)
-            self.assertEqual(lines, ["lint 1 0 0", "build 1 0 0"] + self.TIERS)
+            with self.subTest(which):
+                p, lines = self.run_make_test(**{which: "1"})
+                self.assertNotEqual(p.returncode, 0)
+                self.assertEqual(lines, ["lint 1 0 0", "build 1 0 0"] + self.TIERS)
 
 
 if __name__ == "__main__":
