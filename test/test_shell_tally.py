@@ -209,6 +209,77 @@ class FuzzTallyTest(unittest.TestCase):
         self.assertEqual(leftovers, [], "fuzz.sh removes its log")
 
 
+class SelfTestTallyTest(unittest.TestCase):
+    """test/vm/selftest.sh beside a stub run.sh and a stub pgrep: no QEMU boots. The stub run.sh
+    fails every command (exit 1, two lines on stdout, three on stderr), so the checks that quote
+    the runner's output fail with several lines each, which must reach the tally as one FAILED
+    line apiece. While a `sleep 1000` command runs, the stub marks its run as a live QEMU (a
+    state file the stub pgrep answers from, as the real pgrep answers from QEMU's -name): the
+    timeout check's run ends once the self-test has seen it, the SIGTERM check's run when
+    signalled. So the checks that a QEMU was there and is gone, and the SIGTERM one, pass."""
+
+    FAKE_RUN = """\
+        # run.sh: VM_RUN_ID names the run; its QEMU is "alive" while $STUB_STATE/$VM_RUN_ID.running exists
+        live="$STUB_STATE/$VM_RUN_ID.running"
+        fail() { rm -f "$live"; printf 'stub out 1\\nstub out 2\\n'; printf 'stub err %s\\n' 1 2 3 >&2; exit 1; }
+        [ "$*" = "sleep 1000" ] || fail
+        touch "$live"
+        if [ -n "${VM_TIMEOUT:-}" ]; then # the timeout check: end once the self-test has seen this QEMU
+            for _ in $(seq 400); do [ -e "$STUB_STATE/$VM_RUN_ID.seen" ] && fail; sleep 0.05; done
+            fail
+        fi
+        trap 'kill $s 2>/dev/null; rm -f "$live"; exit 143' TERM # the SIGTERM check
+        sleep 60 & s=$!
+        wait $s
+        fail
+        """
+
+    FAKE_PGREP = """\
+        # pgrep -f -- "-name ID " (qemu_of) and pgrep -af -- "-name ID " (a failure message)
+        pat=${@: -1}; id=${pat#-name }; id=${id% }
+        if [ -e "$STUB_STATE/$id.running" ]; then touch "$STUB_STATE/$id.seen"; echo "1 qemu -name $id "; exit 0; fi
+        exit 1
+        """
+
+    def test_each_failure_is_one_line_of_the_tally(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            vm, bindir, state = os.path.join(tmp, "test", "vm"), os.path.join(tmp, "bin"), os.path.join(tmp, "state")
+            os.makedirs(vm)
+            os.mkdir(state)
+            shutil.copy(os.path.join(HERE, "vm", "selftest.sh"), vm)
+            write_script(os.path.join(vm, "run.sh"), self.FAKE_RUN)
+            write_script(os.path.join(bindir, "pgrep"), self.FAKE_PGREP)
+            tally = os.path.join(tmp, "tally")
+            with open(tally, "w") as f:
+                f.write(EARLIER_TIER + "\n")
+            env = child_env(PATH=bindir + os.pathsep + os.environ["PATH"], TALLY=tally, STUB_STATE=state,
+                            TMPDIR=tmp)
+            p = subprocess.run([os.path.join(vm, "selftest.sh")], capture_output=True, text=True, env=env,
+                               timeout=120)
+            lines = read_lines(tally)
+            live = [n for n in os.listdir(state) if n.endswith(".running")]
+            leftovers = sorted(n for n in os.listdir(tmp) if n.startswith("vm-selftest"))
+        out = p.stdout + p.stderr
+        self.assertEqual(p.returncode, 1, out)
+        self.assertEqual(p.stdout.splitlines()[-1], "3 passed, 5 failed", out)
+        self.assertEqual(lines[:2], [EARLIER_TIER, "vm-self 3 5 0"], out)
+        stub_out, stub_err = "out='stub out 1 stub out 2'", "stderr: stub err 1 stub err 2 stub err 3"
+        failed = lines[2:]
+        self.assertEqual(len(failed), 5, failed)
+        self.assertEqual(failed[0], f"FAILED vm-self exit code/output passthrough: rc=1 {stub_out} {stub_err}")
+        self.assertRegex(failed[1], r"^FAILED vm-self timeout: rc=1 wall=[01]s " + stub_err + "$")
+        self.assertEqual(failed[2], f"FAILED vm-self VM failure: rc=1 {stub_err}")
+        self.assertEqual(failed[3], f"FAILED vm-self boot retry: rc=1 {stub_out} {stub_err}")
+        self.assertEqual(failed[4], f"FAILED vm-self boot failures: rc=1 {stub_out} {stub_err}")
+        self.assertEqual(make_tally(lines), ["FAILED: " + f[len("FAILED "):] for f in failed] +
+                         ["total: 8 passed, 5 failed, 0 skipped"])
+        for check in ("no QEMU left after a normal run", "QEMU was running during the hang and is gone after the timeout",
+                      "SIGTERM to run.sh kills its QEMU (exit 143)"):
+            self.assertIn("PASS " + check, p.stdout.splitlines(), out)
+        self.assertEqual(live, [], "every stub QEMU was gone when the self-test ended")
+        self.assertEqual(leftovers, [], "the self-test removes its scratch directory")
+
+
 class MakeTestTallyTest(unittest.TestCase):
     """The Makefile's test recipe in a throwaway tree whose tiers and tools are stubs: each tier
     appends a line of its own, `go`, gofmt and staticcheck pass or fail as a test chooses."""
