@@ -1,12 +1,13 @@
 """Unit tests of the tally lines that make test's shell writers produce: the Makefile's own test
 recipe (lint and build counted as one check each, every tier run after a failure, the tally started
-fresh), test/fuzz.sh ("fuzz P F 0"
-and a FAILED line per target that failed, its -fuzztime deadline rule included) and
-test/vm/test-vm.sh (the VM tier: the self-test's and Go tests' own lines passed through, the smoke
-suite's counted from its closing line, a part that fails without counting a failure counted as
-one, and a guest that dies before the smoke suite's closing line). Each script runs as it is, copied
-into a throwaway tree beside stubs of what it calls (the parts, `go`), so nothing here boots a
-guest or fuzzes; the lines it writes are then summed by the Makefile's own `make tally`.
+fresh), test/fuzz.sh ("fuzz P F 0" and a FAILED line per target that failed, its -fuzztime
+deadline rule included), test/vm/test-vm.sh (the VM tier: the self-test's and Go tests' own lines
+passed through, the smoke suite's counted from its closing line, a part that fails without
+counting a failure counted as one, and a guest that dies before the smoke suite's closing line)
+and test/vm/selftest.sh (each failed check one FAILED line, however many lines of the runner's
+output it quotes). Each script runs as it is, copied into a throwaway tree beside stubs of what it
+calls (the parts, `go`, pgrep), so nothing here boots a guest or fuzzes; the lines it writes are
+then summed by the Makefile's own `make tally`.
 """
 import os
 import shutil
