@@ -10,6 +10,7 @@ calls (the parts, `go`, pgrep), so nothing here boots a guest or fuzzes; the lin
 then summed by the Makefile's own `make tally`.
 """
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -268,7 +269,7 @@ class SelfTestTallyTest(unittest.TestCase):
         failed = lines[2:]
         self.assertEqual(len(failed), 5, failed)
         self.assertEqual(failed[0], f"FAILED vm-self exit code/output passthrough: rc=1 {stub_out} {stub_err}")
-        self.assertRegex(failed[1], r"^FAILED vm-self timeout: rc=1 wall=[01]s " + stub_err + "$")
+        self.assertRegex(failed[1], r"^FAILED vm-self timeout: rc=1 wall=[01]s " + re.escape(stub_err) + "$")
         self.assertEqual(failed[2], f"FAILED vm-self VM failure: rc=1 {stub_err}")
         self.assertEqual(failed[3], f"FAILED vm-self boot retry: rc=1 {stub_out} {stub_err}")
         self.assertEqual(failed[4], f"FAILED vm-self boot failures: rc=1 {stub_out} {stub_err}")
