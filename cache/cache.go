@@ -35,6 +35,7 @@ type Cache struct {
 
 	allocMu   sync.Mutex
 	freeSlots []int32
+	nextFresh int32 // slots from here on were never handed out (allocSlot)
 	hand      int
 
 	dmu           sync.Mutex
@@ -64,20 +65,23 @@ type Cache struct {
 	dirtyRegions [nRegions]atomic.Int32
 	throttled    atomic.Int32 // writers waiting for room now
 
-	progress    notifier
-	kick        chan struct{}
-	stop        chan struct{}
-	wg          sync.WaitGroup
-	bgCtx       context.Context
-	bgCancel    context.CancelFunc
-	closed      atomic.Bool  // set by shutdown: calls fail with ErrClosed
-	closeMu     sync.Mutex   // serialises CloseContext
-	closeDone   bool         // guarded by closeMu: a Close has run (or is running under closeMu)
-	ops         atomic.Int64 // calls in progress; page memory is released only when none is
-	jobs        sync.Pool
-	fills       sync.Pool // *asyncFill (submit.go)
-	arounds     sync.Pool // *asyncAround (submit.go)
-	readArounds sync.Pool // *asyncReadAround (submitaround.go)
+	progress  notifier
+	kick      chan struct{}
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	bgCtx     context.Context
+	bgCancel  context.CancelFunc
+	closed    atomic.Bool  // set by shutdown: calls fail with ErrClosed
+	closeMu   sync.Mutex   // serialises CloseContext
+	closeDone bool         // guarded by closeMu: a Close has run (or is running under closeMu)
+	ops       atomic.Int64 // calls in progress; page memory is released only when none is
+	jobs      sync.Pool
+	fills     sync.Pool // *asyncFill (submit.go)
+	// freshInstalls counts asynchronous misses installing a fresh page on a goroutine of their
+	// own (asyncFill.Complete).
+	freshInstalls atomic.Int32
+	arounds       sync.Pool // *asyncAround (submit.go)
+	readArounds   sync.Pool // *asyncReadAround (submitaround.go)
 
 	wstreams streamSet // sequential write streams, for the write-around cutoff (writearound.go)
 	rstreams streamSet // sequential read misses, for read-ahead and the read-around cutoff (streams.go)

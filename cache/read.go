@@ -167,6 +167,7 @@ type fillPage struct {
 	slot     int32 // -1: not cached
 	invalSeq uint32
 	created  bool // this fill inserted the page (and set its filling flag)
+	fresh    bool // into a slot never used before: installing faults its memory in (submit.go)
 }
 
 // readMiss reads [off, off+len(p)) (page-aligned, plus read-ahead when sequential) from the
@@ -262,8 +263,9 @@ func (c *Cache) placeholder(pg int64, readAhead bool) fillPage {
 		if s < 0 {
 			return fillPage{slot: -1}
 		}
+		fresh := c.slots[s].fresh // written by allocSlot just now, before the slot is indexed
 		if invalSeq, ok := c.insertPage(pg, s, true); ok {
-			return fillPage{slot: s, invalSeq: invalSeq, created: true}
+			return fillPage{slot: s, invalSeq: invalSeq, created: true, fresh: fresh}
 		}
 	}
 }

@@ -33,6 +33,10 @@ type slot struct {
 	filling  bool // a miss is reading this (new) page from the backend
 	invalSeq uint32
 
+	// fresh is set by allocSlot (under allocMu) when it hands the slot out for the first time:
+	// its page memory has never been written, so the first write faults it in (submit.go).
+	fresh bool
+
 	busy atomic.Uint32 // dirty != 0 || inflight; written under dmu (and the shard lock when set)
 
 	// guarded by dmu
@@ -55,7 +59,13 @@ func (c *Cache) allocSlot(pg int64) int32 {
 	if n := len(c.freeSlots); n > 0 {
 		s := c.freeSlots[n-1]
 		c.freeSlots = c.freeSlots[:n-1]
-		c.slots[s].page = pg
+		// New stacks the slots so that they come out in ascending order and a released slot
+		// goes on top: a slot at or past nextFresh has never been handed out.
+		fresh := s >= c.nextFresh
+		if fresh {
+			c.nextFresh = s + 1
+		}
+		c.slots[s].page, c.slots[s].fresh = pg, fresh
 		return s
 	}
 	for i := 0; i < 2*len(c.slots); i++ {
@@ -84,7 +94,7 @@ func (c *Cache) allocSlot(pg int64) int32 {
 		sl.invalSeq++
 		sh.mu.Unlock()
 		c.st.evictions.Add(1)
-		sl.page = pg
+		sl.page, sl.fresh = pg, false
 		return s
 	}
 	return -1

@@ -190,15 +190,17 @@ func TestSubmitWriteAround(t *testing.T) {
 	}
 }
 
-// TestSubmitMissRepliesBeforeInstall checks the order of an asynchronous miss's completion: the
-// caller's data is reported while the page is still being filled (installing a fresh page faults
-// its memory in, which must not delay the reply), and the page is installed after.
+// TestSubmitMissRepliesBeforeInstall checks the order of an asynchronous miss's completion into a
+// slot used before: the caller's data is reported while the page is still being filled, and the
+// page is installed inline after the completion returns.
 func TestSubmitMissRepliesBeforeInstall(t *testing.T) {
 	ctx := context.Background()
 	dev := fakedev.New(1<<20, stdLimits(512))
 	c := newPooledCache(t, &submitDev{Device: dev}, Config{Size: 256 << 10, ReadAhead: -1})
+	useEverySlot(t, c)
+	const off = 768 << 10 // a page the cache does not hold: its miss evicts a used slot
 	want := fill(4096, 7)
-	if err := dev.WriteAt(ctx, want, 16384, 0); err != nil {
+	if err := dev.WriteAt(ctx, want, off, 0); err != nil {
 		t.Fatal(err)
 	}
 	got := make([]byte, 4096)
@@ -207,16 +209,105 @@ func TestSubmitMissRepliesBeforeInstall(t *testing.T) {
 		if err != nil {
 			t.Error(err)
 		}
-		filling = c.beingFilled(4)
+		filling = c.beingFilled(off / c.ps)
 	})
-	if !c.SubmitAt(ctx, got, 16384, false, 0, done) { // submitDev without async: completes inline
+	if !c.SubmitAt(ctx, got, off, false, 0, done) { // submitDev without async: completes inline
 		t.Fatal("SubmitAt declined a one-page miss")
 	}
 	if !bytes.Equal(got, want) || !filling {
 		t.Fatalf("data right %v, page still being filled at the completion %v: want both", bytes.Equal(got, want), filling)
 	}
-	if c.beingFilled(4) || !c.ReadCached(got, 16384) {
+	if c.beingFilled(off/c.ps) || !c.ReadCached(got, off) {
 		t.Fatal("the page was not installed after the completion")
+	}
+}
+
+// TestSubmitMissInstallsFreshSlotBesideReport checks that a miss into a slot never used before
+// (whose install is the first write to its memory, a page fault) installs its page on its own
+// goroutine: the page becomes readable from the cache while the completion has not returned,
+// where inline it could only be installed after.
+func TestSubmitMissInstallsFreshSlotBesideReport(t *testing.T) {
+	ctx := context.Background()
+	dev := fakedev.New(1<<20, stdLimits(512))
+	c := newPooledCache(t, &submitDev{Device: dev}, Config{Size: 256 << 10, ReadAhead: -1})
+	want := fill(4096, 8)
+	if err := dev.WriteAt(ctx, want, 16384, 0); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4096)
+	done := completionFunc(func(err error) {
+		if err != nil {
+			t.Error(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Error("the completion came before the caller's data was copied out")
+		}
+		waitPageValid(t, c, 16384) // fails after 10 s if the install waits for this to return
+	})
+	if !c.SubmitAt(ctx, got, 16384, false, 0, done) {
+		t.Fatal("SubmitAt declined a one-page miss")
+	}
+	if st := c.Stats(); st.CachedBytes != 4096 {
+		t.Fatalf("cached %d bytes after one miss, want 4096", st.CachedBytes)
+	}
+}
+
+// TestSubmitMissFreshInlinePastBound checks the bound on fresh pages installed on goroutines of
+// their own: with maxFreshInstalls of them waiting, a further fresh miss installs its page inline,
+// after its completion, and leaves the count as it found it.
+func TestSubmitMissFreshInlinePastBound(t *testing.T) {
+	ctx := context.Background()
+	c := newPooledCache(t, &submitDev{Device: fakedev.New(1<<20, stdLimits(512))}, Config{Size: 256 << 10, ReadAhead: -1})
+	c.freshInstalls.Store(maxFreshInstalls) // as if that many were waiting for a CPU
+	got := make([]byte, 4096)
+	var filling bool
+	done := completionFunc(func(err error) {
+		if err != nil {
+			t.Error(err)
+		}
+		filling = c.beingFilled(4)
+	})
+	if !c.SubmitAt(ctx, got, 16384, false, 0, done) {
+		t.Fatal("SubmitAt declined a one-page miss")
+	}
+	if !filling || c.beingFilled(4) || !c.ReadCached(got, 16384) {
+		t.Fatalf("being filled at the completion %v, after it %v, cached after it %v: want true, false, true",
+			filling, c.beingFilled(4), c.ReadCached(got, 16384))
+	}
+	if n := c.freshInstalls.Load(); n != maxFreshInstalls {
+		t.Fatalf("fresh installs waiting: %d, want %d", n, maxFreshInstalls)
+	}
+}
+
+// TestAllocSlotFresh checks which slots allocSlot reports fresh (never handed out, so their memory
+// is not faulted in yet): each slot the first time, in ascending order, and not a slot released
+// and handed out again.
+func TestAllocSlotFresh(t *testing.T) {
+	c := newPooledCache(t, &submitDev{Device: fakedev.New(1<<20, stdLimits(512))}, Config{Size: 256 << 10})
+	n := len(c.slots)
+	for i := 0; i < n/2; i++ {
+		if s := c.allocSlot(int64(i)); s != int32(i) || !c.slots[s].fresh {
+			t.Fatalf("allocation %d: slot %d fresh %v, want slot %d fresh", i, s, s >= 0 && c.slots[s].fresh, i)
+		}
+	}
+	c.releaseSlots([]int32{3})
+	if s := c.allocSlot(1000); s != 3 || c.slots[s].fresh {
+		t.Fatalf("after releasing slot 3: slot %d fresh %v, want slot 3 not fresh", s, s >= 0 && c.slots[s].fresh)
+	}
+	if s := c.allocSlot(1001); s != int32(n/2) || !c.slots[s].fresh {
+		t.Fatalf("next allocation: slot %d fresh %v, want slot %d fresh", s, s >= 0 && c.slots[s].fresh, n/2)
+	}
+}
+
+// useEverySlot reads as many distinct pages as c has slots, synchronously, so that every slot
+// has been used and a further miss evicts.
+func useEverySlot(t *testing.T, c *Cache) {
+	t.Helper()
+	buf := make([]byte, c.ps)
+	for i := range c.slots {
+		if err := c.ReadAt(context.Background(), buf, int64(i)*c.ps); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -298,7 +389,9 @@ func TestSubmitReadAround(t *testing.T) {
 
 // BenchmarkSubmitMiss4KCold measures the asynchronous 4 KiB miss on a cold cache (every miss takes
 // a page never used before, as in the bench's cold QD1 job): reply-µs is the time from SubmitAt to
-// the completion (what the client waits for), sec/op the whole miss including the page install.
+// the completion (what the client waits for), sec/op the rate of back-to-back misses, whose fresh
+// pages are installed on goroutines of their own, up to maxFreshInstalls at a time (see
+// asyncFill.Complete), beside the loop when there is a second P.
 func BenchmarkSubmitMiss4KCold(b *testing.B) {
 	const devSize = 256 << 20
 	for _, cached := range []bool{false, true} {
