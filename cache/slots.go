@@ -33,8 +33,9 @@ type slot struct {
 	filling  bool // a miss is reading this (new) page from the backend
 	invalSeq uint32
 
-	// fresh is set by allocSlot (under allocMu) when it hands the slot out for the first time:
-	// its page memory has never been written, so the first write faults it in (submit.go).
+	// fresh is written by allocSlot (under allocMu) at each hand-out: true the first time, when
+	// the slot's page memory has never been written, so that its first write faults it in
+	// (submit.go); false from then on.
 	fresh bool
 
 	busy atomic.Uint32 // dirty != 0 || inflight; written under dmu (and the shard lock when set)
@@ -100,7 +101,7 @@ func (c *Cache) allocSlot(pg int64) int32 {
 	return -1
 }
 
-// insertPage enters slot s (fresh from allocSlot) into the index as page pg with no valid
+// insertPage enters slot s (just handed out by allocSlot) into the index as page pg with no valid
 // sectors: pinned and marked filling for a miss (fill), referenced for a write. If another
 // goroutine inserted pg meanwhile, s goes back to the free list and ok is false (the caller looks
 // the page up again). invalSeq is the new page's, read under the shard lock.

@@ -21,7 +21,8 @@ import (
 // and takes the synchronous path. Writes always decline: WriteCached is their fast path.
 
 // asyncFill is one read miss in flight on the backend's Submitter; it is the Completion the
-// backend calls. Pooled (Cache.fills), so a miss allocates nothing.
+// backend calls. Pooled (Cache.fills), so a miss allocates nothing (once the goroutines that
+// install fresh pages, see Complete, are there to be reused).
 type asyncFill struct {
 	c       *Cache
 	p       []byte // the caller's buffer
@@ -114,8 +115,9 @@ func (c *Cache) startFill(ctx context.Context, p []byte, off, pg int64, done blo
 // runs then: the fault was on every cold read's latency. The new goroutine is runnable before the
 // reply writer is woken, so the scheduler runs the writer first (the goroutine readied last runs
 // next); with more Ps it runs beside it. A slot used before is installed inline: its memory is
-// mapped, and a 4 KiB copy costs ~0.1 µs, less than starting a goroutine. So each slot pays the
-// goroutine once, and the cache's memory is still faulted in only as it is used. At most
+// mapped, and a 4 KiB copy costs ~0.1 µs, less than starting a goroutine. So a slot pays for a
+// goroutine at most once (when an asynchronous miss is its first use), and the cache's memory is
+// still faulted in only as it is used. At most
 // maxFreshInstalls wait at a time: misses arriving faster than pages can be faulted in (a tight
 // loop; never a client waiting on a target) would otherwise pile up goroutines, each holding a
 // staging buffer, until SubmitAt declines for want of one. Past the bound a fresh page is

@@ -138,6 +138,9 @@ func TestSubmitZeroAllocs(t *testing.T) {
 	}
 	for i := 0; i < 2000; i++ { // every slot used once: the shards' maps have grown
 		read()
+		// The first misses install their fresh pages on goroutines of their own; with one P
+		// those run only when this loop blocks, and the loop comes back to their pages.
+		waitPageValid(t, c, off%(64<<20))
 	}
 	if n := allocsPerCall(t, 500, read); n != 0 {
 		t.Errorf("async 4 KiB read miss: %v allocs per call", n)
@@ -235,6 +238,7 @@ func TestSubmitMissInstallsFreshSlotBesideReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := make([]byte, 4096)
+	var installed bool
 	done := completionFunc(func(err error) {
 		if err != nil {
 			t.Error(err)
@@ -242,10 +246,15 @@ func TestSubmitMissInstallsFreshSlotBesideReport(t *testing.T) {
 		if !bytes.Equal(got, want) {
 			t.Error("the completion came before the caller's data was copied out")
 		}
-		waitPageValid(t, c, 16384) // fails after 10 s if the install waits for this to return
+		// Not waitPageValid: its t.Fatal here would leave the fill unfinished and the
+		// cleanup's shutdown waiting for it.
+		installed = pageInstalledWithin(c, 16384, 10*time.Second)
 	})
 	if !c.SubmitAt(ctx, got, 16384, false, 0, done) {
 		t.Fatal("SubmitAt declined a one-page miss")
+	}
+	if !installed {
+		t.Fatal("the fresh page was not installed within 10 s while the completion waited")
 	}
 	if st := c.Stats(); st.CachedBytes != 4096 {
 		t.Fatalf("cached %d bytes after one miss, want 4096", st.CachedBytes)
@@ -467,17 +476,26 @@ func TestSubmitWriteAroundOverLimit(t *testing.T) {
 // asynchronous miss installs its page after its completion, then broadcasts progress).
 func waitPageValid(t *testing.T, c *Cache, off int64) {
 	t.Helper()
+	if !pageInstalledWithin(c, off, 10*time.Second) {
+		t.Fatalf("the page at %d was not installed within 10 s", off)
+	}
+}
+
+// pageInstalledWithin reports whether every sector of the page at off becomes valid in the cache
+// within d, waking on the cache's progress broadcasts.
+func pageInstalledWithin(c *Cache, off int64, d time.Duration) bool {
 	buf := make([]byte, c.ps)
-	timeout := time.After(10 * time.Second)
+	timeout := time.NewTimer(d)
+	defer timeout.Stop()
 	for {
 		installed := c.progress.wait()
 		if c.ReadCached(buf, off) {
-			return
+			return true
 		}
 		select {
 		case <-installed:
-		case <-timeout:
-			t.Fatalf("the page at %d was not installed within 10 s", off)
+		case <-timeout.C:
+			return false
 		}
 	}
 }
