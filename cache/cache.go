@@ -64,24 +64,24 @@ type Cache struct {
 	// without taking a lock (readaround.go). Changed under dmu with dirtyPages.
 	dirtyRegions [nRegions]atomic.Int32
 	throttled    atomic.Int32 // writers waiting for room now
-
-	progress  notifier
-	kick      chan struct{}
-	stop      chan struct{}
-	wg        sync.WaitGroup
-	bgCtx     context.Context
-	bgCancel  context.CancelFunc
-	closed    atomic.Bool  // set by shutdown: calls fail with ErrClosed
-	closeMu   sync.Mutex   // serialises CloseContext
-	closeDone bool         // guarded by closeMu: a Close has run (or is running under closeMu)
-	ops       atomic.Int64 // calls in progress; page memory is released only when none is
-	jobs      sync.Pool
-	fills     sync.Pool // *asyncFill (submit.go)
-	// freshInstalls counts asynchronous misses installing a fresh page on a goroutine of their
-	// own (asyncFill.Complete).
+	// freshInstalls counts the asynchronous misses installing a fresh page on a goroutine of
+	// their own (asyncFill.Complete).
 	freshInstalls atomic.Int32
-	arounds       sync.Pool // *asyncAround (submit.go)
-	readArounds   sync.Pool // *asyncReadAround (submitaround.go)
+
+	progress    notifier
+	kick        chan struct{}
+	stop        chan struct{}
+	wg          sync.WaitGroup
+	bgCtx       context.Context
+	bgCancel    context.CancelFunc
+	closed      atomic.Bool  // set by shutdown: calls fail with ErrClosed
+	closeMu     sync.Mutex   // serialises CloseContext
+	closeDone   bool         // guarded by closeMu: a Close has run (or is running under closeMu)
+	ops         atomic.Int64 // calls in progress; page memory is released only when none is
+	jobs        sync.Pool
+	fills       sync.Pool // *asyncFill (submit.go)
+	arounds     sync.Pool // *asyncAround (submit.go)
+	readArounds sync.Pool // *asyncReadAround (submitaround.go)
 
 	wstreams streamSet // sequential write streams, for the write-around cutoff (writearound.go)
 	rstreams streamSet // sequential read misses, for read-ahead and the read-around cutoff (streams.go)

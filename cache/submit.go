@@ -117,10 +117,11 @@ func (c *Cache) startFill(ctx context.Context, p []byte, off, pg int64, done blo
 // next); with more Ps it runs beside it. A slot used before is installed inline: its memory is
 // mapped, and a 4 KiB copy costs ~0.1 µs, less than starting a goroutine. So a slot pays for a
 // goroutine at most once (when an asynchronous miss is its first use), and the cache's memory is
-// still faulted in only as it is used. At most
-// maxFreshInstalls wait at a time: misses arriving faster than pages can be faulted in (a tight
-// loop; never a client waiting on a target) would otherwise pile up goroutines, each holding a
-// staging buffer, until SubmitAt declines for want of one. Past the bound a fresh page is
+// still faulted in only as it is used.
+//
+// At most maxFreshInstalls wait at a time: misses arriving faster than pages can be faulted in (a
+// tight loop; never a client waiting on a target) would otherwise pile up goroutines, each holding
+// a staging buffer, until SubmitAt declines for want of one. Past the bound a fresh page is
 // installed inline like any other.
 func (f *asyncFill) Complete(err error) {
 	c := f.c
