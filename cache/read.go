@@ -259,11 +259,10 @@ func (c *Cache) placeholder(pg int64, readAhead bool) fillPage {
 			return fp
 		}
 		sh.mu.Unlock()
-		s := c.allocSlot(pg)
+		s, fresh := c.allocSlot(pg)
 		if s < 0 {
 			return fillPage{slot: -1}
 		}
-		fresh := c.slots[s].fresh // written by allocSlot just now, before the slot is indexed
 		if invalSeq, ok := c.insertPage(pg, s, true); ok {
 			return fillPage{slot: s, invalSeq: invalSeq, created: true, fresh: fresh}
 		}

@@ -33,11 +33,6 @@ type slot struct {
 	filling  bool // a miss is reading this (new) page from the backend
 	invalSeq uint32
 
-	// fresh is written by allocSlot (under allocMu) at each hand-out: true the first time, when
-	// the slot's page memory has never been written, so that its first write faults it in
-	// (submit.go); false from then on.
-	fresh bool
-
 	busy atomic.Uint32 // dirty != 0 || inflight; written under dmu (and the shard lock when set)
 
 	// guarded by dmu
@@ -53,21 +48,22 @@ type slot struct {
 }
 
 // allocSlot returns a free slot for page pg, evicting a clean page with the CLOCK algorithm, or
-// -1 if every page is dirty, in write-back or pinned.
-func (c *Cache) allocSlot(pg int64) int32 {
+// -1 if every page is dirty, in write-back or pinned. fresh is true the first time a slot is
+// handed out: its page memory has never been written, so its first write faults it in (submit.go).
+func (c *Cache) allocSlot(pg int64) (s int32, fresh bool) {
 	c.allocMu.Lock()
 	defer c.allocMu.Unlock()
 	if n := len(c.freeSlots); n > 0 {
-		s := c.freeSlots[n-1]
+		s = c.freeSlots[n-1]
 		c.freeSlots = c.freeSlots[:n-1]
 		// New stacks the slots so that they come out in ascending order and a released slot
 		// goes on top: a slot at or past nextFresh has never been handed out.
-		fresh := s >= c.nextFresh
+		fresh = s >= c.nextFresh
 		if fresh {
 			c.nextFresh = s + 1
 		}
-		c.slots[s].page, c.slots[s].fresh = pg, fresh
-		return s
+		c.slots[s].page = pg
+		return s, fresh
 	}
 	for i := 0; i < 2*len(c.slots); i++ {
 		s := int32(c.hand)
@@ -95,10 +91,10 @@ func (c *Cache) allocSlot(pg int64) int32 {
 		sl.invalSeq++
 		sh.mu.Unlock()
 		c.st.evictions.Add(1)
-		sl.page, sl.fresh = pg, false
-		return s
+		sl.page = pg
+		return s, false
 	}
-	return -1
+	return -1, false
 }
 
 // insertPage enters slot s (just handed out by allocSlot) into the index as page pg with no valid
@@ -148,7 +144,7 @@ func runLast(pg int64) int64 { return pg | (shardRun - 1) }
 func (c *Cache) allocSlotWait(ctx context.Context, page int64) (int32, error) {
 	for {
 		ch := c.progress.wait()
-		if s := c.allocSlot(page); s >= 0 {
+		if s, _ := c.allocSlot(page); s >= 0 {
 			return s, nil
 		}
 		c.doKick()

@@ -295,16 +295,16 @@ func TestAllocSlotFresh(t *testing.T) {
 	c := newPooledCache(t, &submitDev{Device: fakedev.New(1<<20, stdLimits(512))}, Config{Size: 256 << 10})
 	n := len(c.slots)
 	for i := 0; i < n/2; i++ {
-		if s := c.allocSlot(int64(i)); s != int32(i) || !c.slots[s].fresh {
-			t.Fatalf("allocation %d: slot %d fresh %v, want slot %d fresh", i, s, s >= 0 && c.slots[s].fresh, i)
+		if s, fresh := c.allocSlot(int64(i)); s != int32(i) || !fresh {
+			t.Fatalf("allocation %d: slot %d fresh %v, want slot %d fresh", i, s, fresh, i)
 		}
 	}
 	c.releaseSlots([]int32{3})
-	if s := c.allocSlot(1000); s != 3 || c.slots[s].fresh {
-		t.Fatalf("after releasing slot 3: slot %d fresh %v, want slot 3 not fresh", s, s >= 0 && c.slots[s].fresh)
+	if s, fresh := c.allocSlot(1000); s != 3 || fresh {
+		t.Fatalf("after releasing slot 3: slot %d fresh %v, want slot 3 not fresh", s, fresh)
 	}
-	if s := c.allocSlot(1001); s != int32(n/2) || !c.slots[s].fresh {
-		t.Fatalf("next allocation: slot %d fresh %v, want slot %d fresh", s, s >= 0 && c.slots[s].fresh, n/2)
+	if s, fresh := c.allocSlot(1001); s != int32(n/2) || !fresh {
+		t.Fatalf("next allocation: slot %d fresh %v, want slot %d fresh", s, fresh, n/2)
 	}
 }
 

@@ -141,7 +141,7 @@ func (c *Cache) writePage(ctx context.Context, page, pOff int64, data []byte, he
 			if s, err = c.allocSlotWait(ctx, page); err != nil {
 				return false, err
 			}
-		} else if s = c.allocSlot(page); s < 0 {
+		} else if s, _ = c.allocSlot(page); s < 0 {
 			return false, nil
 		}
 		c.insertPage(page, s, false)
