@@ -6,7 +6,6 @@ test directories and tally files; nothing here runs the real tiers.
 import contextlib
 import io
 import os
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -16,6 +15,7 @@ from unittest import mock
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import pyunit  # noqa: E402
+from maketally import make_tally  # noqa: E402
 
 MIXED = textwrap.dedent("""\
     import unittest
@@ -120,25 +120,6 @@ class PyTierTest(unittest.TestCase):
         self.assertEqual(rc, 1)
         self.assertEqual(lines[0], "py 0 1 0")
         self.assertTrue(lines[1].startswith("FAILED py no tests found"), lines)
-
-
-# What an outer make passes its children: under make test the py tier runs inside make, and a make
-# these tests start must not inherit those flags.
-MAKE_VARS = ("MAKEFLAGS", "MFLAGS", "GNUMAKEFLAGS", "MAKELEVEL", "MAKEFILES")
-
-
-def make_tally(tally_lines):
-    """Runs the Makefile's tally target on a tally file holding tally_lines; its output lines."""
-    with tempfile.TemporaryDirectory() as tmp:
-        tally = os.path.join(tmp, "tally")
-        with open(tally, "w") as f:
-            f.writelines(l + "\n" for l in tally_lines)
-        env = {k: v for k, v in os.environ.items() if k not in MAKE_VARS}
-        p = subprocess.run(["make", "-s", "--no-print-directory", "-C", os.path.dirname(HERE), "tally",
-                            f"TALLY={tally}"], capture_output=True, text=True, env=env)
-    if p.returncode != 0:
-        raise AssertionError(f"make tally exited {p.returncode}: {p.stderr}")
-    return p.stdout.splitlines()
 
 
 class MakeTallyTest(unittest.TestCase):

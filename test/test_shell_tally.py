@@ -21,7 +21,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_pyunit import MAKE_VARS, make_tally  # noqa: E402
+from maketally import MAKE_VARS, make_tally  # noqa: E402
 
 
 def write_script(path, body):
