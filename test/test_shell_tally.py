@@ -287,24 +287,28 @@ class MakeTestTallyTest(unittest.TestCase):
     appends a line of its own, `go`, gofmt and staticcheck pass or fail as a test chooses."""
 
     # go env GOPATH (the Makefile puts its bin first on PATH); vet and both builds pass unless
-    # told; go test prints nothing and exits as STUB_GOTEST_UNIT / _E2E say (pipefail carries that
-    # past the summary), and the summary (go run ./internal/testsummary) writes the tier.
+    # told; go test prints nothing and exits as STUB_GOTEST_UNIT / _UNIT1CPU (the -cpu 1 pass) /
+    # _E2E say (pipefail carries that past the summary), and the summary (go run
+    # ./internal/testsummary) writes the tier.
     FAKE_GO = """\
         case $1 in
         env) echo "$STUB_GOPATH" ;;
         vet) exit "${STUB_VET:-0}" ;;
         build) [ "$2" = -o ] && exit "${STUB_BUILD:-0}"; exit 0 ;;
-        test) case " $* " in *" -tags e2e "*) exit "${STUB_GOTEST_E2E:-0}" ;; *) exit "${STUB_GOTEST_UNIT:-0}" ;; esac ;;
+        test) case " $* " in *" -tags e2e "*) exit "${STUB_GOTEST_E2E:-0}" ;;
+                             *" -cpu 1 "*) exit "${STUB_GOTEST_UNIT1CPU:-0}" ;;
+                             *) exit "${STUB_GOTEST_UNIT:-0}" ;; esac ;;
         run) shift; while [ $# -gt 0 ]; do case $1 in -tier) t=$2 ;; -tally) f=$2 ;; esac; shift; done
              echo "$t 4 0 1" >>"$f" ;;
         *) echo "stub go: unexpected $*" >&2; exit 3 ;;
         esac
         """
-    TIERS = ["unit 4 0 1", "py 2 0 0", "fuzz 3 0 0", "e2e 4 0 1", "vm 5 0 0"]
+    TIERS = ["unit 4 0 1", "unit-1cpu 4 0 1", "py 2 0 0", "fuzz 3 0 0", "e2e 4 0 1", "vm 5 0 0"]
 
     def run_make_test(self, **stubs):
         """make test with these stub outcomes (STUB_VET, STUB_BUILD, STUB_STATICCHECK, STUB_GOFMT, and
-        each tier's exit status: STUB_GOTEST_UNIT, STUB_GOTEST_E2E, STUB_PY, STUB_FUZZ, STUB_VM);
+        each tier's exit status: STUB_GOTEST_UNIT, STUB_GOTEST_UNIT1CPU, STUB_GOTEST_E2E, STUB_PY,
+        STUB_FUZZ, STUB_VM);
         its process and the tally it left, which held a stale line from an earlier run before."""
         with tempfile.TemporaryDirectory() as tmp:
             root, gopath = os.path.join(tmp, "tree"), os.path.join(tmp, "gopath")
@@ -340,7 +344,7 @@ class MakeTestTallyTest(unittest.TestCase):
         p, lines = self.run_make_test()
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         self.assertEqual(lines, ["lint 1 0 0", "build 1 0 0"] + self.TIERS, "a fresh tally, every tier once")
-        self.assertEqual(p.stdout.splitlines()[-1], "total: 20 passed, 0 failed, 2 skipped")
+        self.assertEqual(p.stdout.splitlines()[-1], "total: 24 passed, 0 failed, 3 skipped")
 
     def test_failed_lint_and_build_are_one_failure_each_and_the_tiers_still_run(self):
         p, lines = self.run_make_test(STUB_STATICCHECK="1", STUB_BUILD="1")
@@ -348,11 +352,11 @@ class MakeTestTallyTest(unittest.TestCase):
         # e2e builds the binary first: with the build broken it writes nothing, the build's line says why
         self.assertEqual(lines, ["lint 0 1 0", "FAILED lint make lint (see its output above)",
                                  "build 0 1 0", "FAILED build make build (see its output above)",
-                                 "unit 4 0 1", "py 2 0 0", "fuzz 3 0 0", "vm 5 0 0"])
+                                 "unit 4 0 1", "unit-1cpu 4 0 1", "py 2 0 0", "fuzz 3 0 0", "vm 5 0 0"])
         out = p.stdout.splitlines()
         self.assertEqual(out[-3:], ["FAILED: lint make lint (see its output above)",
                                     "FAILED: build make build (see its output above)",
-                                    "total: 14 passed, 2 failed, 1 skipped"])
+                                    "total: 18 passed, 2 failed, 2 skipped"])
 
     def test_unformatted_code_fails_lint(self):
         p, lines = self.run_make_test(STUB_GOFMT="cache/cache.go")
@@ -365,11 +369,12 @@ class MakeTestTallyTest(unittest.TestCase):
         p, lines = self.run_make_test(STUB_VET="1")
         self.assertNotEqual(p.returncode, 0)
         self.assertEqual(lines[:2], ["lint 0 1 0", "FAILED lint make lint (see its output above)"])
-        self.assertEqual(p.stdout.splitlines()[-1], "total: 19 passed, 1 failed, 2 skipped")
+        self.assertEqual(p.stdout.splitlines()[-1], "total: 23 passed, 1 failed, 3 skipped")
 
     def test_any_failed_tier_fails_make_test_and_the_rest_still_run(self):
         # the stub tiers still write their passing lines: only the exit status can tell
-        for which in ("STUB_GOTEST_UNIT", "STUB_GOTEST_E2E", "STUB_PY", "STUB_FUZZ", "STUB_VM"):
+        for which in ("STUB_GOTEST_UNIT", "STUB_GOTEST_UNIT1CPU", "STUB_GOTEST_E2E", "STUB_PY", "STUB_FUZZ",
+                      "STUB_VM"):
             with self.subTest(which):
                 p, lines = self.run_make_test(**{which: "1"})
                 self.assertNotEqual(p.returncode, 0)
