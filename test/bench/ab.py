@@ -35,7 +35,7 @@ def interleave(bench, a, work, rep, servers, first, second, jobs, pairs, runtime
                 c0, (s0, y0) = bench.cpu_seconds(pid), bench.switches_and_syscalls(pid)
                 m = bench.fio(servers[system].uri, job, args, runtime, a.size, work, preexec)
                 c1, (s1, y1) = bench.cpu_seconds(pid), bench.switches_and_syscalls(pid)
-                if "write" in args.get("rw", ""):
+                if bench.writes(args):
                     bench.flush(servers[system].uri)  # untimed: no run pays an earlier one's backlog
                 m.update(ab=tag, rep=rep, placement=placement, system=system, job=job, pair=pair,
                          gw_cpu_us_per_io=(c1 - c0) * 1e6 / max(m["ios"], 1),
