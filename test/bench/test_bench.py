@@ -1,10 +1,13 @@
 """Unit tests of bench.py's rules for the job table that need no gateway, target or fio: which
 jobs write (and so get an untimed FLUSH after them) and where the warm variant reads the working
-set in again. Run by make test's py tier (test/pyunit.py).
+set in again, as rules and as run_pass carries them out (with every server, fio run and /proc
+reading stubbed). Run by make test's py tier (test/pyunit.py).
 """
 import os
 import sys
 import unittest
+from types import SimpleNamespace
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
@@ -42,6 +45,57 @@ class WarmUpsTest(unittest.TestCase):
 
     def test_no_jobs(self):
         self.assertEqual(bench.warm_ups([]), [])
+
+
+class RunPassTest(unittest.TestCase):
+    """run_pass with stub servers: the order of what it asks of each, as (system, what, job)."""
+
+    def run_pass(self, system_names, jobs):
+        calls = []
+
+        def server(name):
+            def start(_sock):
+                stop = lambda: calls.append((name, "stop", None))  # noqa: E731
+                return SimpleNamespace(uri=f"nbd+unix:///{name}", proc=SimpleNamespace(pid=1), stop=stop)
+            return start
+        by_uri = {}
+
+        def fio(uri, job, args, *_a, **_kw):
+            calls.append((by_uri[uri], "fio", job))
+            return dict(ios=1, iops=1.0, bw_mib=1.0, p50_us=1.0, errors=0)
+
+        def flush(uri):
+            calls.append((by_uri[uri], "flush", None))
+            return 0.0
+        stubs = [(n, server(n), n.endswith("-cold")) for n in system_names]
+        for n in system_names:
+            by_uri[f"nbd+unix:///{n}"] = n
+        a = SimpleNamespace(runtime=1, size="1m", alt_bin=None)
+        with mock.patch.multiple(bench, systems=lambda *_a, **_kw: stubs, fio=fio, flush=flush,
+                                 cpu_seconds=lambda _pid: 0.0, reset_peak_rss=lambda _pid: None,
+                                 peak_rss_mib=lambda _pid: 0, log=lambda *_a: None):
+            rows = bench.run_pass(a, jobs, SimpleNamespace(proc=SimpleNamespace(pid=1)), "/nonexistent",
+                                  None, 0, "shared", lambda s: s != "libiscsi-direct")
+        return calls, rows
+
+    def test_warm_variant_warms_after_writes_and_cold_never(self):
+        jobs = named("randread-4k-qd32", "seqwrite-1m-qd8", "randrw70-4k-2jobs")
+        calls, rows = self.run_pass(["iser-blk-wb-cold"], jobs)
+        s = "iser-blk-wb-cold"
+        self.assertEqual(calls, [
+            (s, "fio", "randread-4k-qd32"), (s, "fio", "seqwrite-1m-qd8"), (s, "flush", None),
+            (s, "fio", "randrw70-4k-2jobs"), (s, "flush", None),
+            (s, "fio", "warmup"), (s, "fio", "randread-4k-qd32"), (s, "fio", "seqwrite-1m-qd8"), (s, "flush", None),
+            (s, "fio", "warmup"), (s, "fio", "randrw70-4k-2jobs"), (s, "flush", None),
+            (s, "stop", None)])
+        self.assertEqual([(r["system"], r["job"]) for r in rows],
+                         [("iser-blk-wb-cold", j[0]) for j in jobs] + [("iser-blk-wb-warm", j[0]) for j in jobs])
+
+    def test_tls_system_runs_only_its_jobs_and_no_warm_up(self):
+        jobs = named("randwrite-4k-qd32", "randread-4k-qd32", "seqread-1m-qd8")
+        calls, _ = self.run_pass(["iser-blk-tls"], jobs)
+        s = "iser-blk-tls"
+        self.assertEqual(calls, [(s, "fio", "randread-4k-qd32"), (s, "fio", "seqread-1m-qd8"), (s, "stop", None)])
 
 
 if __name__ == "__main__":
