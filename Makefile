@@ -1,5 +1,6 @@
 # iser-blk — the two commands that matter are `make demo` and `make test` (see README.md).
-# Tiers: unit (go test), py (the bench's Python, test/pyunit.py), fuzz (go test -fuzz, seconds
+# Tiers: unit (go test, twice: as is and -cpu 1, tiers unit and unit-1cpu), py (the bench's
+# Python and make test's own scripts, test/pyunit.py), fuzz (go test -fuzz, seconds
 # each), e2e (root + tgtd/libnbd/fio on the host, build tag e2e), vm (QEMU guest with the 6.12
 # kernel, build tag vm; mk/vm.mk), bench.
 
