@@ -128,4 +128,16 @@ func TestDirtyWriteBackIsFenced(t *testing.T) {
 	if st, _ := statefile.Read(next.path); !st.Dirty {
 		t.Fatal("a fenced device's state became clean: the next successor would resume it")
 	}
+	// The cache-off successor dies too; the one after it (write-through) must still fence: the
+	// state now names cache off, and the writes the first gateway may have lost are still lost.
+	third, err := prepareTakeover(tf, statefile.KindUblk, testTarget, "writethrough", dev, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if third.fenceReason() == "" {
+		t.Fatalf("the third gateway resumes a device fenced since the first died (state %+v)", *third.prev)
+	}
+	if err := third.serveDevice(dev).WriteAt(ctx, buf, 0, 0); block.Errno(err) != syscall.EIO {
+		t.Fatalf("write on the third gateway's device: %v", err)
+	}
 }

@@ -8,7 +8,9 @@
 //     request, and becomes clean only after a planned shutdown or restart has flushed every dirty
 //     byte to the target. A successor that finds a dirty write-back state must not resume the
 //     device (Resumable says why): writes the predecessor acknowledged may never have reached the
-//     target, and a filesystem that went on would later believe them durable.
+//     target, and a filesystem that went on would later believe them durable. A successor that
+//     takes such a device over (fenced) records Dirty whatever its own cache mode, and Resumable
+//     refuses any Dirty state: the fence passes on until the device is detached.
 //   - Decoding untrusted bytes never panics; a file that is not a State of this Version, or whose
 //     identity is another LUN's, is a typed error (ErrCorrupt, ErrVersion, ErrForeign), never a
 //     guess.

@@ -18,14 +18,21 @@ func (s State) CheckIdentity(now Identity) error {
 	return nil
 }
 
-// Resumable is the safety rule: a device may be handed to a successor unless the predecessor
-// ran a write-back cache and did not record that everything was flushed (Dirty). Then writes it
-// acknowledged may be lost, and a filesystem that goes on would later send a FLUSH and believe
-// them durable. why says so in words for the log and status.
+// Resumable is the safety rule: a device may be handed to a successor unless its state is Dirty
+// — a predecessor ran a write-back cache and did not record that everything was flushed. Then
+// writes it acknowledged may be lost, and a filesystem that goes on would later send a FLUSH and
+// believe them durable. why says so in words for the log and status.
+//
+// The rule looks at Dirty alone, not at CacheMode: a successor that took a fenced device over
+// with another cache mode records its own mode and keeps Dirty (the fence passes on), and its
+// own successor must fence the device too. Fresh never marks another mode dirty.
 func (s State) Resumable() (ok bool, why string) {
-	if s.CacheMode == CacheWriteBack && s.Dirty {
-		return false, fmt.Sprintf("gateway (pid %d) ended without a planned shutdown while its write-back cache could hold acknowledged writes not yet on the target: "+
-			"they may be lost, so the device fails every I/O instead of resuming. Unmount the filesystem, detach (SIGTERM this gateway), attach afresh and run fsck", s.PID)
+	const next = "they may be lost, so the device fails every I/O instead of resuming. Unmount the filesystem, detach (SIGTERM this gateway), attach afresh and run fsck"
+	switch {
+	case s.Dirty && s.CacheMode == CacheWriteBack:
+		return false, fmt.Sprintf("gateway (pid %d) ended without a planned shutdown while its write-back cache could hold acknowledged writes not yet on the target: %s", s.PID, next)
+	case s.Dirty:
+		return false, fmt.Sprintf("gateway (pid %d, cache %s) served a device already fenced: an earlier gateway's write-back cache could have held acknowledged writes not yet on the target: %s", s.PID, s.CacheMode, next)
 	}
 	return true, ""
 }

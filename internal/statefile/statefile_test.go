@@ -121,6 +121,8 @@ func TestResumable(t *testing.T) {
 	}{
 		{CacheOff, false, true}, {CacheWriteThrough, false, true},
 		{CacheWriteBack, false, true}, {CacheWriteBack, true, false},
+		// a fence passed on by a successor with another cache mode stays a fence
+		{CacheOff, true, false}, {CacheWriteThrough, true, false},
 	} {
 		s := State{CacheMode: c.mode, Dirty: c.dirty, PID: 7}
 		ok, why := s.Resumable()
