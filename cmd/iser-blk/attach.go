@@ -240,14 +240,22 @@ func attachNBD(ctx context.Context, at *attachment, p *pool.Pool, mem int64) int
 	if nbdDev == "auto" {
 		nbdDev = ""
 	}
-	a, err := attachOrReattach(srv, nbd.AttachOptions{
+	opts := nbd.AttachOptions{
 		Device:          nbdDev,
 		Connections:     connections,
 		Timeout:         at.af.timeout,
 		DeadConnTimeout: at.af.deadConnTimeout,
 		ForceIoctl:      at.af.forceIoctl,
 		Logger:          log,
-	}, tk)
+	}
+	a, err := attachOrReattach(srv, opts, tk)
+	if errors.Is(err, errUnfenced) {
+		abandonServer(srv)
+		if srv, err = newExportServer(tk.serving(at.dev), at.ef, p, mem, at.counters, log); err != nil {
+			return fail("attach", err)
+		}
+		a, err = attachOrReattach(srv, opts, tk)
+	}
 	if err != nil {
 		if errors.Is(err, nbd.ErrNoKernelNBD) {
 			fmt.Fprintf(os.Stderr, "iser-blk attach: %v\n", err)

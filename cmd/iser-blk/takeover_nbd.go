@@ -14,42 +14,37 @@ import (
 	"github.com/iser-blk/iser-blk/internal/statefile"
 )
 
+// nbdAttach and nbdReattach are the kernel calls of attachOrReattach; tests replace them.
+var nbdAttach, nbdReattach = nbd.Attach, nbd.Reattach
+
+// errUnfenced is attachOrReattach's answer when the device a fenced state named is gone: the
+// fence protected the filesystem on that device, and a new device must not inherit it, but srv
+// serves the fenced stack. The caller builds a server on t.serving again (no fence now) and
+// calls attachOrReattach with it, which makes a new device.
+var errUnfenced = errors.New("the fenced device is gone: a new one is served unfenced")
+
 // attachOrReattach is nbd.Attach with the takeover of attach --name: the device gets a backend
 // identifier naming the gateway and the LUN; a device a dead predecessor left configured gets
-// fresh sockets (nbd.Reattach) instead of a new device being made; the state is recorded before
-// the device is announced. A device whose state cannot be recorded is not served: one this
-// attach created is removed again, one it reattached is left waiting for the next successor.
+// fresh sockets (nbd.Reattach) instead of a new device being made. The state is recorded before
+// the device can take a request: before Reattach, which hands the kernel sockets it sends the
+// requests it held on at once (a write-back cache acknowledges them, and a state still saying
+// clean after a planned restart would let a successor resume without them), and before a new
+// device is announced. A device whose state cannot be recorded is not served: one this attach
+// created is removed again, one left by a predecessor waits for the next successor with the
+// predecessor's state put back.
 func attachOrReattach(srv *nbd.Server, opts nbd.AttachOptions, t *takeover) (*nbd.Attachment, error) {
 	if t == nil {
-		return nbd.Attach(srv, opts)
+		return nbdAttach(srv, opts)
 	}
 	opts.BackendID = "iser-blk:" + t.name + ":" + t.lun.Target
 	if t.prev != nil && !opts.ForceIoctl {
-		opts.Device = fmt.Sprintf("/dev/nbd%d", t.prev.DevID)
-		t.log.Info("taking over the nbd device a previous gateway left", zap.String("dev", opts.Device),
-			zap.Int("previous_pid", t.prev.PID), zap.String("cache", t.prev.CacheMode), zap.Bool("dirty", t.prev.Dirty))
-		a, err := nbd.Reattach(srv, opts)
-		switch {
-		case err == nil:
-			if err := t.record(statefile.KindNBD, t.prev.DevID); err != nil {
-				abandonServer(srv) // the device waits for a successor again
-				return nil, err
-			}
-			t.setCanWait(nbdCanWait(a, opts))
-			return a, nil
-		case errors.Is(err, nbd.ErrNoDevice):
-			t.log.Warn("the device the state file names is not configured any more; attaching afresh", zap.Error(err))
-			if ok, why := t.prev.Resumable(); !ok {
-				t.log.Error("the previous gateway may have lost acknowledged writes: check the filesystem (fsck) before mounting", zap.String("why", why))
-			}
-			t.prev = nil
-		case errors.Is(err, nbd.ErrNotWaiting):
-			return nil, fmt.Errorf("%w: %w", errNoResume, err)
-		default:
-			return nil, err
+		a, err := reattach(srv, opts, t)
+		if a != nil || err != nil {
+			return a, err
 		}
+		// the device is gone: make a new one below
 	}
-	a, err := nbd.Attach(srv, opts)
+	a, err := nbdAttach(srv, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -62,6 +57,42 @@ func attachOrReattach(srv *nbd.Server, opts nbd.AttachOptions, t *takeover) (*nb
 	}
 	t.setCanWait(nbdCanWait(a, opts))
 	return a, nil
+}
+
+// reattach takes over the device t.prev names: its attachment, or (nil, nil) when the device is
+// gone and a new one is to be made with srv, or errUnfenced when srv serves a fence that no
+// longer applies.
+func reattach(srv *nbd.Server, opts nbd.AttachOptions, t *takeover) (*nbd.Attachment, error) {
+	prev := *t.prev
+	opts.Device = fmt.Sprintf("/dev/nbd%d", prev.DevID)
+	t.log.Info("taking over the nbd device a previous gateway left", zap.String("dev", opts.Device),
+		zap.Int("previous_pid", prev.PID), zap.String("cache", prev.CacheMode), zap.Bool("dirty", prev.Dirty))
+	if err := t.record(statefile.KindNBD, prev.DevID); err != nil {
+		return nil, err // nothing served: the device still waits, its state file as it was (atomic write)
+	}
+	a, err := nbdReattach(srv, opts)
+	switch {
+	case err == nil:
+		t.setCanWait(nbdCanWait(a, opts))
+		return a, nil
+	case errors.Is(err, nbd.ErrNoDevice):
+		t.log.Warn("the device the state file names is not configured any more; attaching afresh", zap.Error(err))
+		ok, why := prev.Resumable()
+		t.prev = nil
+		if !ok {
+			t.log.Error("the previous gateway may have lost acknowledged writes: check the filesystem (fsck) before mounting", zap.String("why", why))
+			return nil, errUnfenced
+		}
+		return nil, nil
+	}
+	// The device stays as the predecessor left it, and so does what its state file says.
+	if rerr := statefile.Write(t.path, prev); rerr != nil {
+		t.log.Error("could not put the previous gateway's state back", zap.Error(rerr))
+	}
+	if errors.Is(err, nbd.ErrNotWaiting) {
+		return nil, fmt.Errorf("%w: %w", errNoResume, err)
+	}
+	return nil, err
 }
 
 // nbdCanWait refuses a planned restart of a device the kernel would not keep for a successor:
