@@ -213,6 +213,9 @@ func (at *attachment) shutdown(code int) int {
 	// kernel device is announced; a failure before that (takeover refused, nbd busy or absent,
 	// ublk ADD_DEV) must still flush and close — and log out of — the device openStack opened.
 	at.g.adopt(at.dev)
+	if at.tk != nil {
+		at.g.flushed = at.tk.recordFlushed
+	}
 	return at.g.shutdown(code)
 }
 

@@ -70,6 +70,9 @@ type gateway struct {
 	pathFailure string
 	// restartable is attach --name's takeover, what a planned restart hands over (nil: none).
 	restartable *takeover
+	// flushed runs once the shutdown's final flush succeeded, before the name is released (nil:
+	// nothing): attach --name records that a device left behind holds nothing unwritten.
+	flushed func()
 }
 
 // startGateway claims the name and starts the service. counters are the frontend's I/O
@@ -183,6 +186,8 @@ func (g *gateway) shutdown(code int) int {
 	if c != exitOK {
 		code = c
 		g.to(lifecycle.Failed, "final flush failed")
+	} else if g.flushed != nil {
+		g.flushed()
 	}
 	g.to(lifecycle.Stopped, "")
 	g.stopMu.Lock()

@@ -133,6 +133,29 @@ func (t *takeover) recordAgain(clean bool) error {
 	return statefile.Write(t.path, st)
 }
 
+// recordFlushed records the state clean after the shutdown's final flush succeeded, when the
+// device outlives this gateway (its state file is still there: a start that failed half-way, a
+// detach that did not complete): every write it acknowledged is on the target, and the next
+// gateway resumes instead of fencing the device for writes that were not lost. A fenced device
+// stays fenced (the writes an earlier gateway may have lost are still lost); a state file
+// already removed is not written again.
+func (t *takeover) recordFlushed() {
+	t.mu.Lock()
+	recorded := t.kind != ""
+	t.mu.Unlock()
+	if !recorded || t.fenceReason() != "" {
+		return
+	}
+	if _, err := statefile.Read(t.path); err != nil {
+		return // forgotten with the device, or not ours to rewrite
+	}
+	if err := t.recordClean(); err != nil {
+		t.log.Warn("could not record the state clean after the final flush: the next gateway will fence the device", zap.Error(err))
+		return
+	}
+	t.log.Info("the device outlives this gateway with nothing unwritten: state recorded clean")
+}
+
 // setCanWait installs the frontend's check that its kernel device waits for a successor.
 func (t *takeover) setCanWait(check func() error) {
 	t.mu.Lock()

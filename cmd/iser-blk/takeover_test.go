@@ -141,3 +141,60 @@ func TestDirtyWriteBackIsFenced(t *testing.T) {
 		t.Fatalf("write on the third gateway's device: %v", err)
 	}
 }
+
+// A write-back gateway whose device outlives it (a start that failed after the state was
+// recorded dirty) and whose final flush succeeded records the state clean: the next gateway
+// resumes. Not a fenced device, not a state file already removed, not one never written.
+func TestRecordFlushed(t *testing.T) {
+	dev := memDevice(t, 1<<20)
+	start := func(t *testing.T, dir string) *takeover {
+		t.Helper()
+		tk, err := prepareTakeover(&takeoverFlags{name: "wb", runDir: dir}, statefile.KindUblk, testTarget, "writeback", dev, zap.NewNop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk
+	}
+	t.Run("kept device", func(t *testing.T) {
+		tk := start(t, t.TempDir())
+		if err := tk.record(statefile.KindUblk, 4); err != nil {
+			t.Fatal(err)
+		}
+		tk.recordFlushed()
+		if st, err := statefile.Read(tk.path); err != nil || st.Dirty || st.DevID != 4 {
+			t.Fatalf("state after a flushed shutdown: %+v, %v", st, err)
+		}
+	})
+	t.Run("fenced device", func(t *testing.T) {
+		dir := t.TempDir()
+		if err := start(t, dir).record(statefile.KindUblk, 4); err != nil {
+			t.Fatal(err)
+		}
+		next := start(t, dir) // the first died dirty: the device is fenced
+		if err := next.record(statefile.KindUblk, 4); err != nil {
+			t.Fatal(err)
+		}
+		next.recordFlushed()
+		if st, err := statefile.Read(next.path); err != nil || !st.Dirty {
+			t.Fatalf("a fenced device's state after a flushed shutdown: %+v, %v", st, err)
+		}
+	})
+	t.Run("forgotten", func(t *testing.T) {
+		tk := start(t, t.TempDir())
+		if err := tk.record(statefile.KindUblk, 4); err != nil {
+			t.Fatal(err)
+		}
+		tk.forget()
+		tk.recordFlushed()
+		if _, err := os.Stat(tk.path); !os.IsNotExist(err) {
+			t.Fatalf("a removed state file came back: %v", err)
+		}
+	})
+	t.Run("never recorded", func(t *testing.T) {
+		tk := start(t, t.TempDir())
+		tk.recordFlushed()
+		if _, err := os.Stat(tk.path); !os.IsNotExist(err) {
+			t.Fatalf("a state file appeared: %v", err)
+		}
+	})
+}

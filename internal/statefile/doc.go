@@ -5,8 +5,8 @@
 //
 // Invariants:
 //   - A State with CacheMode "writeback" is written Dirty before the device serves its first
-//     request, and becomes clean only after a planned shutdown or restart has flushed every dirty
-//     byte to the target. A successor that finds a dirty write-back state must not resume the
+//     request, and becomes clean only after a shutdown or restart has flushed every dirty byte to
+//     the target (a device the shutdown leaves behind is recorded clean only then). A successor that finds a dirty write-back state must not resume the
 //     device (Resumable says why): writes the predecessor acknowledged may never have reached the
 //     target, and a filesystem that went on would later believe them durable. A successor that
 //     takes such a device over (fenced) records Dirty whatever its own cache mode, and Resumable
