@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -201,5 +202,36 @@ func TestRestartReexecutesThePathOnDisk(t *testing.T) {
 	}
 	if startExecutableErr != nil || startExecutable == "" || strings.HasSuffix(startExecutable, "(deleted)") {
 		t.Fatalf("executable resolved at start: %q, %v", startExecutable, startExecutableErr)
+	}
+}
+
+// Started through a symbolic link, the restart re-executes the link, not the file it points to
+// at start: repointing the link is how some installs upgrade. A path that does not name the
+// running binary is not believed.
+func TestRestartReexecutesTheLinkItWasStartedBy(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	link := filepath.Join(dir, "iser-blk")
+	if err := os.Symlink(self, link); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := executablePath(link); err != nil || got != link {
+		t.Fatalf("started by the link %s: re-executes %q (%v)", link, got, err)
+	}
+	t.Setenv("PATH", dir)
+	if got, err := executablePath("iser-blk"); err != nil || got != link {
+		t.Fatalf("started by name from PATH: re-executes %q (%v), want %s", got, err, link)
+	}
+	other := filepath.Join(dir, "other")
+	if err := os.WriteFile(other, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, arg0 := range []string{other, filepath.Join(dir, "missing"), "not-on-path"} {
+		if got, err := executablePath(arg0); err != nil || got != trimDeleted(self) {
+			t.Errorf("argv[0] %q, not this binary: re-executes %q (%v), want %s", arg0, got, err, self)
+		}
 	}
 }
