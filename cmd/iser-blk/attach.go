@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -88,9 +89,13 @@ func runAttach(ctx context.Context, args []string) int {
 	af.takeover = takeoverFlags{name: sf.name, runDir: sf.runDir}
 	log := newLogger(tf.debug)
 	defer log.Sync() //nolint:errcheck
-	ctx, stop := context.WithCancel(ctx)
+	// The first SIGINT or SIGTERM (signals) stops the serving context through stopOnSignal,
+	// which lets a planned restart in progress give up first.
+	signals := ctx
+	ctx, stop := context.WithCancel(context.WithoutCancel(signals))
 	defer stop()
 	at := &attachment{sf: &sf, ef: &ef, af: &af, stop: stop, log: log, counters: new(status.IOCounters)}
+	go at.stopOnSignal(signals, ctx.Done())
 	// A name known before the device exists is claimed before logging in: a second gateway by
 	// that name costs no session. Otherwise the kernel's device name is the gateway's.
 	if name := af.earlyName(&sf); name != "" {
@@ -138,6 +143,9 @@ type attachment struct {
 	failed error     // the gateway could not start once the device existed
 	// counters is the frontend's I/O counters, the gateway's once it is named.
 	counters *status.IOCounters
+	// restartable is g once a planned restart can run (set from the frontend's announce, read
+	// by stopOnSignal's goroutine).
+	restartable atomic.Pointer[gateway]
 }
 
 // earlyName is the gateway name known before the device exists: --name, or nbdN for --nbd
@@ -177,10 +185,27 @@ func (at *attachment) announced(path string, fe status.Frontend) {
 	at.g.ready()
 	if at.tk != nil {
 		at.g.canRestart(at.tk)
+		at.restartable.Store(at.g)
 		if why := at.tk.fenceReason(); why != "" { // status shows why every I/O fails
 			at.g.to(lifecycle.Failed, "device fenced: "+why)
 		}
 	}
+}
+
+// stopOnSignal waits for the first SIGINT or SIGTERM (signals ends) and stops the attach: through
+// the gateway once it can restart (stopForSignal: a restart in progress gives up first, a
+// committed one is left alone), else at once. It returns when done closes (the attach ended).
+func (at *attachment) stopOnSignal(signals context.Context, done <-chan struct{}) {
+	select {
+	case <-signals.Done():
+	case <-done:
+		return
+	}
+	if g := at.restartable.Load(); g != nil {
+		g.stopForSignal()
+		return
+	}
+	at.stop()
 }
 
 func (at *attachment) announceUblk(path string) {

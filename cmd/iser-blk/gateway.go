@@ -60,10 +60,11 @@ type gateway struct {
 	// flushMu is held by a detach's write-back and the shutdown's final flush: never both.
 	flushMu sync.Mutex
 
-	stopMu   sync.Mutex         // guards the three below
-	stopping bool               // the shutdown began: a new detach is refused
-	detachOn bool               // a detach is running; the shutdown hands it the outcome
-	abortWB  context.CancelFunc // cancels the running detach's write-back (nil: none)
+	stopMu    sync.Mutex         // guards the four below
+	stopping  bool               // the shutdown began: a new detach is refused
+	committed bool               // a planned restart is committed: the re-exec owns the process
+	detachOn  bool               // a detach is running; the shutdown hands it the outcome
+	abortWB   context.CancelFunc // cancels the running detach's write-back (nil: none)
 	// pathFailure is why the backend cannot serve ("" while it can), as it reported it; the
 	// gateway is failed with this reason while ready otherwise, and only that failure is undone
 	// when a path returns.
@@ -210,6 +211,32 @@ func (g *gateway) beginShutdown() {
 	if g.abortWB != nil {
 		g.abortWB()
 	}
+}
+
+// stopForSignal is what SIGINT or SIGTERM does to a restartable gateway: the shutdown begins
+// (a restart's hand-over or a detach's write-back is cancelled, a new one refused), the flush
+// that was running gives up, and only then the frontend stops. Stopping the frontend first
+// would tear the kernel device down (NBD disconnect, parked ublk requests failed) while a
+// restart could still commit and re-execute. A restart already committed owns the process: the
+// signal changes nothing (the restart ignores the two signals from its commit on).
+func (g *gateway) stopForSignal() {
+	g.stopMu.Lock()
+	committed := g.committed
+	if !committed {
+		g.stopping = true
+		if g.abortWB != nil {
+			g.abortWB()
+		}
+	}
+	g.stopMu.Unlock()
+	if committed {
+		g.log.Info("stop signal during a committed restart: ignored, the new image takes over")
+		return
+	}
+	// flushMu is held by a restart's hand-over or a detach's write-back until it gives up.
+	g.flushMu.Lock()
+	g.stop()
+	g.flushMu.Unlock()
 }
 
 // detach is the control socket's detach (service.DetachFunc).

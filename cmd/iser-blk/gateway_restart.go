@@ -181,7 +181,7 @@ func (g *gateway) commitRestart() bool {
 	if g.stopping {
 		return false
 	}
-	g.stopping = true
+	g.stopping, g.committed = true, true
 	return true
 }
 

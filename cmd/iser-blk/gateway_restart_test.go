@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"go.uber.org/zap"
@@ -234,4 +235,108 @@ func TestRestartReexecutesTheLinkItWasStartedBy(t *testing.T) {
 			t.Errorf("argv[0] %q, not this binary: re-executes %q (%v), want %s", arg0, got, err, self)
 		}
 	}
+}
+
+// blockedFlush is a device whose write-back says it began and then waits for its context.
+type blockedFlush struct {
+	block.Device
+	once  *sync.Once
+	began chan struct{}
+}
+
+func (d blockedFlush) Flush(ctx context.Context) error {
+	d.once.Do(func() { close(d.began) })
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// A stop signal during a restart's write-back cancels the hand-over, waits until the restart
+// gave up (gate open, state dirty again), and only then stops the frontend: stopping it first
+// would tear the kernel device down while the restart could still commit.
+func TestStopSignalDuringRestartWaitsForItToGiveUp(t *testing.T) {
+	dev := blockedFlush{Device: memDevice(t, 1<<20), once: new(sync.Once), began: make(chan struct{})}
+	f := newRestartFixture(t, "ublk", dev, true)
+	restarted := make(chan error, 1)
+	go func() {
+		_, err := f.g.restart(context.Background(), control.Request{})
+		restarted <- err
+	}()
+	<-dev.began
+	var restartErr error
+	returned := false // whether the restart had returned when the frontend was stopped
+	f.g.stop = func() {
+		select {
+		case restartErr = <-restarted:
+			returned = true
+		default:
+		}
+	}
+	f.g.stopForSignal()
+	if !returned {
+		t.Fatal("the frontend was stopped while the restart still held its hand-over")
+	}
+	wantControlError(t, restartErr, control.CodeFailed, "keeps serving")
+	if f.tk.gate.closed.Load() {
+		t.Fatal("the gate stayed closed: the shutdown's final flush would hang on parked requests")
+	}
+	if st, err := statefile.Read(f.path); err != nil || !st.Dirty {
+		t.Fatalf("state after the restart gave up: %+v, %v; want dirty", st, err)
+	}
+	if _, err := f.g.restart(context.Background(), control.Request{}); err == nil {
+		t.Fatal("a new restart was accepted by a stopping gateway")
+	}
+}
+
+// Once a restart is committed the signal changes nothing: the re-exec owns the process.
+func TestStopSignalAfterRestartCommitIsIgnored(t *testing.T) {
+	f := newRestartFixture(t, "ublk", memDevice(t, 1<<20), true)
+	if _, err := f.g.beginRestart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !f.g.commitRestart() {
+		t.Fatal("commit refused")
+	}
+	stopped := false
+	f.g.stop = func() { stopped = true }
+	f.g.stopForSignal()
+	if stopped {
+		t.Fatal("a signal after the commit stopped the frontend under the re-exec")
+	}
+}
+
+// attach's signal watcher: at once without a restartable gateway, through stopForSignal with
+// one (which refuses a restart afterwards), and nothing once the attach ended.
+func TestAttachStopOnSignal(t *testing.T) {
+	run := func(at *attachment, signal, end bool) {
+		signals, send := context.WithCancel(context.Background())
+		defer send()
+		done := make(chan struct{})
+		if signal {
+			send()
+		}
+		if end {
+			close(done)
+		}
+		at.stopOnSignal(signals, done)
+	}
+	stopped := 0
+	at := &attachment{stop: func() { stopped++ }}
+	run(at, true, false)
+	if stopped != 1 {
+		t.Fatalf("without a restartable gateway: stopped %d times, want 1", stopped)
+	}
+	run(at, false, true)
+	if stopped != 1 {
+		t.Fatal("stopped after the attach ended")
+	}
+	f := newRestartFixture(t, "ublk", memDevice(t, 1<<20), true)
+	gwStopped := 0
+	f.g.stop = func() { gwStopped++ }
+	at.restartable.Store(f.g)
+	run(at, true, false)
+	if gwStopped != 1 || stopped != 1 {
+		t.Fatalf("with a restartable gateway: gateway stop %d, attach stop %d; want 1, 1", gwStopped, stopped)
+	}
+	_, err := f.g.restart(context.Background(), control.Request{})
+	wantControlError(t, err, control.CodeBusy, "already stopping")
 }
