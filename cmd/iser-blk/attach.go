@@ -119,6 +119,7 @@ func runAttach(ctx context.Context, args []string) int {
 			code = failTakeover(err)
 		} else {
 			at.tk = af.uo.Takeover
+			at.takingOver()
 			code = attachUblk(ctx, dev, af.uo, at.announceUblk, log)
 		}
 	} else {
@@ -192,6 +193,14 @@ func (at *attachment) announced(path string, fe status.Frontend) {
 	}
 }
 
+// takingOver moves the lifecycle to recovering while the device a previous gateway left is
+// taken over (status says so until the device is announced, or the attach fails).
+func (at *attachment) takingOver() {
+	if at.g != nil && at.tk != nil && at.tk.prev != nil {
+		at.g.to(lifecycle.Recovering, fmt.Sprintf("taking over the %s device a previous gateway (pid %d) left", at.tk.prev.Kind, at.tk.prev.PID))
+	}
+}
+
 // stopOnSignal waits for the first SIGINT or SIGTERM (signals ends) and stops the attach: through
 // the gateway once it can restart (stopForSignal: a restart in progress gives up first, a
 // committed one is left alone), else at once. It returns when done closes (the attach ended).
@@ -255,6 +264,7 @@ func attachNBD(ctx context.Context, at *attachment, p *pool.Pool, mem int64) int
 		return failTakeover(err)
 	}
 	at.tk = tk
+	at.takingOver()
 	srv, err := newExportServer(tk.serving(at.dev), at.ef, p, mem, at.counters, log)
 	if err != nil {
 		return fail("attach", err)

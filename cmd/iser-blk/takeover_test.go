@@ -12,7 +12,9 @@ import (
 
 	"github.com/iser-blk/iser-blk/backend/memdev"
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/lifecycle"
 	"github.com/iser-blk/iser-blk/internal/statefile"
+	"github.com/iser-blk/iser-blk/internal/status"
 )
 
 func memDevice(t *testing.T, size int64) block.Device {
@@ -197,4 +199,42 @@ func TestRecordFlushed(t *testing.T) {
 			t.Fatalf("a state file appeared: %v", err)
 		}
 	})
+}
+
+// A gateway taking over the device a previous one left is recovering until the device is
+// announced; one that takes nothing over stays starting.
+func TestTakingOverIsRecovering(t *testing.T) {
+	dir := t.TempDir()
+	dev := memDevice(t, 1<<20)
+	tf := &takeoverFlags{name: "gw", runDir: dir}
+	first, err := prepareTakeover(tf, statefile.KindUblk, testTarget, "off", dev, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := startGateway(&serviceFlags{name: "gw", runDir: t.TempDir()}, identity("gw", "ublk", "", &exportFlags{}), new(status.IOCounters), func() {}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.svc.Close() })
+	at := &attachment{g: g, tk: first}
+	at.takingOver()
+	if s, _ := g.svc.Lifecycle.State(); s != lifecycle.Starting {
+		t.Fatalf("a fresh attach is %s, want starting", s)
+	}
+	if err := first.record(statefile.KindUblk, 2); err != nil {
+		t.Fatal(err)
+	}
+	next, err := prepareTakeover(tf, statefile.KindUblk, testTarget, "off", dev, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	at.tk = next
+	at.takingOver()
+	if s, r := g.svc.Lifecycle.State(); s != lifecycle.Recovering || !strings.Contains(r, "ublk device a previous gateway") {
+		t.Fatalf("taking over: %s (%q), want recovering", s, r)
+	}
+	g.ready()
+	if s, _ := g.svc.Lifecycle.State(); s != lifecycle.Ready {
+		t.Fatalf("after the announce: %s, want ready", s)
+	}
 }
