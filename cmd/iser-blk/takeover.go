@@ -74,7 +74,7 @@ func prepareTakeover(tf *takeoverFlags, kind, target, cacheMode string, dev bloc
 		return nil, err
 	}
 	t := &takeover{path: statefile.Path(dir, tf.name), name: tf.name, cacheMode: cacheMode,
-		lun: statefile.Identity{Target: iser.RedactURL(target), DeviceID: lunWWN(dev), Size: dev.Size(), BlockSize: dev.BlockSize()},
+		lun: statefile.Identity{Target: iser.RedactURL(target), Size: dev.Size(), BlockSize: dev.BlockSize()},
 		log: log.With(zap.String("state_file", statefile.Path(dir, tf.name)))}
 	prev, err := statefile.Read(t.path)
 	switch {
@@ -90,20 +90,6 @@ func prepareTakeover(tf *takeoverFlags, kind, target, cacheMode string, dev bloc
 	}
 	t.prev = &prev
 	return t, nil
-}
-
-// lunWWN is the logical unit's world wide name as the target reported it (VPD page 0x83), ""
-// when the device below the cache does not say: the state file records it, and a successor
-// whose URL now reaches a LUN with another name refuses the takeover (statefile.CheckIdentity)
-// rather than serve another LUN's blocks under the filesystem.
-func lunWWN(dev block.Device) string {
-	if c, ok := dev.(*cache.Cache); ok {
-		dev = c.Backend()
-	}
-	if d, ok := dev.(interface{ Info() iser.Info }); ok {
-		return d.Info().WWN
-	}
-	return ""
 }
 
 // record writes the state of a device this gateway now serves: Dirty exactly with a write-back

@@ -10,7 +10,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/backend/memdev"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/lifecycle"
@@ -237,47 +236,5 @@ func TestTakingOverIsRecovering(t *testing.T) {
 	g.ready()
 	if s, _ := g.svc.Lifecycle.State(); s != lifecycle.Ready {
 		t.Fatalf("after the announce: %s, want ready", s)
-	}
-}
-
-// lunNamed is a device that reports its LUN's world wide name, as backend/iser's does.
-type lunNamed struct {
-	block.Device
-	wwn string
-}
-
-func (d lunNamed) Info() iser.Info { return iser.Info{WWN: d.wwn} }
-
-// The state records the LUN's world wide name; a successor whose URL now reaches a LUN of the
-// same size with another name refuses the takeover. A state without one (written before the
-// name was recorded) is still taken over.
-func TestTakeoverChecksTheLUNsName(t *testing.T) {
-	dir := t.TempDir()
-	mem := memDevice(t, 1<<20)
-	tf := &takeoverFlags{name: "gw", runDir: dir}
-	first, err := prepareTakeover(tf, statefile.KindUblk, testTarget, "off", lunNamed{mem, "naa.6001405aaaaaaaa"}, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := first.record(statefile.KindUblk, 2); err != nil {
-		t.Fatal(err)
-	}
-	if st, _ := statefile.Read(first.path); st.LUN.DeviceID != "naa.6001405aaaaaaaa" {
-		t.Fatalf("recorded identity %+v, want the LUN's name", st.LUN)
-	}
-	_, err = prepareTakeover(tf, statefile.KindUblk, testTarget, "off", lunNamed{mem, "naa.6001405bbbbbbbb"}, zap.NewNop())
-	if !errors.Is(err, statefile.ErrForeign) || failTakeover(err) != exitNoResume {
-		t.Fatalf("another LUN behind the same URL: %v", err)
-	}
-	if next, err := prepareTakeover(tf, statefile.KindUblk, testTarget, "off", lunNamed{mem, "naa.6001405aaaaaaaa"}, zap.NewNop()); err != nil || next.prev == nil {
-		t.Fatalf("the same LUN: %+v, %v", next, err)
-	}
-	unnamed := first.state(statefile.KindUblk, 2)
-	unnamed.LUN.DeviceID = ""
-	if err := statefile.Write(first.path, unnamed); err != nil {
-		t.Fatal(err)
-	}
-	if next, err := prepareTakeover(tf, statefile.KindUblk, testTarget, "off", lunNamed{mem, "naa.6001405bbbbbbbb"}, zap.NewNop()); err != nil || next.prev == nil {
-		t.Fatalf("a state recorded without the name: %+v, %v", next, err)
 	}
 }
