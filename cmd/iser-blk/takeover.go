@@ -73,6 +73,10 @@ func prepareTakeover(tf *takeoverFlags, kind, target, cacheMode string, dev bloc
 	if err := control.EnsureRunDir(dir); err != nil {
 		return nil, err
 	}
+	// The identity is the URL without credentials, the size and the block size. The LUN's VPD
+	// 0x83 name (Identity.DeviceID) is left empty: tgtd derives it from the target id and LUN
+	// number, so it would refuse a legitimate successor when targets come back in another order
+	// and still not tell two LUNs behind one IQN and number apart (9210660).
 	t := &takeover{path: statefile.Path(dir, tf.name), name: tf.name, cacheMode: cacheMode,
 		lun: statefile.Identity{Target: iser.RedactURL(target), Size: dev.Size(), BlockSize: dev.BlockSize()},
 		log: log.With(zap.String("state_file", statefile.Path(dir, tf.name)))}
@@ -102,6 +106,13 @@ func (t *takeover) record(kind string, devID int) error {
 	t.kind, t.devID = kind, devID
 	t.mu.Unlock()
 	return nil
+}
+
+// forgetRecord undoes record's bookkeeping (not the file): the device is not this gateway's.
+func (t *takeover) forgetRecord() {
+	t.mu.Lock()
+	t.kind, t.devID = "", 0
+	t.mu.Unlock()
 }
 
 // state is what record writes: Dirty exactly with a write-back cache, or when the predecessor's

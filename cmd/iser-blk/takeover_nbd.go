@@ -85,10 +85,12 @@ func reattach(srv *nbd.Server, opts nbd.AttachOptions, t *takeover) (*nbd.Attach
 		}
 		return nil, nil
 	}
-	// The device stays as the predecessor left it, and so does what its state file says.
+	// The device stays as the predecessor left it, and so does what its state file says: this
+	// gateway recorded nothing of its own (a shutdown's recordFlushed leaves the file alone).
 	if rerr := statefile.Write(t.path, prev); rerr != nil {
 		t.log.Error("could not put the previous gateway's state back", zap.Error(rerr))
 	}
+	t.forgetRecord()
 	if errors.Is(err, nbd.ErrNotWaiting) {
 		return nil, fmt.Errorf("%w: %w", errNoResume, err)
 	}

@@ -120,6 +120,10 @@ func TestReattachFailurePutsThePredecessorsStateBack(t *testing.T) {
 			if err != nil || st.PID != 1 || st.Dirty || st.DevID != 3 || k.attach != 0 {
 				t.Fatalf("state after the failed reattach: %+v, %v (attach calls %d)", st, err, k.attach)
 			}
+			tk.recordFlushed() // the shutdown's final flush succeeds: the file is still not ours
+			if st, err := statefile.Read(tk.path); err != nil || st.PID != 1 || st.CacheMode != statefile.CacheWriteBack {
+				t.Fatalf("state after the shutdown: %+v, %v; want the predecessor's", st, err)
+			}
 		})
 	}
 }
