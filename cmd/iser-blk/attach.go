@@ -12,7 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -144,9 +144,12 @@ type attachment struct {
 	failed error     // the gateway could not start once the device existed
 	// counters is the frontend's I/O counters, the gateway's once it is named.
 	counters *status.IOCounters
-	// restartable is g once a planned restart can run (set from the frontend's announce, read
-	// by stopOnSignal's goroutine).
-	restartable atomic.Pointer[gateway]
+	// signalMu guards the two below, which the announce and stopOnSignal's goroutine share: a
+	// gateway becomes restartable only if no stop signal came first, so a signal either finds
+	// it restartable (and lets a restart give up) or keeps a restart from ever starting.
+	signalMu    sync.Mutex
+	signalled   bool
+	restartable *gateway
 }
 
 // earlyName is the gateway name known before the device exists: --name, or nbdN for --nbd
@@ -185,8 +188,12 @@ func (at *attachment) announced(path string, fe status.Frontend) {
 	at.g.serving(at.dev, path, fe)
 	at.g.ready()
 	if at.tk != nil {
-		at.g.canRestart(at.tk)
-		at.restartable.Store(at.g)
+		at.signalMu.Lock()
+		if !at.signalled {
+			at.g.canRestart(at.tk)
+			at.restartable = at.g
+		}
+		at.signalMu.Unlock()
 		if why := at.tk.fenceReason(); why != "" { // status shows why every I/O fails
 			at.g.to(lifecycle.Failed, "device fenced: "+why)
 		}
@@ -210,7 +217,11 @@ func (at *attachment) stopOnSignal(signals context.Context, done <-chan struct{}
 	case <-done:
 		return
 	}
-	if g := at.restartable.Load(); g != nil {
+	at.signalMu.Lock()
+	at.signalled = true
+	g := at.restartable
+	at.signalMu.Unlock()
+	if g != nil {
 		g.stopForSignal()
 		return
 	}

@@ -276,6 +276,10 @@ func (g *gateway) detach(ctx context.Context, req control.Request) (control.Deta
 	return control.DetachResult{PID: os.Getpid(), WrittenBackBytes: writtenBack(dev) - before}, nil
 }
 
+// busyWritingBack refuses a detach or restart while another one writes back: each registers
+// its cancel (abortWB) for the shutdown to call, and a second would take the first one's place.
+var busyWritingBack = &control.Error{Code: control.CodeBusy, Message: "a detach or restart is already writing back; try again once it has ended"}
+
 // beginDetach registers a detach, refusing it once the shutdown began, and returns the context
 // its write-back runs under: ctx, also cancelled if a shutdown begins meanwhile.
 func (g *gateway) beginDetach(ctx context.Context) (context.Context, error) {
@@ -283,6 +287,9 @@ func (g *gateway) beginDetach(ctx context.Context) (context.Context, error) {
 	defer g.stopMu.Unlock()
 	if g.stopping {
 		return nil, &control.Error{Code: control.CodeBusy, Message: "the gateway is already stopping (a signal began its shutdown); it exits once its final flush is done"}
+	}
+	if g.abortWB != nil { // its cancel is what a signal uses to stop that one: it must stay its own
+		return nil, busyWritingBack
 	}
 	g.detachOn = true
 	ctx, g.abortWB = context.WithCancel(ctx)

@@ -167,6 +167,9 @@ func (g *gateway) beginRestart(ctx context.Context) (context.Context, error) {
 	if g.stopping {
 		return nil, &control.Error{Code: control.CodeBusy, Message: "the gateway is already stopping (a signal began its shutdown)"}
 	}
+	if g.abortWB != nil {
+		return nil, busyWritingBack
+	}
 	ctx, g.abortWB = context.WithCancel(ctx)
 	return ctx, nil
 }

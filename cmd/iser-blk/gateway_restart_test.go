@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -262,29 +263,48 @@ func TestStopSignalDuringRestartWaitsForItToGiveUp(t *testing.T) {
 		restarted <- err
 	}()
 	<-dev.began
-	var restartErr error
-	returned := false // whether the restart had returned when the frontend was stopped
+	// What the restart does before it lets go of flushMu (undoHandOver: gate reopened, state
+	// dirty again) must be done when the frontend is stopped: the channel send comes later.
+	gaveUp := false
 	f.g.stop = func() {
-		select {
-		case restartErr = <-restarted:
-			returned = true
-		default:
-		}
+		st, err := statefile.Read(f.path)
+		gaveUp = !f.tk.gate.closed.Load() && err == nil && st.Dirty
 	}
 	f.g.stopForSignal()
-	if !returned {
+	if !gaveUp {
 		t.Fatal("the frontend was stopped while the restart still held its hand-over")
 	}
-	wantControlError(t, restartErr, control.CodeFailed, "keeps serving")
-	if f.tk.gate.closed.Load() {
-		t.Fatal("the gate stayed closed: the shutdown's final flush would hang on parked requests")
-	}
-	if st, err := statefile.Read(f.path); err != nil || !st.Dirty {
-		t.Fatalf("state after the restart gave up: %+v, %v; want dirty", st, err)
-	}
+	wantControlError(t, <-restarted, control.CodeFailed, "keeps serving")
 	if _, err := f.g.restart(context.Background(), control.Request{}); err == nil {
 		t.Fatal("a new restart was accepted by a stopping gateway")
 	}
+}
+
+// A detach while a restart writes back is refused: it would take the restart's cancel, and a
+// signal would then cancel the detach and wait for the restart's whole --timeout.
+func TestDetachDuringRestartIsRefused(t *testing.T) {
+	dev := blockedFlush{Device: memDevice(t, 1<<20), once: new(sync.Once), began: make(chan struct{})}
+	f := newRestartFixture(t, "ublk", dev, true)
+	restarted := make(chan error, 1)
+	go func() {
+		_, err := f.g.restart(context.Background(), control.Request{})
+		restarted <- err
+	}()
+	<-dev.began
+	detached := make(chan error, 1)
+	go func() {
+		_, err := f.g.detach(context.Background(), control.Request{Force: true})
+		detached <- err
+	}()
+	select {
+	case err := <-detached:
+		wantControlError(t, err, control.CodeBusy, "already writing back")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the detach did not answer: it took the restart's cancel and waits for its write-back")
+	}
+	f.g.stop = func() {}
+	f.g.stopForSignal() // returns once the restart gave up: its cancel was still its own
+	wantControlError(t, <-restarted, control.CodeFailed, "keeps serving")
 }
 
 // Once a restart is committed the signal changes nothing: the re-exec owns the process.
@@ -332,11 +352,38 @@ func TestAttachStopOnSignal(t *testing.T) {
 	f := newRestartFixture(t, "ublk", memDevice(t, 1<<20), true)
 	gwStopped := 0
 	f.g.stop = func() { gwStopped++ }
-	at.restartable.Store(f.g)
+	at.restartable = f.g
 	run(at, true, false)
 	if gwStopped != 1 || stopped != 1 {
 		t.Fatalf("with a restartable gateway: gateway stop %d, attach stop %d; want 1, 1", gwStopped, stopped)
 	}
 	_, err := f.g.restart(context.Background(), control.Request{})
 	wantControlError(t, err, control.CodeBusy, "already stopping")
+}
+
+// A stop signal before the device is announced keeps the gateway from ever becoming
+// restartable: a restart could otherwise commit while the stopped frontend tears the device
+// down. Without the signal the announce makes it restartable.
+func TestSignalBeforeAnnounceKeepsRestartOff(t *testing.T) {
+	for _, signal := range []bool{true, false} {
+		dev := memDevice(t, 1<<20)
+		f := newRestartFixture(t, "ublk", dev, false)
+		tk, err := prepareTakeover(&takeoverFlags{name: "gw", runDir: t.TempDir()}, statefile.KindUblk, testTarget, "off", dev, zap.NewNop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := &attachment{g: f.g, tk: tk, dev: tk.serving(dev), stop: func() {}, log: zap.NewNop()}
+		if signal {
+			signals, send := context.WithCancel(context.Background())
+			send()
+			at.stopOnSignal(signals, nil)
+		}
+		at.announced("/dev/ublkb3", status.Frontend{Kind: "ublk"})
+		f.g.mu.Lock()
+		restartable := f.g.restartable != nil
+		f.g.mu.Unlock()
+		if restartable == signal {
+			t.Errorf("signal before the announce %v: restartable %v", signal, restartable)
+		}
+	}
 }
