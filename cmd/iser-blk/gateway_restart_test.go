@@ -251,10 +251,10 @@ func (d blockedFlush) Flush(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// A stop signal during a restart's write-back cancels the hand-over, waits until the restart
-// gave up (gate open, state dirty again), and only then stops the frontend: stopping it first
-// would tear the kernel device down while the restart could still commit.
-func TestStopSignalDuringRestartWaitsForItToGiveUp(t *testing.T) {
+// restartInWriteBack starts a restart on a gateway whose write-back blocks until cancelled, and
+// returns once that write-back began; the restart's answer arrives on the channel.
+func restartInWriteBack(t *testing.T) (*restartFixture, <-chan error) {
+	t.Helper()
 	dev := blockedFlush{Device: memDevice(t, 1<<20), once: new(sync.Once), began: make(chan struct{})}
 	f := newRestartFixture(t, "ublk", dev, true)
 	restarted := make(chan error, 1)
@@ -263,6 +263,14 @@ func TestStopSignalDuringRestartWaitsForItToGiveUp(t *testing.T) {
 		restarted <- err
 	}()
 	<-dev.began
+	return f, restarted
+}
+
+// A stop signal during a restart's write-back cancels the hand-over, waits until the restart
+// gave up (gate open, state dirty again), and only then stops the frontend: stopping it first
+// would tear the kernel device down while the restart could still commit.
+func TestStopSignalDuringRestartWaitsForItToGiveUp(t *testing.T) {
+	f, restarted := restartInWriteBack(t)
 	// What the restart does before it lets go of flushMu (undoHandOver: gate reopened, state
 	// dirty again) must be done when the frontend is stopped: the channel send comes later.
 	gaveUp := false
@@ -283,14 +291,7 @@ func TestStopSignalDuringRestartWaitsForItToGiveUp(t *testing.T) {
 // A detach while a restart writes back is refused: it would take the restart's cancel, and a
 // signal would then cancel the detach and wait for the restart's whole --timeout.
 func TestDetachDuringRestartIsRefused(t *testing.T) {
-	dev := blockedFlush{Device: memDevice(t, 1<<20), once: new(sync.Once), began: make(chan struct{})}
-	f := newRestartFixture(t, "ublk", dev, true)
-	restarted := make(chan error, 1)
-	go func() {
-		_, err := f.g.restart(context.Background(), control.Request{})
-		restarted <- err
-	}()
-	<-dev.began
+	f, restarted := restartInWriteBack(t)
 	detached := make(chan error, 1)
 	go func() {
 		_, err := f.g.detach(context.Background(), control.Request{Force: true})
