@@ -64,7 +64,7 @@ type gateway struct {
 	stopping  bool               // the shutdown began: a new detach is refused
 	committed bool               // a planned restart is committed: the re-exec owns the process
 	detachOn  bool               // a detach is running; the shutdown hands it the outcome
-	abortWB   context.CancelFunc // cancels the running detach's write-back (nil: none)
+	abortWB   context.CancelFunc // cancels the running detach's write-back or restart's hand-over (nil: none)
 	// pathFailure is why the backend cannot serve ("" while it can), as it reported it; the
 	// gateway is failed with this reason while ready otherwise, and only that failure is undone
 	// when a path returns.
@@ -280,8 +280,9 @@ func (g *gateway) detach(ctx context.Context, req control.Request) (control.Deta
 // its cancel (abortWB) for the shutdown to call, and a second would take the first one's place.
 var busyWritingBack = &control.Error{Code: control.CodeBusy, Message: "a detach or restart is already writing back; try again once it has ended"}
 
-// beginDetach registers a detach, refusing it once the shutdown began, and returns the context
-// its write-back runs under: ctx, also cancelled if a shutdown begins meanwhile.
+// beginDetach registers a detach, refusing it once the shutdown began or while another detach or
+// a restart writes back, and returns the context its write-back runs under: ctx, also cancelled
+// if a shutdown begins meanwhile.
 func (g *gateway) beginDetach(ctx context.Context) (context.Context, error) {
 	g.stopMu.Lock()
 	defer g.stopMu.Unlock()

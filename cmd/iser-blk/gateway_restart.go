@@ -159,8 +159,9 @@ func (g *gateway) handOver(ctx context.Context, t *takeover, dev block.Device) (
 // binary keeps its own.
 var ignoreStopSignals = func() { signal.Ignore(os.Interrupt, syscall.SIGTERM) }
 
-// beginRestart refuses a restart once the shutdown began, and returns the context its hand-over
-// runs under: ctx, also cancelled if a shutdown begins meanwhile (shutdown calls abortWB).
+// beginRestart refuses a restart once the shutdown began or while a detach writes back, and
+// returns the context its hand-over runs under: ctx, also cancelled if a shutdown begins
+// meanwhile (shutdown calls abortWB).
 func (g *gateway) beginRestart(ctx context.Context) (context.Context, error) {
 	g.stopMu.Lock()
 	defer g.stopMu.Unlock()
