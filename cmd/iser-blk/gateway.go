@@ -203,14 +203,19 @@ func (g *gateway) shutdown(code int) int {
 }
 
 // beginShutdown marks the gateway stopping (a new detach or restart is refused) and cancels a
-// running detach's write-back or restart's hand-over: the final flush takes over.
-func (g *gateway) beginShutdown() {
+// running detach's write-back or restart's hand-over: the final flush takes over. It does
+// nothing and reports true when a planned restart is committed: the re-exec owns the process.
+func (g *gateway) beginShutdown() (restartCommitted bool) {
 	g.stopMu.Lock()
 	defer g.stopMu.Unlock()
+	if g.committed {
+		return true
+	}
 	g.stopping = true
 	if g.abortWB != nil {
 		g.abortWB()
 	}
+	return false
 }
 
 // stopForSignal is what SIGINT or SIGTERM does to a restartable gateway: the shutdown begins
@@ -220,16 +225,7 @@ func (g *gateway) beginShutdown() {
 // restart could still commit and re-execute. A restart already committed owns the process: the
 // signal changes nothing (the restart ignores the two signals from its commit on).
 func (g *gateway) stopForSignal() {
-	g.stopMu.Lock()
-	committed := g.committed
-	if !committed {
-		g.stopping = true
-		if g.abortWB != nil {
-			g.abortWB()
-		}
-	}
-	g.stopMu.Unlock()
-	if committed {
+	if g.beginShutdown() {
 		g.log.Info("stop signal during a committed restart: ignored, the new image takes over")
 		return
 	}
