@@ -223,3 +223,24 @@ func CheckRange(d Device, off, length int64) error {
 	}
 	return nil
 }
+
+// DirtyReporter is an optional interface of a Device that holds acknowledged writes the device
+// below does not have yet (a write-back cache): DirtyBytes is how many bytes that is now. The
+// lifecycle asks it whether a flush left anything unwritten and how a write-back progresses.
+type DirtyReporter interface {
+	DirtyBytes() int64
+}
+
+// Layered is an optional interface of a Device that sits on another one (a cache on its
+// backend): Below is that device, so that status and metrics can reach the backend's own
+// optional interfaces (paths, LUN) through the layers above it.
+type Layered interface {
+	Below() Device
+}
+
+// Abandoner is an optional interface of a Device that may hold dirty data: Abandon releases it
+// without trying to write anything back, for a shutdown whose final flush failed or was aborted
+// (a Close would try, and wait for, the write-back again).
+type Abandoner interface {
+	Abandon() error
+}

@@ -336,6 +336,15 @@ func (c *Cache) CloseContext(ctx context.Context) error {
 	return errors.Join(ferr, c.be.Close())
 }
 
+// Abandon closes the cache without another write-back (block.Abandoner): after a final flush
+// that failed or was aborted, waiting for the same write-back again would only delay the
+// logout. Dirty data is lost, as the caller has already reported.
+func (c *Cache) Abandon() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return c.CloseContext(ctx)
+}
+
 // shutdown stops the flusher and releases page memory without flushing. It is also the
 // "crash" of the model tests.
 func (c *Cache) shutdown() {

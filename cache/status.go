@@ -8,6 +8,9 @@ import (
 // Backend is the device the cache is in front of, for the status of the layers below it.
 func (c *Cache) Backend() block.Device { return c.be }
 
+// Below is Backend (block.Layered).
+func (c *Cache) Below() block.Device { return c.be }
+
 // CacheStatus implements status.CacheProvider: the cache's part of `iser-blk status` and of the
 // metrics, read from the same counters as Stats (off the data path).
 func (c *Cache) CacheStatus() status.Cache {

@@ -1,4 +1,4 @@
-package main
+package gate
 
 import (
 	"context"
@@ -39,12 +39,12 @@ func notYet[T any](t *testing.T, c <-chan T, what string) {
 
 func TestGateCloseWaitsForInflight(t *testing.T) {
 	d := newHeld(t)
-	g := newRestartGate(d)
+	g := New(d, Options{})
 	readDone := make(chan error, 1)
 	go func() { readDone <- g.ReadAt(context.Background(), make([]byte, 512), 0) }()
 	<-d.entered
 	closed := make(chan error, 1)
-	go func() { closed <- g.close(context.Background()) }()
+	go func() { closed <- g.Shut(context.Background()) }()
 	notYet(t, closed, "the gate closed while a request was in flight")
 	close(d.release)
 	if err := <-readDone; err != nil {
@@ -61,8 +61,8 @@ func TestGateCloseWaitsForInflight(t *testing.T) {
 func TestGateParksLateRequestsUnanswered(t *testing.T) {
 	d := newHeld(t)
 	close(d.release)
-	g := newRestartGate(d)
-	if err := g.close(context.Background()); err != nil {
+	g := New(d, Options{})
+	if err := g.Shut(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	readDone := make(chan error, 1)
@@ -75,7 +75,7 @@ func TestGateParksLateRequestsUnanswered(t *testing.T) {
 	if g.SubmitAt(context.Background(), make([]byte, 512), 0, true, 0, nopCompletion{}) {
 		t.Fatal("SubmitAt started a request through the closed gate")
 	}
-	g.reopen() // a failed restart: the parked request goes on to the device
+	g.Reopen() // a failed restart: the parked request goes on to the device
 	<-d.entered
 	if err := <-readDone; err != nil {
 		t.Fatalf("the parked request after reopen: %v", err)
@@ -83,8 +83,8 @@ func TestGateParksLateRequestsUnanswered(t *testing.T) {
 }
 
 func TestGateParkedRequestLeavesWithItsContext(t *testing.T) {
-	g := newRestartGate(memDevice(t, 1<<20))
-	if err := g.close(context.Background()); err != nil {
+	g := New(memDevice(t, 1<<20), Options{})
+	if err := g.Shut(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -98,15 +98,15 @@ func TestGateParkedRequestLeavesWithItsContext(t *testing.T) {
 
 func TestGateCloseTimeoutReopens(t *testing.T) {
 	d := newHeld(t)
-	g := newRestartGate(d)
+	g := New(d, Options{})
 	go func() { _ = g.ReadAt(context.Background(), make([]byte, 512), 0) }()
 	<-d.entered
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	if err := g.close(ctx); !errors.Is(err, context.DeadlineExceeded) {
+	if err := g.Shut(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("close with a request stuck: %v", err)
 	}
-	if g.closed.Load() {
+	if g.IsShut() {
 		t.Fatal("the gate stayed closed after a drain that timed out")
 	}
 	close(d.release)
@@ -137,13 +137,13 @@ func (c chanCompletion) Complete(err error) { c <- err }
 
 func TestGateCountsSubmittedRequestsUntilComplete(t *testing.T) {
 	d := &asyncDevice{Device: memDevice(t, 1<<20), pending: make(chan block.Completion, 1)}
-	g := newRestartGate(d)
+	g := New(d, Options{})
 	done := make(chanCompletion, 1)
 	if !g.SubmitAt(context.Background(), make([]byte, 512), 0, true, 0, done) {
 		t.Fatal("SubmitAt through the open gate was not started")
 	}
 	closed := make(chan error, 1)
-	go func() { closed <- g.close(context.Background()) }()
+	go func() { closed <- g.Shut(context.Background()) }()
 	notYet(t, closed, "the gate closed while a submitted request was in flight")
 	(<-d.pending).Complete(nil)
 	if err := <-done; err != nil {
@@ -156,7 +156,7 @@ func TestGateCountsSubmittedRequestsUntilComplete(t *testing.T) {
 
 func TestGateAllocatesNothing(t *testing.T) {
 	d := &asyncDevice{Device: memDevice(t, 1<<20), pending: make(chan block.Completion, 1)}
-	g := newRestartGate(d)
+	g := New(d, Options{})
 	buf := make([]byte, 4096)
 	ctx := context.Background()
 	var done nopCompletion
@@ -187,7 +187,7 @@ func BenchmarkGate(b *testing.B) {
 	for _, c := range []struct {
 		name string
 		d    block.Device
-	}{{"direct", dev}, {"gated", newRestartGate(dev)}} {
+	}{{"direct", dev}, {"gated", New(dev, Options{})}} {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
@@ -197,4 +197,14 @@ func BenchmarkGate(b *testing.B) {
 			}
 		})
 	}
+}
+
+func memDevice(t *testing.T, size int64) block.Device {
+	t.Helper()
+	d, err := memdev.New(size, memdev.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
 }
