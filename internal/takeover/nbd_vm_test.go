@@ -1,6 +1,6 @@
 //go:build vm
 
-package main
+package takeover
 
 import (
 	"os"
@@ -19,7 +19,7 @@ import (
 
 // TestVMNBDStateUnrecordableRemovesDevice: a device attach --name created but whose state file
 // cannot be written is not served (a successor could not take it over, and nothing would say
-// whether its writes were acknowledged): attachOrReattach fails and the kernel device is
+// whether its writes were acknowledged): AttachNBD fails and the kernel device is
 // disconnected again, not left configured with nobody serving it.
 func TestVMNBDStateUnrecordableRemovesDevice(t *testing.T) {
 	vmtest.Require(t)
@@ -34,11 +34,14 @@ func TestVMNBDStateUnrecordableRemovesDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The state file's directory does not exist: statefile.Write cannot create its temporary file.
-	missing := filepath.Join(t.TempDir(), "gone", "unrecordable.json")
-	tk := &takeover{path: missing, name: "unrecordable", cacheMode: "none", log: zaptest.NewLogger(t),
-		lun: statefile.Identity{Target: "mem://64MiB", Size: mem.Size(), BlockSize: mem.BlockSize()}}
-	a, err := attachOrReattach(srv, nbd.AttachOptions{Device: dev, Connections: 1,
-		DeadConnTimeout: 10 * time.Second, Logger: zaptest.NewLogger(t)}, tk)
+	tk, err := Prepare(Options{Dir: filepath.Join(t.TempDir(), "gone"), Name: "unrecordable", Kind: statefile.KindNBD,
+		CacheMode: statefile.CacheOff, Log: zaptest.NewLogger(t),
+		LUN: statefile.Identity{Target: "mem://64MiB", Size: mem.Size(), BlockSize: mem.BlockSize()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := tk.AttachNBD(KernelNBD, srv, nbd.AttachOptions{Device: dev, Connections: 1,
+		DeadConnTimeout: 10 * time.Second, Logger: zaptest.NewLogger(t)})
 	if err == nil {
 		t.Fatalf("attach with an unwritable state file succeeded (%s)", a.Path())
 	}

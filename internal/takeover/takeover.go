@@ -1,0 +1,277 @@
+// Package takeover carries a kernel device across gateway processes: the state file a named
+// gateway keeps (internal/statefile) while its device exists, and what a gateway started again
+// under the same name does with what its predecessor left. A device that is still waiting for a
+// server is served again instead of a second device being made; a device whose predecessor may
+// have lost acknowledged writes is served fenced (internal/fence: every I/O fails).
+//
+// The state file says dirty exactly while acknowledged writes may be missing from the target:
+// the gate in front of the served stack (internal/gate) records dirty before the first write
+// after a clean point, and clean after a flush that leaves nothing dirty. A crash of an idle or
+// just-flushed write-back gateway therefore resumes like cache off; one with dirty pages fences.
+//
+// NBD and ublk are wired the same way (nbd.go, ublk.go): the state is recorded before the device
+// can take a request, a device left by a predecessor is taken over, and the state file goes
+// once the device is deleted. The kernel calls are options, so tests drive every outcome.
+//
+// Lock order: Takeover.mu is a leaf; it is never held across a file write's caller or the gate.
+package takeover
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/fence"
+	"github.com/iser-blk/iser-blk/internal/gate"
+	"github.com/iser-blk/iser-blk/internal/statefile"
+)
+
+// ErrNoResume marks a device that cannot be taken over: the state file is unreadable or names
+// another LUN or kind of device, or the device is not waiting for a server. The attach stops
+// (exit 7) so that a second device never appears by surprise.
+var ErrNoResume = errors.New("cannot take the device over")
+
+// Options describe the gateway that prepares a takeover.
+type Options struct {
+	Dir  string // the run directory (control.RunDir)
+	Name string // the gateway's --name, already validated
+	Kind string // statefile.KindUblk or statefile.KindNBD
+	// LUN is the identity a predecessor's state must match (credentials already redacted).
+	LUN       statefile.Identity
+	CacheMode string // statefile.CacheOff, CacheWriteThrough or CacheWriteBack
+	Log       *zap.Logger
+}
+
+// Takeover is what one gateway knows about its predecessor and records for its successor.
+type Takeover struct {
+	path      string
+	name      string
+	lun       statefile.Identity
+	cacheMode string
+	log       *zap.Logger
+
+	mu        sync.Mutex // guards everything below
+	prev      *statefile.State
+	kind      string // "" until record; again "" after forgetRecord
+	devID     int
+	dirty     bool // what the file says now (this gateway's dirty mark)
+	forgotten bool // the device is gone and the file with it
+	canWait   func() error
+	gate      *gate.Gate
+}
+
+// Prepare reads NAME.json. A missing file means a fresh device; an unreadable, corrupt or
+// foreign one, or one for another kind of device, is ErrNoResume.
+func Prepare(opts Options) (*Takeover, error) {
+	if opts.Log == nil {
+		opts.Log = zap.NewNop()
+	}
+	path := statefile.Path(opts.Dir, opts.Name)
+	t := &Takeover{path: path, name: opts.Name, cacheMode: opts.CacheMode, lun: opts.LUN,
+		log: opts.Log.With(zap.String("state_file", path))}
+	prev, err := statefile.Read(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return t, nil
+	case err != nil:
+		return nil, fmt.Errorf("%w: %w; if no device is waiting for gateway %q, remove the file", ErrNoResume, err, opts.Name)
+	case prev.Kind != opts.Kind:
+		return nil, fmt.Errorf("%w: %s names a %s device, this attach makes a %s one", ErrNoResume, path, prev.Kind, opts.Kind)
+	}
+	if err := prev.CheckIdentity(opts.LUN); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoResume, err)
+	}
+	t.prev = &prev
+	return t, nil
+}
+
+// Path is the state file.
+func (t *Takeover) Path() string { return t.path }
+
+// Name is the gateway's name.
+func (t *Takeover) Name() string { return t.name }
+
+// Target is the LUN's target URL as recorded (no credentials).
+func (t *Takeover) Target() string { return t.lun.Target }
+
+// CacheMode is the cache mode this gateway records.
+func (t *Takeover) CacheMode() string { return t.cacheMode }
+
+// Previous is the state a predecessor left (nil: none, or the device it named is gone).
+func (t *Takeover) Previous() *statefile.State {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.prev == nil {
+		return nil
+	}
+	p := *t.prev
+	return &p
+}
+
+// dropPrevious forgets the predecessor's state: the device it named is gone.
+func (t *Takeover) dropPrevious() {
+	t.mu.Lock()
+	t.prev = nil
+	t.mu.Unlock()
+}
+
+// FenceReason is why the device is fenced ("" when it is served). Safe on a nil Takeover.
+func (t *Takeover) FenceReason() string {
+	if t == nil {
+		return ""
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.fenceReasonLocked()
+}
+
+func (t *Takeover) fenceReasonLocked() string {
+	if t.prev == nil {
+		return ""
+	}
+	_, why := t.prev.Resumable()
+	return why
+}
+
+// Serving is what the frontend serves: dev (fenced when the predecessor's state says so) behind
+// a new gate that closes for a hand-over and keeps the dirty mark of a write-back cache.
+func (t *Takeover) Serving(dev block.Device) *gate.Gate {
+	t.mu.Lock()
+	why := t.fenceReasonLocked()
+	inherited := t.prev != nil && t.prev.Dirty
+	t.mu.Unlock()
+	if why != "" {
+		t.log.Error("NOT resuming the device: every I/O on it fails with EIO", zap.String("why", why))
+		dev = fence.New(dev, why)
+	}
+	opts := gate.Options{Dirty: inherited}
+	if t.cacheMode == statefile.CacheWriteBack {
+		opts.Recorder = t
+	}
+	g := gate.New(dev, opts)
+	t.mu.Lock()
+	t.gate = g
+	t.mu.Unlock()
+	return g
+}
+
+// Gate is the gate Serving made last (nil before).
+func (t *Takeover) Gate() *gate.Gate {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.gate
+}
+
+// Record writes the state of a device this gateway now serves, before the device takes its
+// first request: clean (nothing is acknowledged yet), unless the predecessor's was dirty (a
+// fenced device stays fenced for the next successor too).
+func (t *Takeover) Record(kind string, devID int) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st := t.stateLocked(kind, devID)
+	if err := statefile.Write(t.path, st); err != nil {
+		return err
+	}
+	t.kind, t.devID, t.forgotten = kind, devID, false
+	return nil
+}
+
+func (t *Takeover) stateLocked(kind string, devID int) statefile.State {
+	st := statefile.Fresh(t.name, kind, devID, t.lun, t.cacheMode, os.Getpid())
+	st.Dirty = t.dirty || (t.prev != nil && t.prev.Dirty)
+	return st
+}
+
+// forgetRecord undoes Record's bookkeeping (not the file): the device is not this gateway's.
+func (t *Takeover) forgetRecord() {
+	t.mu.Lock()
+	t.kind, t.devID = "", 0
+	t.mu.Unlock()
+}
+
+// RecordDirty implements gate.Recorder: acknowledged writes may now be missing from the target.
+func (t *Takeover) RecordDirty() error { return t.rewrite(true) }
+
+// RecordClean implements gate.Recorder: everything acknowledged is on the target. A fenced
+// device stays dirty (the writes an earlier gateway may have lost are still lost); a device
+// whose state was never recorded, or is gone, has no file to rewrite.
+func (t *Takeover) RecordClean() error { return t.rewrite(false) }
+
+func (t *Takeover) rewrite(dirty bool) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.forgotten || t.kind == "":
+		if dirty {
+			return errors.New("the device's state is not recorded by this gateway")
+		}
+		return nil
+	case !dirty && t.fenceReasonLocked() != "":
+		return nil
+	}
+	prevDirty := t.dirty
+	t.dirty = dirty
+	if err := statefile.Write(t.path, t.stateLocked(t.kind, t.devID)); err != nil {
+		t.dirty = prevDirty || dirty // on failure assume the worse of the two
+		return err
+	}
+	return nil
+}
+
+// Dirty reports whether the recorded state says dirty.
+func (t *Takeover) Dirty() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.dirty || (t.prev != nil && t.prev.Dirty)
+}
+
+// SetCanWait installs the frontend's check that its kernel device waits for a successor.
+func (t *Takeover) SetCanWait(check func() error) {
+	t.mu.Lock()
+	t.canWait = check
+	t.mu.Unlock()
+}
+
+// CheckCanWait is that check's answer (an error if none was installed: the device is not up).
+func (t *Takeover) CheckCanWait() error {
+	t.mu.Lock()
+	check := t.canWait
+	t.mu.Unlock()
+	if check == nil {
+		return errors.New("the kernel device is not set up yet")
+	}
+	return check()
+}
+
+// Forget removes the state file once the device is gone.
+func (t *Takeover) Forget() {
+	t.mu.Lock()
+	t.forgotten = true
+	t.mu.Unlock()
+	if err := statefile.Remove(t.path); err != nil {
+		t.log.Warn("could not remove the state file", zap.Error(err))
+	}
+}
+
+// RecordFlushed records the state clean after the shutdown's final flush succeeded, when the
+// device outlives this gateway (a start that failed half-way, a detach that did not complete,
+// a stop that keeps it): every write it acknowledged is on the target, and the next gateway
+// resumes instead of fencing the device for writes that were not lost.
+func (t *Takeover) RecordFlushed() {
+	t.mu.Lock()
+	skip := t.kind == "" || t.forgotten || t.fenceReasonLocked() != "" || !t.dirty
+	t.mu.Unlock()
+	if skip {
+		return
+	}
+	if err := t.RecordClean(); err != nil {
+		t.log.Warn("could not record the state clean after the final flush: the next gateway will fence the device", zap.Error(err))
+		return
+	}
+	t.log.Info("the device outlives this gateway with nothing unwritten: state recorded clean")
+}
