@@ -47,10 +47,10 @@ func (s *Server) runDetach(w *replyWriter, req Request) (DetachResult, error) {
 }
 
 // exclusive runs op under req's timeout with the lifecycle streamed to w as progress lines; one
-// detach or restart runs at a time (a second one is answered "busy").
+// detach, restart or stop runs at a time (a second one is answered "busy").
 func (s *Server) exclusive(w *replyWriter, req Request, op func(ctx context.Context) error) error {
 	if !s.detachMu.TryLock() {
-		return &Error{Code: CodeBusy, Message: "a detach or restart is already running"}
+		return &Error{Code: CodeBusy, Message: "a detach, restart or stop is already running; try again once it has ended"}
 	}
 	defer s.detachMu.Unlock()
 	ctx := context.Background()

@@ -27,7 +27,8 @@ const (
 const (
 	OpStatus  = "status"
 	OpDetach  = "detach"
-	OpRestart = "restart" // a planned restart (issue 17); "unsupported" unless the handler is a Restarter
+	OpRestart = "restart" // a planned restart; "unsupported" unless the handler is a Restarter
+	OpStop    = "stop"    // with Keep: a stop that keeps the device; "unsupported" unless the handler is a Stopper
 )
 
 // Reply types.
@@ -46,6 +47,9 @@ type Request struct {
 	// drain and write-back (0: no bound).
 	Force     bool  `json:"force,omitempty"`
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Stop: Keep leaves the kernel device for a successor (the only stop there is: without it,
+	// detach is the request).
+	Keep bool `json:"keep,omitempty"`
 }
 
 // Timeout is TimeoutMS as a duration.
@@ -123,6 +127,10 @@ func DecodeRequest(line []byte) (Request, error) {
 	}
 	switch req.Op {
 	case OpStatus, OpDetach, OpRestart:
+	case OpStop:
+		if !req.Keep {
+			return Request{}, &Error{Code: CodeBadRequest, Message: "stop needs keep: to remove the device, detach"}
+		}
 	default:
 		return Request{}, &Error{Code: CodeUnknownOp, Message: fmt.Sprintf("unknown op %.40q", req.Op)}
 	}

@@ -35,29 +35,72 @@ func (c *Client) Restart(ctx context.Context, opts RestartOptions, progress func
 	return res, err
 }
 
-// restart answers OpRestart: the handler prepares the restart (one detach or restart at a time,
-// bounded by the request's timeout, progress streamed), the client gets its answer, and only
-// then does the process image get replaced.
+// Stopper is a Handler that also implements OpStop with Keep: like a restart it stops taking
+// requests, finishes those in flight, writes back every dirty byte and records a clean state,
+// and its step then ends the process (exit 0) without removing the kernel device, for a
+// successor started with the same command to take over. An error leaves the gateway serving.
+type Stopper interface {
+	StopKeep(ctx context.Context, req Request) (exit func() error, err error)
+}
+
+// StopKeep asks the gateway to stop and keep its device for a successor (OpStop, keep). It
+// returns once the gateway has answered and, like Detach, waited for its process to exit.
+func (c *Client) StopKeep(ctx context.Context, opts RestartOptions, progress func(Progress)) (DetachResult, error) {
+	var res DetachResult
+	req := Request{Op: OpStop, Keep: true, TimeoutMS: opts.Timeout.Milliseconds()}
+	err := c.roundTrip(ctx, req, func(r Reply) error {
+		if r.Type != ReplyDone || r.Result == nil {
+			return fmt.Errorf("control: unexpected %q reply to stop", r.Type)
+		}
+		res = *r.Result
+		return nil
+	}, progress)
+	if err != nil {
+		return res, err
+	}
+	if res.PID > 0 && res.PID != os.Getpid() {
+		err = waitExit(ctx, res.PID)
+	}
+	return res, err
+}
+
+// restart answers OpRestart.
 func (s *Server) restart(w *replyWriter, req Request) bool {
 	r, ok := s.handler.(Restarter)
 	if !ok {
 		return w.error(&Error{Code: CodeUnsupported, Message: "restart is not implemented by this gateway"})
 	}
-	var reexec func() error
+	return s.handOver(w, req, "restart", r.Restart)
+}
+
+// stop answers OpStop.
+func (s *Server) stop(w *replyWriter, req Request) bool {
+	st, ok := s.handler.(Stopper)
+	if !ok {
+		return w.error(&Error{Code: CodeUnsupported, Message: "stop --keep is not implemented by this gateway"})
+	}
+	return s.handOver(w, req, "stop", st.StopKeep)
+}
+
+// handOver runs a hand-over's preparation (one detach, restart or stop at a time, bounded by
+// the request's timeout, progress streamed), answers the client, and only then runs the step
+// that ends this process image (re-exec or exit).
+func (s *Server) handOver(w *replyWriter, req Request, what string, prepare func(context.Context, Request) (func() error, error)) bool {
+	var step func() error
 	err := s.exclusive(w, req, func(ctx context.Context) (err error) {
-		reexec, err = r.Restart(ctx, req)
+		step, err = prepare(ctx, req)
 		return err
 	})
 	if err != nil {
-		s.opts.Log.Warn("control: restart did not happen", zap.Error(err))
+		s.opts.Log.Warn("control: "+what+" did not happen", zap.Error(err))
 		if errors.Is(err, context.DeadlineExceeded) {
 			return w.error(&Error{Code: CodeTimeout, Message: err.Error()})
 		}
 		return w.error(err)
 	}
-	ok = w.write(Reply{Type: ReplyDone, Result: &DetachResult{PID: os.Getpid()}})
-	if err := reexec(); err != nil {
-		s.opts.Log.Error("restart: re-executing the gateway failed", zap.Error(err))
+	ok := w.write(Reply{Type: ReplyDone, Result: &DetachResult{PID: os.Getpid()}})
+	if err := step(); err != nil {
+		s.opts.Log.Error(what+": ending the process image failed", zap.Error(err))
 	}
 	return ok
 }

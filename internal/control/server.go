@@ -225,6 +225,8 @@ func (s *Server) dispatch(w *replyWriter, req Request) bool {
 		return s.detach(w, req)
 	case OpRestart:
 		return s.restart(w, req)
+	case OpStop:
+		return s.stop(w, req)
 	}
 	return w.error(&Error{Code: CodeUnknownOp, Message: req.Op}) // DecodeRequest lets none through
 }

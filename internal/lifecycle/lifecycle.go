@@ -2,9 +2,14 @@
 //
 //	starting → ready → draining → flushing → stopped
 //
-// with recovering (re-attaching after a restart) and failed (I/O answered with EIO, reason
+// with recovering (taking over a device a previous gateway left), restarting (a planned
+// restart's hand-over; back to ready if it fails) and failed (I/O answered with EIO, reason
 // recorded; back to ready when its cause goes away, e.g. a path to the target returns) beside
-// them. Signals, the control socket's detach, restart and systemd all drive the
+// them.
+//
+// A shutdown is committed once nothing can bring the gateway back to serving: CommitTo marks
+// the transition (sd_notify's STOPPING=1 is sent then, not when a detach that may still fail
+// begins), and from then on ready, recovering and restarting are refused. Signals, the control socket's detach, restart and systemd all drive the
 // same Machine, and everything that reports the state (status, metrics, sd_notify, a detach's
 // progress lines) observes it instead of keeping its own copy.
 //
@@ -27,6 +32,7 @@ const (
 	Starting   State = "starting"
 	Ready      State = "ready"
 	Recovering State = "recovering"
+	Restarting State = "restarting"
 	Draining   State = "draining"
 	Flushing   State = "flushing"
 	Stopped    State = "stopped"
@@ -34,28 +40,35 @@ const (
 )
 
 // States lists every state, in the order documentation and metrics enumerate them.
-var States = []State{Starting, Ready, Recovering, Draining, Flushing, Stopped, Failed}
+var States = []State{Starting, Ready, Recovering, Restarting, Draining, Flushing, Stopped, Failed}
 
-// next holds the allowed transitions. Draining and flushing may return to ready: a detach
-// refused after draining began, or a write-back that failed, keeps the gateway serving with its
-// data (issue 16: "a write-back that fails keeps the data and the gateway running"). Failed may
-// return to ready too: a gateway that failed because no path reached the target serves again
-// once one is back.
+// next holds the allowed transitions. Ready goes to flushing for a detach's write-back while
+// the device still serves, and flushing to draining once that detach commits. Draining,
+// flushing and restarting may return to ready: a detach, stop or restart whose write-back
+// failed keeps the gateway serving with its data. Failed may return to ready too: a gateway
+// that failed because no path reached the target serves again once one is back.
 var next = map[State][]State{
 	Starting:   {Ready, Recovering, Failed, Draining, Stopped},
 	Recovering: {Ready, Failed, Draining},
-	Ready:      {Draining, Recovering, Failed},
+	Ready:      {Draining, Flushing, Recovering, Restarting, Failed},
+	Restarting: {Ready, Failed, Draining},
 	Draining:   {Flushing, Stopped, Ready, Failed},
-	Flushing:   {Stopped, Ready, Failed},
+	Flushing:   {Draining, Stopped, Ready, Failed},
 	Failed:     {Ready, Draining, Stopped},
 	Stopped:    nil,
 }
+
+// serving are the states a committed shutdown never returns to.
+var serving = map[State]bool{Ready: true, Recovering: true, Restarting: true}
 
 // Transition is one change of state.
 type Transition struct {
 	From, To State
 	Reason   string // why; for failed, the error; may be empty
 	At       time.Time
+	// Committed is set on the transition that committed a shutdown (CommitTo): the gateway
+	// will not serve again.
+	Committed bool
 }
 
 // FlushProgress is where a shutdown or detach write-back stands.
@@ -77,6 +90,7 @@ type Machine struct {
 	reason    string
 	since     time.Time
 	started   time.Time
+	committed bool
 	observers map[int]Observer
 	nextID    int
 	// notify serializes observer calls so they see transitions in order even though they run
@@ -112,26 +126,55 @@ func (m *Machine) To(s State, reason string) error {
 // under the same lock as the move: a condition such as "still ready" cannot be overtaken by a
 // concurrent shutdown. moved reports whether the state changed.
 func (m *Machine) ToIf(cond func(State, string) bool, s State, reason string) (moved bool, err error) {
+	return m.move(cond, s, reason, false)
+}
+
+// CommitTo moves the Machine to s and commits the shutdown: from now on it never serves again
+// (ready, recovering and restarting are refused). Observers see this one transition with
+// Committed set. When the shutdown is already committed it is To; when the Machine is in s
+// already, the commit still happens and is announced as a transition from s to s.
+func (m *Machine) CommitTo(s State, reason string) error {
+	_, err := m.move(nil, s, reason, true)
+	return err
+}
+
+// Committed reports whether a shutdown is committed.
+func (m *Machine) Committed() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.committed
+}
+
+func (m *Machine) move(cond func(State, string) bool, s State, reason string, commit bool) (bool, error) {
 	m.notify.Lock()
 	defer m.notify.Unlock()
 	m.mu.Lock()
 	from := m.state
-	if from == s || (cond != nil && !cond(from, m.reason)) {
+	commit = commit && !m.committed
+	switch {
+	case cond != nil && !cond(from, m.reason):
 		m.mu.Unlock()
 		return false, nil
-	}
-	if !allowed(from, s) {
+	case from == s && !commit:
 		m.mu.Unlock()
+		return false, nil
+	case from != s && !allowed(from, s), m.committed && serving[s]:
+		committed := m.committed
+		m.mu.Unlock()
+		if committed && serving[s] {
+			return false, fmt.Errorf("lifecycle: %s → %s refused: the shutdown is committed", from, s)
+		}
 		return false, fmt.Errorf("lifecycle: %s → %s is not a valid transition", from, s)
 	}
-	t := Transition{From: from, To: s, Reason: reason, At: time.Now()}
+	t := Transition{From: from, To: s, Reason: reason, At: time.Now(), Committed: commit}
 	m.state, m.reason, m.since = s, reason, t.At
+	m.committed = m.committed || commit
 	obs := m.snapshotObservers()
 	m.mu.Unlock()
 	for _, o := range obs {
 		o.StateChanged(t)
 	}
-	return true, nil
+	return from != s || commit, nil
 }
 
 // ReportFlush tells observers how a write-back is progressing (sd_notify extends the stop

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -131,5 +132,57 @@ func TestToIfChecksUnderTheLock(t *testing.T) {
 	}
 	if len(r.transitions) != 4 {
 		t.Fatalf("observer saw %d transitions, want 4", len(r.transitions))
+	}
+}
+
+func TestCommitToIsAnnouncedOnceAndNeverServesAgain(t *testing.T) {
+	m := New()
+	var r recorder
+	m.Subscribe(&r)
+	for _, s := range []State{Ready, Flushing} {
+		if err := m.To(s, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m.Committed() {
+		t.Fatal("committed before CommitTo")
+	}
+	if err := m.CommitTo(Draining, "detach committed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.CommitTo(Draining, "again"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.To(Ready, "write-back failed"); err == nil || !strings.Contains(err.Error(), "committed") {
+		t.Fatalf("ready after the commit: %v, want refused", err)
+	}
+	if err := m.To(Flushing, "final flush"); err != nil {
+		t.Fatal(err)
+	}
+	var commits int
+	for _, tr := range r.transitions {
+		if tr.Committed {
+			commits++
+			if tr.From != Flushing || tr.To != Draining {
+				t.Errorf("commit announced as %s → %s", tr.From, tr.To)
+			}
+		}
+	}
+	if commits != 1 || !m.Committed() {
+		t.Fatalf("%d committed transitions in %+v, want 1", commits, r.transitions)
+	}
+}
+
+func TestCommitInPlaceIsAnnounced(t *testing.T) {
+	m := New()
+	var r recorder
+	m.Subscribe(&r)
+	_ = m.To(Ready, "")
+	_ = m.To(Draining, "stop: closing the gate")
+	if err := m.CommitTo(Draining, "stop committed"); err != nil {
+		t.Fatal(err)
+	}
+	if last := r.transitions[len(r.transitions)-1]; !last.Committed || last.From != Draining || last.To != Draining {
+		t.Fatalf("last transition %+v, want a committed draining → draining", last)
 	}
 }

@@ -1,8 +1,14 @@
 // Package sdnotify tells systemd about a gateway's lifecycle (sd_notify(3), Type=notify units):
-// READY=1 when the lifecycle reaches ready, STATUS= on every state change, STOPPING=1 when it
-// starts draining, EXTEND_TIMEOUT_USEC while a shutdown write-back makes progress, and
+// READY=1 when the lifecycle reaches ready (again after a planned restart or a detach or restart
+// that failed), STATUS= on every state change, RELOADING=1 with MONOTONIC_USEC when a planned
+// restart begins, STOPPING=1 only on the transition that commits a shutdown, EXTEND_TIMEOUT_USEC while a shutdown write-back makes progress, and
 // WATCHDOG=1 pings when the unit sets WatchdogSec. It uses github.com/coreos/go-systemd/v22's
 // daemon package for the socket protocol.
+//
+// Why STOPPING=1 waits for the commit: systemd (src/core/service.c) remembers it, and once the
+// reload or detach that sent it ends, it puts the unit in stop-sigterm, ignores a later READY=1
+// and kills the process when TimeoutStopSec passes. A detach whose write-back fails, or a
+// restart, returns to serving; only a committed shutdown never does.
 //
 // A Notifier is a lifecycle.Observer: subscribe it and the gateway never calls sd_notify
 // itself. Without NOTIFY_SOCKET (not started by systemd) every call is a no-op. Errors are
@@ -19,6 +25,7 @@ import (
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/iser-blk/iser-blk/internal/lifecycle"
 )
@@ -59,12 +66,17 @@ func (n *Notifier) StateChanged(t lifecycle.Transition) {
 		status += ": " + t.Reason
 	}
 	msg := []string{status}
-	switch t.To {
-	case lifecycle.Ready:
-		msg = append([]string{daemon.SdNotifyReady}, msg...)
-	case lifecycle.Draining:
+	switch {
+	case t.Committed:
 		msg = append([]string{daemon.SdNotifyStopping}, msg...)
-	case lifecycle.Flushing:
+	case t.To == lifecycle.Ready:
+		msg = append([]string{daemon.SdNotifyReady}, msg...)
+	case t.To == lifecycle.Restarting:
+		// MONOTONIC_USEC lets systemd (253+, Type=notify-reload) tell this reload from an
+		// older one; 252 ignores it.
+		msg = append([]string{daemon.SdNotifyReloading, fmt.Sprintf("MONOTONIC_USEC=%d", monotonicUsec())}, msg...)
+	}
+	if t.To == lifecycle.Flushing {
 		n.mu.Lock()
 		n.lastWritten = 0
 		n.mu.Unlock()
@@ -112,4 +124,13 @@ func (n *Notifier) RunWatchdog(ctx context.Context, healthy func() bool) error {
 			}
 		}
 	}
+}
+
+// monotonicUsec is CLOCK_MONOTONIC in microseconds, as sd_notify(3)'s MONOTONIC_USEC wants.
+func monotonicUsec() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0
+	}
+	return ts.Nano() / 1e3
 }

@@ -22,8 +22,13 @@ func TestLifecycleNotifications(t *testing.T) {
 		not  []string
 	}{
 		{func() { _ = lm.To(lifecycle.Ready, "") }, []string{"READY=1", "STATUS=ready"}, nil},
-		{func() { _ = lm.To(lifecycle.Draining, "SIGTERM") }, []string{"STOPPING=1", "STATUS=draining: SIGTERM"}, []string{"READY=1"}},
-		{func() { _ = lm.To(lifecycle.Flushing, "") }, []string{"STATUS=flushing"}, nil},
+		// A planned restart is a reload; one that fails ends it with READY=1.
+		{func() { _ = lm.To(lifecycle.Restarting, "restart requested") }, []string{"RELOADING=1", "MONOTONIC_USEC=", "STATUS=restarting"}, []string{"STOPPING=1", "READY=1"}},
+		{func() { _ = lm.To(lifecycle.Ready, "restart failed") }, []string{"READY=1"}, []string{"STOPPING=1"}},
+		// A detach's write-back may still fail and return to ready: no STOPPING=1 until it commits.
+		{func() { _ = lm.To(lifecycle.Flushing, "write-back before detach") }, []string{"STATUS=flushing"}, []string{"STOPPING=1"}},
+		{func() { _ = lm.CommitTo(lifecycle.Draining, "SIGTERM") }, []string{"STOPPING=1", "STATUS=draining: SIGTERM"}, []string{"READY=1"}},
+		{func() { _ = lm.To(lifecycle.Flushing, "") }, []string{"STATUS=flushing"}, []string{"STOPPING=1"}},
 		{func() { lm.ReportFlush(lifecycle.FlushProgress{DirtyBytes: 3 << 20, WrittenBackBytes: 1 << 20}) },
 			[]string{"EXTEND_TIMEOUT_USEC=45000000", "STATUS=flushing: 3.0 MiB dirty, 1.0 MiB written back"}, nil},
 		// No bytes written back since: the status is updated, the timeout is not extended.

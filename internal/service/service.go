@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"go.uber.org/zap"
 
@@ -24,6 +25,9 @@ import (
 
 // RestartFunc is the gateway's planned restart (see control.Restarter).
 type RestartFunc func(ctx context.Context, req control.Request) (reexec func() error, err error)
+
+// StopFunc is the gateway's stop that keeps its device (see control.Stopper).
+type StopFunc func(ctx context.Context, req control.Request) (exit func() error, err error)
 
 // DetachFunc is the gateway's detach (see control.Handler.Detach).
 type DetachFunc func(ctx context.Context, req control.Request) (control.DetachResult, error)
@@ -42,7 +46,10 @@ type Options struct {
 	// Restart is called for a control-socket restart (control.Restarter); nil answers
 	// "unsupported".
 	Restart RestartFunc
-	Log     *zap.Logger
+	// Stop is called for a control-socket stop --keep (control.Stopper); nil answers
+	// "unsupported".
+	Stop StopFunc
+	Log  *zap.Logger
 }
 
 // Service is a running gateway's operations side.
@@ -56,6 +63,9 @@ type Service struct {
 	metrics  *metrics.Server
 	serveErr chan error
 	stopDog  context.CancelFunc
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // Start claims the name (a *control.NameInUseError if another gateway holds it: exit 2),
@@ -76,7 +86,7 @@ func Start(opts Options) (_ *Service, err error) {
 	if s.claim, err = control.ClaimName(control.RunDir(opts.RunDir), opts.Identity.Name); err != nil {
 		return nil, err
 	}
-	h := handler{status: s.Status, detach: opts.Detach, restart: opts.Restart}
+	h := handler{status: s.Status, detach: opts.Detach, restart: opts.Restart, stop: opts.Stop}
 	if s.control, err = control.Listen(s.claim, h, control.Options{Log: opts.Log, Lifecycle: s.Lifecycle}); err != nil {
 		return nil, err
 	}
@@ -123,7 +133,13 @@ func (s *Service) MetricsAddr() string {
 }
 
 // Close stops the metrics server, the watchdog and the control socket, and gives the name up.
+// A second Close returns the first one's result.
 func (s *Service) Close() error {
+	s.closeOnce.Do(func() { s.closeErr = s.close() })
+	return s.closeErr
+}
+
+func (s *Service) close() error {
 	var errs []error
 	if s.metrics != nil {
 		errs = append(errs, s.metrics.Shutdown(context.Background()))
@@ -148,6 +164,14 @@ type handler struct {
 	status  *status.Registry
 	detach  DetachFunc
 	restart RestartFunc
+	stop    StopFunc
+}
+
+func (h handler) StopKeep(ctx context.Context, req control.Request) (func() error, error) {
+	if h.stop == nil {
+		return nil, &control.Error{Code: control.CodeUnsupported, Message: "this gateway cannot stop and keep its device"}
+	}
+	return h.stop(ctx, req)
 }
 
 func (h handler) Restart(ctx context.Context, req control.Request) (func() error, error) {

@@ -33,7 +33,7 @@ func TestOneSourceOfTruth(t *testing.T) {
 		MetricsListen: "127.0.0.1:0",
 		Detach: func(ctx context.Context, req control.Request) (control.DetachResult, error) {
 			lm := svc.Lifecycle
-			_ = lm.To(lifecycle.Draining, "detach")
+			_ = lm.CommitTo(lifecycle.Draining, "detach")
 			_ = lm.To(lifecycle.Flushing, "")
 			lm.ReportFlush(lifecycle.FlushProgress{DirtyBytes: 0, WrittenBackBytes: 8192})
 			_ = lm.To(lifecycle.Stopped, "")
