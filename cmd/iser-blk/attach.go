@@ -20,9 +20,10 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
-	"github.com/iser-blk/iser-blk/internal/lifecycle"
+	"github.com/iser-blk/iser-blk/internal/gateway"
 	"github.com/iser-blk/iser-blk/internal/statefile"
 	"github.com/iser-blk/iser-blk/internal/status"
+	"github.com/iser-blk/iser-blk/internal/takeover"
 	"github.com/iser-blk/iser-blk/pool"
 )
 
@@ -39,7 +40,6 @@ type attachFlags struct {
 	forceIoctl      bool
 	useUblk         bool
 	uo              ublkOptions
-	takeover        takeoverFlags
 }
 
 func (af *attachFlags) register(fs *flag.FlagSet) {
@@ -85,12 +85,10 @@ func runAttach(ctx context.Context, args []string) int {
 	if err := af.check(); err != nil {
 		return fail("attach", err)
 	}
-	// --name also names the state file a successor takes the device over with (takeover.go).
-	af.takeover = takeoverFlags{name: sf.name, runDir: sf.runDir}
 	log := newLogger(tf.debug)
 	defer log.Sync() //nolint:errcheck
 	// The first SIGINT or SIGTERM (signals) stops the serving context through stopOnSignal,
-	// which lets a planned restart in progress give up first.
+	// which lets a hand-over in progress give up first.
 	signals := ctx
 	ctx, stop := context.WithCancel(context.WithoutCancel(signals))
 	defer stop()
@@ -100,9 +98,11 @@ func runAttach(ctx context.Context, args []string) int {
 	// that name costs no session. Otherwise the kernel's device name is the gateway's.
 	if name := af.earlyName(&sf); name != "" {
 		var err error
-		if at.g, err = startGateway(&sf, identity(name, af.kind(), "", &ef), at.counters, stop, log); err != nil {
+		g, err := startGateway(&sf, identity(name, af.kind(), "", &ef), at.counters, stop, log)
+		if err != nil {
 			return fail("attach", err)
 		}
+		at.setGateway(g)
 	}
 	dev, p, mem, err := openStack(ctx, &tf, &ef, log)
 	if err != nil {
@@ -115,7 +115,7 @@ func runAttach(ctx context.Context, args []string) int {
 	if af.useUblk {
 		af.uo.Pool = p // registered for RDMA before the target was opened: tag buffers need no bounce
 		af.uo.Counters = at.counters
-		if af.uo.Takeover, err = prepareTakeover(&af.takeover, statefile.KindUblk, ef.target, ef.cache.mode, dev, log); err != nil {
+		if af.uo.Takeover, err = prepareTakeover(&sf, statefile.KindUblk, ef.target, ef.cache.mode, dev, log); err != nil {
 			code = failTakeover(err)
 		} else {
 			at.tk = af.uo.Takeover
@@ -139,17 +139,33 @@ type attachment struct {
 	stop   context.CancelFunc
 	log    *zap.Logger
 	dev    block.Device
-	g      *gateway  // nil until named
-	tk     *takeover // attach --name's takeover (nil without --name)
-	failed error     // the gateway could not start once the device existed
+	tk     *takeover.Takeover // attach --name's takeover (nil without --name)
+	failed error              // the gateway could not start once the device existed
 	// counters is the frontend's I/O counters, the gateway's once it is named.
 	counters *status.IOCounters
-	// signalMu guards the two below, which the announce and stopOnSignal's goroutine share: a
-	// gateway becomes restartable only if no stop signal came first, so a signal either finds
-	// it restartable (and lets a restart give up) or keeps a restart from ever starting.
-	signalMu    sync.Mutex
-	signalled   bool
-	restartable *gateway
+	// mu guards g and signalled, which the announce and stopOnSignal's goroutine share: a
+	// signal either finds the gateway (and stops it through it) or the gateway, named after
+	// the signal, is stopped at once, so a hand-over can never start after a stop signal.
+	mu        sync.Mutex
+	g         *gateway.Gateway // nil until named
+	signalled bool
+}
+
+func (at *attachment) gateway() *gateway.Gateway {
+	at.mu.Lock()
+	defer at.mu.Unlock()
+	return at.g
+}
+
+// setGateway names the attachment's gateway; one named after a stop signal stops at once.
+func (at *attachment) setGateway(g *gateway.Gateway) {
+	at.mu.Lock()
+	at.g = g
+	signalled := at.signalled
+	at.mu.Unlock()
+	if signalled {
+		g.StopForSignal()
+	}
 }
 
 // earlyName is the gateway name known before the device exists: --name, or nbdN for --nbd
@@ -175,27 +191,22 @@ func (af *attachFlags) kind() string {
 // no name was given, and moves the lifecycle to ready (sd_notify READY=1).
 func (at *attachment) announced(path string, fe status.Frontend) {
 	fmt.Println(path)
-	if at.g == nil {
-		g, err := startGateway(at.sf, identity(filepath.Base(path), at.af.kind(), path, at.ef), at.counters, at.stop, at.log)
-		if err != nil {
+	g := at.gateway()
+	if g == nil {
+		var err error
+		if g, err = startGateway(at.sf, identity(filepath.Base(path), at.af.kind(), path, at.ef), at.counters, at.stop, at.log); err != nil {
 			at.failed = err
 			at.stop() // the device is taken down again: a gateway nobody can manage is not served
 			return
 		}
-		at.g = g
+		at.setGateway(g)
 	}
-	at.g.svc.Status.SetFrontendPath(path)
-	at.g.serving(at.dev, path, fe)
-	at.g.ready()
+	g.Serving(at.dev, path, fe)
+	g.Ready()
 	if at.tk != nil {
-		at.signalMu.Lock()
-		if !at.signalled {
-			at.g.canRestart(at.tk)
-			at.restartable = at.g
-		}
-		at.signalMu.Unlock()
-		if why := at.tk.fenceReason(); why != "" { // status shows why every I/O fails
-			at.g.to(lifecycle.Failed, "device fenced: "+why)
+		g.CanHandOver(at.tk)                       // false after a stop signal: the gateway is stopping already
+		if why := at.tk.FenceReason(); why != "" { // status shows why every I/O fails
+			g.Fenced(why)
 		}
 	}
 }
@@ -203,26 +214,30 @@ func (at *attachment) announced(path string, fe status.Frontend) {
 // takingOver moves the lifecycle to recovering while the device a previous gateway left is
 // taken over (status says so until the device is announced, or the attach fails).
 func (at *attachment) takingOver() {
-	if at.g != nil && at.tk != nil && at.tk.prev != nil {
-		at.g.to(lifecycle.Recovering, fmt.Sprintf("taking over the %s device a previous gateway (pid %d) left", at.tk.prev.Kind, at.tk.prev.PID))
+	g := at.gateway()
+	if g == nil || at.tk == nil {
+		return
+	}
+	if prev := at.tk.Previous(); prev != nil {
+		g.Recovering(fmt.Sprintf("taking over the %s device a previous gateway (pid %d) left", prev.Kind, prev.PID))
 	}
 }
 
-// stopOnSignal waits for the first SIGINT or SIGTERM (signals ends) and stops the attach: through
-// the gateway once it can restart (stopForSignal: a restart in progress gives up first, a
-// committed one is left alone), else at once. It returns when done closes (the attach ended).
+// stopOnSignal waits for the first SIGINT or SIGTERM (signals ends) and stops the attach:
+// through the gateway once there is one (a hand-over in progress gives up first, a committed
+// one is left alone), else at once. It returns when done closes (the attach ended).
 func (at *attachment) stopOnSignal(signals context.Context, done <-chan struct{}) {
 	select {
 	case <-signals.Done():
 	case <-done:
 		return
 	}
-	at.signalMu.Lock()
+	at.mu.Lock()
 	at.signalled = true
-	g := at.restartable
-	at.signalMu.Unlock()
+	g := at.g
+	at.mu.Unlock()
 	if g != nil {
-		g.stopForSignal()
+		g.StopForSignal()
 		return
 	}
 	at.stop()
@@ -241,15 +256,16 @@ func (at *attachment) announceUblk(path string) {
 
 // abandon gives the name up when attach fails before serving.
 func (at *attachment) abandon() {
-	if at.g != nil {
-		at.g.abandon()
+	if g := at.gateway(); g != nil {
+		g.Abandon()
 	}
 }
 
 // shutdown flushes and closes the device, through the gateway's lifecycle when there is one.
 func (at *attachment) shutdown(code int) int {
-	if at.g == nil {
-		if c := closeDevice(at.dev, at.log); code == exitOK {
+	g := at.gateway()
+	if g == nil {
+		if c := gateway.CloseDevice(at.dev, at.log, nil); code == exitOK {
 			code = c
 		}
 		return code
@@ -257,11 +273,12 @@ func (at *attachment) shutdown(code int) int {
 	// A gateway named before login (--name, --nbd /dev/nbdN) learns its device only when the
 	// kernel device is announced; a failure before that (takeover refused, nbd busy or absent,
 	// ublk ADD_DEV) must still flush and close — and log out of — the device openStack opened.
-	at.g.adopt(at.dev)
+	g.Adopt(at.dev)
+	var flushed func()
 	if at.tk != nil {
-		at.g.flushed = at.tk.recordFlushed
+		flushed = at.tk.RecordFlushed
 	}
-	return at.g.shutdown(code)
+	return g.Shutdown(code, flushed)
 }
 
 // attachNBD serves the device through the kernel's nbd driver until ctx ends (SIGINT/SIGTERM, a
@@ -270,13 +287,13 @@ func (at *attachment) shutdown(code int) int {
 // the exit code so far; the caller flushes and closes the device.
 func attachNBD(ctx context.Context, at *attachment, p *pool.Pool, mem int64) int {
 	log := at.log
-	tk, err := prepareTakeover(&at.af.takeover, statefile.KindNBD, at.ef.target, at.ef.cache.mode, at.dev, log)
+	tk, err := prepareTakeover(at.sf, statefile.KindNBD, at.ef.target, at.ef.cache.mode, at.dev, log)
 	if err != nil {
 		return failTakeover(err)
 	}
 	at.tk = tk
 	at.takingOver()
-	srv, err := newExportServer(tk.serving(at.dev), at.ef, p, mem, at.counters, log)
+	srv, err := newExportServer(at.served(), at.ef, p, mem, at.counters, log)
 	if err != nil {
 		return fail("attach", err)
 	}
@@ -297,13 +314,13 @@ func attachNBD(ctx context.Context, at *attachment, p *pool.Pool, mem int64) int
 		ForceIoctl:      at.af.forceIoctl,
 		Logger:          log,
 	}
-	a, err := attachOrReattach(srv, opts, tk)
-	if errors.Is(err, errUnfenced) {
-		abandonServer(srv)
-		if srv, err = newExportServer(tk.serving(at.dev), at.ef, p, mem, at.counters, log); err != nil {
+	a, err := at.attachOrReattach(srv, opts)
+	if errors.Is(err, takeover.ErrUnfenced) {
+		takeover.AbandonServer(srv)
+		if srv, err = newExportServer(at.served(), at.ef, p, mem, at.counters, log); err != nil {
 			return fail("attach", err)
 		}
-		a, err = attachOrReattach(srv, opts, tk)
+		a, err = at.attachOrReattach(srv, opts)
 	}
 	if err != nil {
 		if errors.Is(err, nbd.ErrNoKernelNBD) {
@@ -314,10 +331,26 @@ func attachNBD(ctx context.Context, at *attachment, p *pool.Pool, mem int64) int
 	}
 	at.announced(a.Path(), status.Frontend{Kind: "nbd", Queues: connections, QueueDepth: at.ef.maxInflight})
 	code := waitAndDetach(ctx, a, srv, log)
-	if code == exitOK {
-		tk.forgetIfSet()
+	if code == exitOK && tk != nil {
+		tk.Forget()
 	}
 	return code
+}
+
+// served is what the frontend serves: the stack, behind attach --name's gate (and fence).
+func (at *attachment) served() block.Device {
+	if at.tk == nil {
+		return at.dev
+	}
+	return at.tk.Serving(at.dev)
+}
+
+// attachOrReattach is nbd.Attach, through the takeover with --name.
+func (at *attachment) attachOrReattach(srv *nbd.Server, opts nbd.AttachOptions) (*nbd.Attachment, error) {
+	if at.tk == nil {
+		return nbd.Attach(srv, opts)
+	}
+	return at.tk.AttachNBD(takeover.KernelNBD, srv, opts)
 }
 
 // waitAndDetach waits for ctx to end or for the kernel to drop every connection, then detaches

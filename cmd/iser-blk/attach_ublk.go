@@ -13,6 +13,7 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
 	"github.com/iser-blk/iser-blk/internal/status"
+	"github.com/iser-blk/iser-blk/internal/takeover"
 	"github.com/iser-blk/iser-blk/pool"
 )
 
@@ -25,8 +26,8 @@ type ublkOptions struct {
 	// target was opened: every tag's buffer comes from it, so the kernel's copy of a request lands
 	// in registered memory and iSER moves it without a bounce. nil: anonymous memory.
 	Pool *pool.Pool
-	// Takeover is attach --name's state (takeover.go); nil without --name.
-	Takeover *takeover
+	// Takeover is attach --name's state (internal/takeover); nil without --name.
+	Takeover *takeover.Takeover
 	// Counters counts the requests for status and metrics (nil: not counted).
 	Counters *status.IOCounters
 }
@@ -37,7 +38,7 @@ const ublkPoolShare = 2 // one half
 
 // attachUblk serves dev as /dev/ublkbN until ctx is cancelled (SIGINT/SIGTERM or a detach),
 // calling announce with the device path once it exists; then it stops the disk (in-flight requests drain) and
-// deletes the device. It neither flushes nor closes dev: the caller's closeDevice does, with
+// deletes the device. It neither flushes nor closes dev: the gateway's shutdown does, with
 // progress reports and the second-signal abort. It returns the process exit code.
 func attachUblk(ctx context.Context, dev block.Device, opts ublkOptions, announce func(path string), log *zap.Logger) int {
 	maxIO, err := ublkMaxIO(opts)
@@ -53,11 +54,15 @@ func attachUblk(ctx context.Context, dev block.Device, opts ublkOptions, announc
 	if opts.Pool != nil {
 		uopts.Pool = opts.Pool // not a nil *pool.Pool in a non-nil interface
 	}
-	err = runUblk(ctx, dev, uopts, opts.Takeover, announce)
+	if opts.Takeover == nil {
+		err = ublk.Run(ctx, dev, uopts, announce)
+	} else {
+		err = opts.Takeover.RunUblk(ctx, takeover.KernelUblk, dev, uopts, announce)
+	}
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.Is(err, errNoResume):
+	case errors.Is(err, takeover.ErrNoResume):
 		log.Error("ublk takeover refused", zap.Error(err))
 		fmt.Fprintf(os.Stderr, "iser-blk: %v\n", err)
 		return exitNoResume

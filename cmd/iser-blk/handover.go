@@ -10,8 +10,12 @@ import (
 	"github.com/iser-blk/iser-blk/internal/control"
 )
 
+// restart and stop --keep: the operator's side of a hand-over (internal/gateway), where the
+// kernel device outlives the gateway process.
+
 func init() {
 	register(&command{name: "restart", summary: "planned restart of a running gateway: write back, re-exec, keep the device", run: runRestart})
+	register(&command{name: "stop", summary: "stop a gateway and keep its device for a successor (--keep)", run: runStop})
 }
 
 // restartTimeout is restart's default --timeout: long enough for a large write-back cache to
@@ -50,5 +54,46 @@ func runRestart(ctx context.Context, args []string) int {
 		return manageFail("restart", err)
 	}
 	fmt.Printf("gateway %s (PID %d) is re-executing: %s dirty written back\n", c.Name, res.PID, humanize.IBytes(written))
+	return exitOK
+}
+
+// runStop asks gateway NAME to stop and keep its device (OpStop, keep). Exit 0 once it has
+// written back every dirty byte, recorded a clean state and exited, the device waiting for a
+// successor started with the same command (ublk: user recovery; NBD: within
+// --dead-conn-timeout); 1 when it refused, timed out or its write-back failed (it then keeps
+// serving); 2 without --keep; 4 when no gateway has that name.
+func runStop(ctx context.Context, args []string) int {
+	var runDir string
+	var keep bool
+	var opts control.RestartOptions
+	fs := newFlagSet("stop", "--keep NAME [--timeout D] [--run-dir DIR]",
+		"Stop the attach gateway NAME and keep its kernel device: it stops taking requests, finishes\n"+
+			"those in flight, writes back every dirty byte (progress is shown here), records a clean state\n"+
+			"and exits 0. The device stays (same node, mounts stay, I/O waits) until the same attach command\n"+
+			"is run again (ublk: within any time; nbd: within --dead-conn-timeout). To remove the device,\n"+
+			"use detach. Needs attach --name. systemd's restart of iser-blk@NAME runs this.")
+	registerRunDir(fs, &runDir)
+	fs.BoolVar(&keep, "keep", false, "keep the kernel device for a successor (required: stop without it is detach)")
+	fs.DurationVar(&opts.Timeout, "timeout", restartTimeout, "give up after this long, leaving the gateway serving (0: wait however long the write-back takes)")
+	pos, code, done := parseOrExit(fs, args, 1)
+	if done {
+		return code
+	}
+	if !keep {
+		return fail("stop", usagef("stop needs --keep; to stop a gateway and remove its device, run: iser-blk detach %s", pos[0]))
+	}
+	c, err := control.Dial(ctx, control.RunDir(runDir), pos[0])
+	if err != nil {
+		return manageFail("stop", err)
+	}
+	var written uint64
+	res, err := c.StopKeep(ctx, opts, func(p control.Progress) {
+		written = max(written, p.WrittenBackBytes)
+		printProgress(p)
+	})
+	if err != nil {
+		return manageFail("stop", err)
+	}
+	fmt.Printf("gateway %s (PID %d) stopped, its device kept for a successor: %s dirty written back\n", c.Name, res.PID, humanize.IBytes(written))
 	return exitOK
 }

@@ -52,7 +52,7 @@ func newExportServer(dev block.Device, ef *exportFlags, p *pool.Pool, mem int64,
 }
 
 // listen opens the --listen address: unix:///path (default) or tcp://host:port.
-func listen(spec string, _ *zap.Logger) (net.Listener, string, error) {
+func listen(spec string) (net.Listener, string, error) {
 	u, err := url.Parse(spec)
 	if err != nil {
 		return nil, "", usagef("--listen %q: %v", spec, err)
@@ -152,35 +152,36 @@ func runServe(ctx context.Context, args []string) int {
 	// The name is claimed before logging in: a second gateway by that name costs no session.
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	g, err := startGateway(&sf, identity(name, "nbd-socket", where, &ef), new(status.IOCounters), stop, log)
+	counters := new(status.IOCounters)
+	g, err := startGateway(&sf, identity(name, "nbd-socket", where, &ef), counters, stop, log)
 	if err != nil {
 		return fail("serve", err)
 	}
 	dev, p, mem, err := openStack(ctx, &tf, &ef, log)
 	if err != nil {
-		g.abandon()
+		g.Abandon()
 		return fail("serve", err)
 	}
 	defer p.Close()
-	srv, err := newExportServer(dev, &ef, p, mem, g.counters, log)
+	srv, err := newExportServer(dev, &ef, p, mem, counters, log)
 	if err != nil {
 		dev.Close()
-		g.abandon()
+		g.Abandon()
 		return fail("serve", err)
 	}
-	l, uri, err := listen(listenSpec, log)
+	l, uri, err := listen(listenSpec)
 	if err != nil {
 		dev.Close()
-		g.abandon()
+		g.Abandon()
 		return fail("serve", err)
 	}
-	g.serving(dev, "", status.Frontend{Kind: "nbd-socket", QueueDepth: ef.maxInflight})
+	g.Serving(dev, "", status.Frontend{Kind: "nbd-socket", QueueDepth: ef.maxInflight})
 	uri = tlsf.uri(uri)
 	log.Info("serving NBD", zap.String("uri", uri), zap.String("export", ef.exportName),
 		zap.String("size", humanize.IBytes(uint64(dev.Size()))), zap.Int("block_size", dev.BlockSize()),
 		zap.Uint16("flags", srv.Flags()))
 	fmt.Println(uri)
-	g.ready()
+	g.Ready()
 
 	served := make(chan error, 1)
 	go func() { served <- serveNBD(srv, l, tlsPolicy) }()
@@ -197,7 +198,7 @@ func runServe(ctx context.Context, args []string) int {
 		log.Warn("connections cut before their requests finished", zap.Error(err))
 	}
 	cancel()
-	return g.shutdown(code)
+	return g.Shutdown(code, nil)
 }
 
 // serveIdentity is serve's default gateway name and the frontend path status shows for the

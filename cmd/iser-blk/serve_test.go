@@ -9,8 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"go.uber.org/zap"
 )
 
 func TestListenSpecs(t *testing.T) {
@@ -27,7 +25,7 @@ func TestListenSpecs(t *testing.T) {
 		{"http://x", "", true},
 		{"::", "", true},
 	} {
-		l, uri, err := listen(tc.spec, zap.NewNop())
+		l, uri, err := listen(tc.spec)
 		if (err != nil) != tc.wantErr {
 			t.Errorf("%q: err %v", tc.spec, err)
 			continue

@@ -25,7 +25,7 @@ import (
 
 // openStack builds what serve and attach share: the registered buffer pool (--buffer-memory,
 // mem bytes), the target (--target) and the cache (--cache) in front of it, staging its I/O in
-// the pool. The caller closes the device first (closeDevice) and the pool last.
+// the pool. The caller closes the device first (the gateway's shutdown) and the pool last.
 func openStack(ctx context.Context, tf *targetFlags, ef *exportFlags, log *zap.Logger) (dev block.Device, p *pool.Pool, mem int64, err error) {
 	if _, err := ef.cache.config(); err != nil {
 		return nil, nil, 0, usagef("%v", err) // before logging in, so a typo costs no session
@@ -33,9 +33,10 @@ func openStack(ctx context.Context, tf *targetFlags, ef *exportFlags, log *zap.L
 	if p, mem, err = newBufferPool(ef); err != nil {
 		return nil, nil, 0, err
 	}
+	pl := p // the returns below set p to nil before this runs
 	defer func() {
 		if err != nil {
-			p.Close()
+			pl.Close()
 		}
 	}()
 	// iSER connections register the pool's regions once and hand its buffers (NBD payloads,

@@ -1,0 +1,128 @@
+package gateway
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/control"
+	"github.com/iser-blk/iser-blk/internal/lifecycle"
+	"github.com/iser-blk/iser-blk/internal/sdnotify/sdnotifytest"
+)
+
+// The backend's "cannot serve" fails a ready gateway with its reason and "serves again" makes it
+// ready; a failure with another reason is not undone.
+func TestAvailabilityDrivesFailed(t *testing.T) {
+	f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{})
+	f.g.availabilityChanged(false, "no path")
+	wantState(t, f.g, lifecycle.Failed, "no path")
+	f.g.availabilityChanged(true, "")
+	wantState(t, f.g, lifecycle.Ready, "a path to the target is back")
+
+	f.g.Fenced("dirty predecessor")
+	f.g.availabilityChanged(false, "no path")
+	f.g.availabilityChanged(true, "")
+	wantState(t, f.g, lifecycle.Failed, "fenced")
+}
+
+// A detach runs its write-back while the device serves; the gateway stops only once it
+// succeeded, and the detach is answered with the final flush's outcome.
+func TestDetachCommitsAndIsAnsweredByTheFinalFlush(t *testing.T) {
+	f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{})
+	frontendStopped := make(chan struct{})
+	f.onStop = func() { close(frontendStopped) }
+	answered := make(chan error, 1)
+	go func() {
+		_, err := f.g.Detach(context.Background(), control.Request{})
+		answered <- err
+	}()
+	<-frontendStopped // the command's frontend ends, and it shuts down
+	if !f.g.svc.Lifecycle.Committed() {
+		t.Fatal("the frontend was stopped before the shutdown was committed")
+	}
+	if code := f.g.Shutdown(ExitOK, nil); code != ExitOK {
+		t.Fatalf("shutdown: %d", code)
+	}
+	if err := <-answered; err != nil {
+		t.Fatalf("detach: %v", err)
+	}
+	wantState(t, f.g, lifecycle.Stopped, "")
+}
+
+// A detach whose write-back fails keeps the gateway serving and never told systemd it stops
+// (STOPPING=1 would make the unit stop and ignore the next READY=1); a planned restart is a
+// reload.
+func TestNoStoppingUntilTheShutdownCommits(t *testing.T) {
+	sock := sdnotifytest.Listen(t)
+	f := newFixture(t, flushHook{Device: memDevice(t, 1<<20), hook: func(context.Context) error { return block.ErrIO }}, fixtureOptions{handOver: true})
+	// drain reads messages up to the READY=1 that a failed operation ends with.
+	drain := func() []string {
+		var got []string
+		for {
+			m := sock.Receive()
+			got = append(got, m)
+			if strings.Contains(m, "READY=1") {
+				return got
+			}
+		}
+	}
+	sock.Receive() // the fixture's READY=1
+	if _, err := f.g.Detach(context.Background(), control.Request{Force: true}); err == nil {
+		t.Fatal("a detach whose write-back failed succeeded")
+	}
+	for _, m := range drain() {
+		if strings.Contains(m, "STOPPING=1") {
+			t.Fatalf("STOPPING=1 sent for a detach that failed: %q", m)
+		}
+	}
+	if _, err := f.g.Restart(context.Background(), control.Request{}); err == nil {
+		t.Fatal("a restart whose write-back failed succeeded")
+	}
+	msgs := strings.Join(drain(), "\n---\n")
+	if !strings.Contains(msgs, "RELOADING=1") || strings.Contains(msgs, "STOPPING=1") {
+		t.Fatalf("a failed restart sent %q; want RELOADING=1 then READY=1, never STOPPING=1", msgs)
+	}
+}
+
+// A path outage reported while a detach writes back leaves the state alone; when that
+// write-back fails the gateway is failed (no path serves), and ready once a path is back.
+func TestFailedDetachWriteBackWithoutPath(t *testing.T) {
+	var f *fixture
+	f = newFixture(t, flushHook{Device: memDevice(t, 1<<20), hook: func(context.Context) error {
+		f.g.availabilityChanged(false, "no path")
+		if s, _ := f.g.State(); s != lifecycle.Flushing {
+			t.Errorf("a path outage during the write-back moved the gateway to %s", s)
+		}
+		return block.ErrIO
+	}}, fixtureOptions{})
+	_, err := f.g.Detach(context.Background(), control.Request{})
+	wantControlError(t, err, control.CodeFailed, "keeps serving")
+	wantState(t, f.g, lifecycle.Failed, "no path")
+	f.g.availabilityChanged(true, "")
+	wantState(t, f.g, lifecycle.Ready, "a path to the target is back")
+	if f.stops.Load() != 0 {
+		t.Fatal("a failed detach stopped the frontend")
+	}
+}
+
+// Once the shutdown began a detach is refused as busy; one already writing back has its
+// write-back cancelled, joins the shutdown and is answered by the final flush.
+func TestDetachAndTheShutdown(t *testing.T) {
+	dev := newBlockedFlush(t)
+	f := newFixture(t, dev, fixtureOptions{})
+	answered := make(chan error, 1)
+	go func() {
+		_, err := f.g.Detach(context.Background(), control.Request{})
+		answered <- err
+	}()
+	<-dev.began
+	f.g.StopForSignal() // returns once the detach's write-back gave up
+	_, err := f.g.Detach(context.Background(), control.Request{})
+	wantControlError(t, err, control.CodeBusy, "already stopping")
+	code := f.g.Shutdown(ExitOK, nil) // the blocked flush fails: memdev's own flush is never reached
+	if code == ExitOK {
+		t.Fatal("a final flush that failed exited 0")
+	}
+	wantControlError(t, <-answered, control.CodeFailed, "final flush failed")
+}

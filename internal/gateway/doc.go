@@ -1,0 +1,33 @@
+// Package gateway is the lifecycle of one serving process (`serve` or `attach`): its name and
+// control socket (internal/service), and everything that ends or hands over its device —
+// detach, a planned restart, a stop that keeps the device for a successor, a stop signal, and
+// the final flush. "What happens to acknowledged data when the process stops" is answered here,
+// in one place, for every frontend; cmd/iser-blk only wires flags to Options.
+//
+// The states live in internal/lifecycle's table; this package decides when to move. How each
+// way out goes:
+//
+//   - Detach (control socket): refuse a held device unless forced; write back every dirty byte
+//     while the device still serves (flushing); a failure returns to ready with the data kept.
+//     On success the shutdown is committed (STOPPING=1) and the frontend is stopped; the final
+//     flush answers the detach.
+//   - Restart (control socket, `systemctl reload`): restarting (RELOADING=1); shut the gate,
+//     wait for requests in flight, write back, record the state clean, then commit the
+//     hand-over: log out and re-execute the binary, same PID. The kernel device is never
+//     removed; the new image takes it over. Any failure before the commit reopens the gate and
+//     returns to ready (READY=1).
+//   - Stop --keep (control socket, `systemctl restart`): the same hand-over, and the process
+//     exits 0 instead of re-executing; a successor started with the same command takes the
+//     device over.
+//   - A stop signal (SIGINT/SIGTERM): the shutdown is committed at once; a running detach
+//     write-back or hand-over is cancelled and waited for (it gives up, reopening the gate),
+//     and only then the frontend is stopped, so a restart can never re-execute over a device
+//     being removed. After a hand-over committed, the signal is ignored: the new image or the
+//     successor owns the device. A second signal aborts the final flush.
+//
+// Invariants: a gateway exits 0 only when everything acknowledged is on the target; at most one
+// write-back runs at a time (flushMu); a hand-over commits only if no shutdown began, and a
+// shutdown never begins after a hand-over committed; detach, restart and stop run one at a
+// time (internal/control's exclusive lock: the one exclusion, with the one "busy" message) and
+// each may be overtaken by the shutdown, which cancels it.
+package gateway

@@ -1,0 +1,282 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/control"
+	"github.com/iser-blk/iser-blk/internal/lifecycle"
+	"github.com/iser-blk/iser-blk/internal/statefile"
+)
+
+func TestHandOverRefusals(t *testing.T) {
+	for _, stop := range []bool{false, true} {
+		handOver := func(f *fixture) error {
+			var err error
+			if stop {
+				_, err = f.g.Stop(context.Background(), control.Request{Keep: true})
+			} else {
+				_, err = f.g.Restart(context.Background(), control.Request{})
+			}
+			return err
+		}
+		t.Run("serve", func(t *testing.T) {
+			f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{kind: "nbd-socket"})
+			wantControlError(t, handOver(f), control.CodeUnsupported, "applies to attach")
+		})
+		t.Run("no --name", func(t *testing.T) {
+			f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{})
+			wantControlError(t, handOver(f), control.CodeRefused, "--name")
+		})
+		t.Run("kernel device cannot wait", func(t *testing.T) {
+			f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{handOver: true})
+			f.tk.SetCanWait(func() error { return errors.New("created without UBLK_F_USER_RECOVERY_REISSUE") })
+			wantControlError(t, handOver(f), control.CodeRefused, "REISSUE")
+		})
+		t.Run("fenced", func(t *testing.T) {
+			f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{handOver: true,
+				prev: &statefile.State{DevID: 3, CacheMode: statefile.CacheWriteBack, Dirty: true, PID: 1}})
+			wantControlError(t, handOver(f), control.CodeRefused, "fenced")
+		})
+	}
+}
+
+func TestFailedHandOverKeepsServing(t *testing.T) {
+	f := newFixture(t, flushHook{Device: memDevice(t, 1<<20), hook: func(context.Context) error { return block.ErrIO }}, fixtureOptions{handOver: true})
+	_, err := f.g.Restart(context.Background(), control.Request{})
+	wantControlError(t, err, control.CodeFailed, "keeps serving")
+	wantState(t, f.g, lifecycle.Ready, "")
+	if f.tk.Gate().IsShut() {
+		t.Fatal("the gate stayed shut after a failed restart")
+	}
+	if err := f.tk.Gate().WriteAt(context.Background(), make([]byte, 512), 0, 0); err != nil {
+		t.Fatalf("write after a failed restart: %v", err)
+	}
+	if !f.state(t).Dirty {
+		t.Fatal("a write after the failed restart left the state clean")
+	}
+	_, err = f.g.Stop(context.Background(), control.Request{Keep: true})
+	wantControlError(t, err, control.CodeFailed, "keeps serving")
+	wantState(t, f.g, lifecycle.Ready, "stop --keep failed")
+}
+
+// A stop signal that arrives after the write-back, before the commit, wins: the hand-over
+// yields and reopens the gate (the shutdown's final flush would hang on parked requests).
+func TestHandOverYieldsToAShutdownThatBeganMeanwhile(t *testing.T) {
+	dev := &signalAfterFlush{Device: memDevice(t, 1<<20)}
+	f := newFixture(t, dev, fixtureOptions{handOver: true})
+	dev.g = f.g
+	gateOpenAtStop := make(chan bool, 1)
+	f.onStop = func() { gateOpenAtStop <- !f.tk.Gate().IsShut() }
+	_, err := f.g.Restart(context.Background(), control.Request{})
+	wantControlError(t, err, control.CodeFailed, "a shutdown began")
+	if !<-gateOpenAtStop {
+		t.Fatal("the frontend was stopped before the hand-over gave up")
+	}
+	if len(f.proc.execs) != 0 || f.proc.ignored.Load() {
+		t.Fatal("the yielded restart re-executed or ignored the stop signals")
+	}
+}
+
+// A hand-over whose write-back failed because every path is down leaves the gateway failed with
+// that reason, not ready.
+func TestFailedHandOverWithoutPathStaysFailed(t *testing.T) {
+	var f *fixture
+	f = newFixture(t, flushHook{Device: memDevice(t, 1<<20), hook: func(context.Context) error {
+		f.g.availabilityChanged(false, "every path down for 2m0s")
+		return block.ErrIO
+	}}, fixtureOptions{handOver: true})
+	_, err := f.g.Restart(context.Background(), control.Request{})
+	wantControlError(t, err, control.CodeFailed, "keeps serving")
+	wantState(t, f.g, lifecycle.Failed, "every path down")
+}
+
+func TestRestartHandsOverCleanStateAndReexecutes(t *testing.T) {
+	f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{handOver: true})
+	if err := f.tk.Gate().WriteAt(context.Background(), make([]byte, 4096), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	step, err := f.g.Restart(context.Background(), control.Request{})
+	if err != nil || step == nil {
+		t.Fatalf("restart: %v", err)
+	}
+	st := f.state(t)
+	if st.Dirty || st.DevID != 3 {
+		t.Fatalf("state before the re-exec: %+v; want device 3, clean", st)
+	}
+	if !f.tk.Gate().IsShut() {
+		t.Fatal("the gate is open before the re-exec")
+	}
+	if err := f.dev.ReadAt(context.Background(), make([]byte, 512), 0); !errors.Is(err, block.ErrClosed) {
+		t.Fatalf("the device is still open before the re-exec (read: %v): the session was not closed", err)
+	}
+	if !f.proc.ignored.Load() {
+		t.Fatal("stop signals are not ignored from the commit on")
+	}
+	wantState(t, f.g, lifecycle.Restarting, "")
+	f.proc.execErr = errors.New("exec format error")
+	if err := step(); err == nil {
+		t.Fatal("a failed exec was not reported")
+	}
+	if len(f.proc.execs) != 1 || f.proc.execs[0] != f.g.opts.Process.Executable || len(f.proc.exits) != 1 || f.proc.exits[0] != ExitFailure {
+		t.Fatalf("exec %v, exit %v; want the executable once, then exit 1", f.proc.execs, f.proc.exits)
+	}
+}
+
+func TestStopKeepHandsOverCleanStateAndExits0(t *testing.T) {
+	f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{handOver: true})
+	if err := f.tk.Gate().WriteAt(context.Background(), make([]byte, 4096), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	step, err := f.g.Stop(context.Background(), control.Request{Keep: true})
+	if err != nil {
+		t.Fatalf("stop --keep: %v", err)
+	}
+	if st := f.state(t); st.Dirty {
+		t.Fatalf("state at the exit: %+v, want clean", st)
+	}
+	wantState(t, f.g, lifecycle.Stopped, "kept for a successor")
+	if !f.g.svc.Lifecycle.Committed() {
+		t.Fatal("stop --keep did not commit the shutdown (no STOPPING=1)")
+	}
+	if err := step(); err != nil || len(f.proc.exits) != 1 || f.proc.exits[0] != ExitOK || len(f.proc.execs) != 0 {
+		t.Fatalf("step: %v, exits %v, execs %v; want one exit 0", err, f.proc.exits, f.proc.execs)
+	}
+	if f.stops.Load() != 0 {
+		t.Fatal("stop --keep stopped the frontend: the kernel device would be removed")
+	}
+}
+
+// Once a hand-over committed, the frontend ending (the main goroutine's Shutdown) must not
+// flush the closed stack, log a false FINAL FLUSH FAILED, go to failed or release the name: it
+// waits for the hand-over's last step.
+func TestShutdownAfterAHandOverCommitWaitsForIt(t *testing.T) {
+	f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{handOver: true})
+	step, err := f.g.Restart(context.Background(), control.Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := make(chan int, 1)
+	go func() { code <- f.g.Shutdown(ExitOK, nil) }()
+	select {
+	case c := <-code:
+		t.Fatalf("Shutdown returned %d before the hand-over ended", c)
+	case <-time.After(100 * time.Millisecond): // a negative check can only wait
+	}
+	f.proc.execErr = errors.New("exec refused in tests")
+	_ = step()
+	select {
+	case c := <-code:
+		if c != ExitOK {
+			t.Fatalf("Shutdown after the hand-over: %d", c)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Shutdown did not return once the hand-over ended")
+	}
+	if s, _ := f.g.State(); s == lifecycle.Failed || s == lifecycle.Flushing {
+		t.Fatalf("the shutdown flushed a handed-over device: %s", s)
+	}
+}
+
+// A stop signal during a hand-over's write-back cancels it, waits until it gave up (gate open),
+// and only then stops the frontend: stopping it first would tear the kernel device down while
+// the restart could still commit.
+func TestStopSignalDuringHandOverWaitsForItToGiveUp(t *testing.T) {
+	dev := newBlockedFlush(t)
+	f := newFixture(t, dev, fixtureOptions{handOver: true})
+	restarted := make(chan error, 1)
+	go func() {
+		_, err := f.g.Restart(context.Background(), control.Request{})
+		restarted <- err
+	}()
+	<-dev.began
+	gaveUp := false
+	f.onStop = func() { gaveUp = !f.tk.Gate().IsShut() }
+	f.g.StopForSignal()
+	if !gaveUp || f.stops.Load() != 1 {
+		t.Fatalf("frontend stopped %d times, gate open at the stop %v", f.stops.Load(), gaveUp)
+	}
+	wantControlError(t, <-restarted, control.CodeFailed, "keeps serving")
+	_, err := f.g.Restart(context.Background(), control.Request{})
+	wantControlError(t, err, control.CodeBusy, "already stopping")
+}
+
+// Once a hand-over committed the signal changes nothing: the next image owns the device.
+func TestStopSignalAfterAHandOverCommitIsIgnored(t *testing.T) {
+	f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{handOver: true})
+	if _, err := f.g.Restart(context.Background(), control.Request{}); err != nil {
+		t.Fatal(err)
+	}
+	f.g.StopForSignal()
+	if f.stops.Load() != 0 {
+		t.Fatal("a signal after the commit stopped the frontend under the re-exec")
+	}
+}
+
+func TestCanHandOverRefusedOnceStopping(t *testing.T) {
+	f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{})
+	f.g.StopForSignal()
+	if f.g.CanHandOver(nil) {
+		t.Fatal("a stopping gateway became restartable")
+	}
+}
+
+func TestExecutableIsThePathItWasStartedBy(t *testing.T) {
+	if got := trimDeleted("/usr/local/bin/iser-blk (deleted)"); got != "/usr/local/bin/iser-blk" {
+		t.Fatalf("an upgraded binary's path: %q", got)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	link := linkTo(t, dir, "iser-blk", self)
+	if got, err := Executable(link); err != nil || got != link {
+		t.Fatalf("started by the link %s: re-executes %q (%v)", link, got, err)
+	}
+	t.Setenv("PATH", dir)
+	if got, err := Executable("iser-blk"); err != nil || got != link {
+		t.Fatalf("started by name from PATH: re-executes %q (%v), want %s", got, err, link)
+	}
+	other := filepath.Join(dir, "other")
+	if err := os.WriteFile(other, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, arg0 := range []string{other, filepath.Join(dir, "missing"), "not-on-path"} {
+		if got, err := Executable(arg0); err != nil || got != trimDeleted(self) || strings.HasSuffix(got, "(deleted)") {
+			t.Errorf("argv[0] %q, not this binary: re-executes %q (%v), want %s", arg0, got, err, self)
+		}
+	}
+	if err := reexecutable(other); err != nil {
+		t.Fatalf("an executable file: %v", err)
+	}
+	if err := os.Chmod(other, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() != 0 { // root may execute any file with an x bit somewhere; 0644 has none
+		if err := reexecutable(other); err == nil {
+			t.Fatal("a file without x bits counts as executable")
+		}
+	} else if err := reexecutable(other); err == nil {
+		t.Fatal("a file without any x bit counts as executable for root")
+	}
+}
+
+// signalAfterFlush is a device whose write-back succeeds just as a stop signal arrives.
+type signalAfterFlush struct {
+	block.Device
+	g *Gateway
+}
+
+func (d *signalAfterFlush) Flush(ctx context.Context) error {
+	err := d.Device.Flush(ctx)
+	go d.g.StopForSignal()
+	<-ctx.Done() // the shutdown cancels the hand-over's context before it stops the frontend
+	return err
+}
