@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -156,9 +157,44 @@ func (f *tlsFlags) load() (*tls.Config, error) {
 		if !pool.AppendCertsFromPEM(caPEM) {
 			return nil, usagef("%s: no PEM certificate in it", caPath)
 		}
-		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
+		// Not ClientCAs with RequireAndVerifyClientCert: crypto/tls then lists the CAs in the
+		// CertificateRequest's certificate_authorities, and GnuTLS clients (libnbd, qemu,
+		// nbd-client) with an RSA key answer a TLS 1.3 request that lists CAs with no
+		// certificate at all. GnuTLS 3.7 sends a listed CA's certificate only if its key type
+		// is among those it derives from signature_algorithms, where it counts rsa_pss_rsae_*
+		// as RSA-PSS, not RSA; and TLS 1.3 leaves rsa_pkcs1_* out of that list, as they may
+		// only sign certificates (RFC 8446 §4.2.3; crypto/tls puts them in
+		// signature_algorithms_cert, which GnuTLS 3.7 ignores). Without certificate_authorities
+		// a client with one certificate sends it (GnuTLS does; RFC 8446 §4.3.2 makes the
+		// extension optional, RFC 5246 §7.4.4 lets a TLS 1.2 client send any certificate when
+		// the list is empty), and verifyClient checks it as crypto/tls would have (issue #40).
+		cfg.ClientAuth, cfg.VerifyConnection = tls.RequireAnyClientCert, verifyClient(pool)
 	}
 	return cfg, nil
+}
+
+// verifyClient returns the check tls.RequireAndVerifyClientCert makes with roots as ClientCAs:
+// the client's certificate chains to roots through the intermediates it sent, is valid now and
+// allows client authentication (extended key usage). As a VerifyConnection it runs on every
+// handshake, resumed sessions included, so a resumed session is checked against the CAs of now.
+func verifyClient(roots *x509.CertPool) func(tls.ConnectionState) error {
+	return func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 { // RequireAnyClientCert refuses this before us
+			return errors.New("tls: client didn't provide a certificate")
+		}
+		opts := x509.VerifyOptions{
+			Roots:         roots,
+			Intermediates: x509.NewCertPool(),
+			KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		}
+		for _, c := range cs.PeerCertificates[1:] {
+			opts.Intermediates.AddCert(c)
+		}
+		if _, err := cs.PeerCertificates[0].Verify(opts); err != nil {
+			return &tls.CertificateVerificationError{UnverifiedCertificates: cs.PeerCertificates, Err: err}
+		}
+		return nil
+	}
 }
 
 func readTLSFile(path string) ([]byte, error) {

@@ -135,10 +135,10 @@ func (ca *CA) ClientKey(cn string, k Key) (Pair, error) {
 	}, k, time.Time{}, time.Time{})
 }
 
-// Issue signs a certificate made from tmpl (its serial number, validity and key usage are set
-// here) for a new key of type k, valid from notBefore to notAfter (zero: from an hour ago for a
-// day). It is for the certificates Server and Client do not make: wrong extended key usages,
-// expired ones.
+// Issue signs a certificate made from tmpl for a new key of type k, valid from notBefore to
+// notAfter (zero: from an hour ago for a day); it sets the serial number and adds the key usages
+// a TLS key needs to tmpl's. It is for the certificates Server and Client do not make: wrong
+// extended key usages, expired ones, intermediate CAs (with x509.KeyUsageCertSign).
 func (ca *CA) Issue(tmpl *x509.Certificate, k Key, notBefore, notAfter time.Time) (Pair, error) {
 	if notBefore.IsZero() {
 		notBefore = time.Now().Add(-time.Hour)
@@ -148,7 +148,7 @@ func (ca *CA) Issue(tmpl *x509.Certificate, k Key, notBefore, notAfter time.Time
 	}
 	tmpl.SerialNumber = serial()
 	tmpl.NotBefore, tmpl.NotAfter = notBefore, notAfter
-	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	tmpl.KeyUsage |= x509.KeyUsageDigitalSignature
 	key, err := k.generate()
 	if err != nil {
 		return Pair{}, err
