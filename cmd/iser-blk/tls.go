@@ -4,6 +4,9 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
+	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -141,6 +144,9 @@ func (f *tlsFlags) load() (*tls.Config, error) {
 	}
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
+		if why := unusableKeyInPEM(certPEM); why != "" {
+			return nil, usagef("%s: %s", certPath, why)
+		}
 		return nil, usagef("%s with %s: %v", certPath, keyPath, err)
 	}
 	if err := checkValidity(certPath, cert.Leaf, time.Now()); err != nil {
@@ -157,6 +163,9 @@ func (f *tlsFlags) load() (*tls.Config, error) {
 		if !pool.AppendCertsFromPEM(caPEM) {
 			return nil, usagef("%s: no PEM certificate in it", caPath)
 		}
+		if why := unusableKeyInPEM(caPEM); why != "" {
+			return nil, usagef("%s: %s", caPath, why) // no client of that CA could be verified
+		}
 		// Not ClientCAs with RequireAndVerifyClientCert: crypto/tls then lists the CAs in the
 		// CertificateRequest's certificate_authorities, and GnuTLS clients (libnbd, qemu,
 		// nbd-client) with an RSA key answer a TLS 1.3 request that lists CAs with no
@@ -171,6 +180,45 @@ func (f *tlsFlags) load() (*tls.Config, error) {
 		cfg.ClientAuth, cfg.VerifyConnection = tls.RequireAnyClientCert, verifyClient(pool)
 	}
 	return cfg, nil
+}
+
+// oidRSASSAPSS is the public key algorithm of an RSA key restricted to RSA-PSS (RFC 4055 §3.1),
+// certtool's --key-type=rsa-pss and openssl's -algorithm RSA-PSS.
+var oidRSASSAPSS = asn1.ObjectIdentifier{1, 2, 840, 113549, 1, 1, 10}
+
+// unusableKeyInPEM says why crypto/tls cannot use the key of a certificate in pemBytes, or "" if
+// it can use them all. crypto/x509 parses such certificates without their key, so the failure
+// would otherwise come later and say less: "failed to parse private key" for our own key, "x509:
+// cannot verify signature: algorithm unimplemented" for every client of such a CA.
+func unusableKeyInPEM(pemBytes []byte) string {
+	for rest := pemBytes; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			return ""
+		}
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			continue // not ours to judge: X509KeyPair and the pool say what is wrong with it
+		}
+		switch c.PublicKeyAlgorithm {
+		case x509.RSA, x509.ECDSA, x509.Ed25519:
+			continue
+		}
+		var spki struct {
+			Algorithm pkix.AlgorithmIdentifier
+			Key       asn1.BitString
+		}
+		if _, err := asn1.Unmarshal(c.RawSubjectPublicKeyInfo, &spki); err == nil && spki.Algorithm.Algorithm.Equal(oidRSASSAPSS) {
+			// Go has neither the RSASSA-PSS key type nor the rsa_pss_pss_* signature schemes
+			// such a key signs TLS handshakes with (RFC 8446 §4.2.3).
+			return fmt.Sprintf("%q has an RSA-PSS key (RSASSA-PSS), which Go's TLS cannot use: make an RSA key "+
+				"(certtool's default, openssl genrsa), which TLS 1.3 signs with RSA-PSS anyway, or an ECDSA key", c.Subject)
+		}
+		return fmt.Sprintf("%q has a %s key, which Go's TLS cannot use: make an RSA, ECDSA or Ed25519 key", c.Subject, c.PublicKeyAlgorithm)
+	}
 }
 
 // verifyClient returns the check tls.RequireAndVerifyClientCert makes with roots as ClientCAs:

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"io"
 	"net"
@@ -42,6 +43,47 @@ func certDir(t *testing.T, notBefore, notAfter time.Time) (string, *testcerts.CA
 	return dir, ca
 }
 
+// rsaPSSDirs returns two --tls-certificates directories: one whose server certificate, and one
+// whose CA certificate, has an RSA-PSS key (RFC 4055 §3.1: the public key algorithm is
+// id-RSASSA-PSS instead of rsaEncryption), as certtool --key-type=rsa-pss makes them. crypto/x509
+// cannot make such certificates, so these are RSA certificates with the one OID changed (their
+// signatures no longer match, which nothing checks before the key is refused).
+func rsaPSSDirs(t *testing.T) (server, ca string) {
+	t.Helper()
+	c, err := testcerts.NewCAKey("test-ca", testcerts.RSA2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.ServerKey("server", testcerts.RSA2048, time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toPSS := func(cert *x509.Certificate) []byte {
+		rsaEncryption := []byte{0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01}
+		der := bytes.Clone(cert.Raw)
+		i := bytes.Index(der, cert.RawSubjectPublicKeyInfo)
+		j := bytes.Index(cert.RawSubjectPublicKeyInfo, rsaEncryption)
+		if i < 0 || j < 0 {
+			t.Fatal("no rsaEncryption in the certificate's key")
+		}
+		der[i+j+len(rsaEncryption)-1] = 0x0a // 1.2.840.113549.1.1.10, id-RSASSA-PSS
+		return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	}
+	server, ca = t.TempDir(), t.TempDir()
+	for _, dir := range []string{server, ca} {
+		if err := testcerts.WriteDir(dir, c, "server", p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(server, tlsCertFile), toPSS(p.Cert), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ca, tlsCAFile), toPSS(c.Cert), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return server, ca
+}
+
 // TestTLSStartupErrors: every configuration a user can fix is a usage error (exit 2) whose message
 // names the file or flag and what is wrong.
 func TestTLSStartupErrors(t *testing.T) {
@@ -64,6 +106,7 @@ func TestTLSStartupErrors(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(badCA, tlsCAFile), []byte("not pem"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	pssServer, pssCA := rsaPSSDirs(t)
 	for _, tc := range []struct {
 		name   string
 		f      tlsFlags
@@ -83,6 +126,8 @@ func TestTLSStartupErrors(t *testing.T) {
 		{"not yet valid", tlsFlags{mode: "require", certDir: future}, "tcp://127.0.0.1:1", []string{tlsCertFile, "not valid before"}},
 		{"verify-peer without CA", tlsFlags{mode: "require", certDir: noCA, verifyPeer: true}, "tcp://127.0.0.1:1", []string{tlsCAFile, "no such file"}},
 		{"verify-peer with a bad CA file", tlsFlags{mode: "require", certDir: badCA, verifyPeer: true}, "tcp://127.0.0.1:1", []string{tlsCAFile, "no PEM certificate"}},
+		{"RSA-PSS server key", tlsFlags{mode: "require", certDir: pssServer}, "tcp://127.0.0.1:1", []string{tlsCertFile, "RSA-PSS key", "make an RSA key"}},
+		{"RSA-PSS CA key", tlsFlags{mode: "require", certDir: pssCA, verifyPeer: true}, "tcp://127.0.0.1:1", []string{tlsCAFile, `"CN=test-ca`, "RSA-PSS key"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := tc.f.serverTLS(context.Background(), tc.listen, zap.NewNop())
