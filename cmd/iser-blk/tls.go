@@ -239,10 +239,31 @@ func verifyClient(roots *x509.CertPool) func(tls.ConnectionState) error {
 			opts.Intermediates.AddCert(c)
 		}
 		if _, err := cs.PeerCertificates[0].Verify(opts); err != nil {
+			for _, c := range cs.PeerCertificates {
+				if c.SignatureAlgorithm == x509.UnknownSignatureAlgorithm && signedWithRSAPSS(c) {
+					// Only the cause is in err, deep in "possibly because of": say what to change.
+					err = fmt.Errorf("%w; %q has an RSA-PSS signature whose salt is not the hash's length, which Go "+
+						"cannot check: sign with openssl's -sigopt rsa_pss_saltlen:digest, or certtool --sign-params RSA-PSS", err, c.Subject)
+					break
+				}
+			}
 			return &tls.CertificateVerificationError{UnverifiedCertificates: cs.PeerCertificates, Err: err}
 		}
 		return nil
 	}
+}
+
+// signedWithRSAPSS reports whether c's signature is an RSA-PSS one (RFC 4055 §3.1). crypto/x509
+// checks only those whose salt is as long as the hash (what RFC 8446 §4.2.3 prescribes for TLS
+// signatures and GnuTLS uses); openssl 3.0 signs certificates with the longest salt by default.
+func signedWithRSAPSS(c *x509.Certificate) bool {
+	var cert struct {
+		TBS    asn1.RawValue
+		SigAlg pkix.AlgorithmIdentifier
+		Sig    asn1.BitString
+	}
+	_, err := asn1.Unmarshal(c.Raw, &cert)
+	return err == nil && cert.SigAlg.Algorithm.Equal(oidRSASSAPSS)
 }
 
 func readTLSFile(path string) ([]byte, error) {

@@ -489,3 +489,41 @@ func TestTLSVerifyPeerResumption(t *testing.T) {
 		}
 	}
 }
+
+// TestTLSVerifyPeerRSAPSSSignatures: a client certificate signed with RSA-PSS (certtool
+// --sign-params RSA-PSS; salt as long as the hash) gets in. One whose PSS salt is longer
+// (openssl 3.0's default) cannot be checked by crypto/x509 and is refused, with a log that says
+// how to sign it instead.
+func TestTLSVerifyPeerRSAPSSSignatures(t *testing.T) {
+	ca, err := testcerts.NewCAKey("test-ca", testcerts.RSA2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := verifyPeerServer(t, ca, testcerts.P256)
+	p, err := ca.Issue(&x509.Certificate{Subject: pkix.Name{CommonName: "client"}, SignatureAlgorithm: x509.SHA256WithRSAPSS,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, testcerts.P256, time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Cert.SignatureAlgorithm != x509.SHA256WithRSAPSS {
+		t.Fatalf("signed with %v", p.Cert.SignatureAlgorithm)
+	}
+	// The saltLength of RFC 4055's RSASSA-PSS-params, [2] INTEGER 32, made 33 in both of the
+	// certificate's AlgorithmIdentifiers.
+	salt32 := []byte{0xa2, 0x03, 0x02, 0x01, 0x20}
+	long := p
+	der := bytes.ReplaceAll(p.Cert.Raw, salt32, []byte{0xa2, 0x03, 0x02, 0x01, 0x21})
+	if bytes.Count(p.Cert.Raw, salt32) != 2 {
+		t.Fatalf("%d salt lengths in the certificate", bytes.Count(p.Cert.Raw, salt32))
+	}
+	long.CertPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	for name, vers := range tlsVersions {
+		if _, err := handshake(t, srv, clientConfig(t, ca, vers, p, nil)); err != nil {
+			t.Errorf("%s, salt as long as the hash: %v", name, err)
+		}
+		_, err := handshake(t, srv, clientConfig(t, ca, vers, long, nil))
+		if err == nil || !strings.Contains(err.Error(), "rsa_pss_saltlen:digest") {
+			t.Errorf("%s, longer salt: %v, want a refusal naming rsa_pss_saltlen:digest", name, err)
+		}
+	}
+}
