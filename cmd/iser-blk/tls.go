@@ -131,7 +131,8 @@ func (f *tlsFlags) uri(plain string) string {
 
 // load reads the certificate directory into a server configuration. Every error names the file
 // and what is wrong with it: missing or unreadable, a key that does not match its certificate,
-// a certificate outside its validity period, a CA file without certificates.
+// a certificate outside its validity period, a CA file without certificates, a certificate with
+// a key Go's TLS cannot use.
 func (f *tlsFlags) load() (*tls.Config, error) {
 	certPath, keyPath := filepath.Join(f.certDir, tlsCertFile), filepath.Join(f.certDir, tlsKeyFile)
 	certPEM, err := readTLSFile(certPath)
