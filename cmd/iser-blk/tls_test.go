@@ -1,9 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto"
 	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,6 +43,47 @@ func certDir(t *testing.T, notBefore, notAfter time.Time) (string, *testcerts.CA
 	return dir, ca
 }
 
+// rsaPSSDirs returns two --tls-certificates directories: one whose server certificate, and one
+// whose CA certificate, has an RSA-PSS key (RFC 4055 §3.1: the public key algorithm is
+// id-RSASSA-PSS instead of rsaEncryption), as certtool --key-type=rsa-pss makes them. crypto/x509
+// cannot make such certificates, so these are RSA certificates with the one OID changed (their
+// signatures no longer match, which nothing checks before the key is refused).
+func rsaPSSDirs(t *testing.T) (server, ca string) {
+	t.Helper()
+	c, err := testcerts.NewCAKey("test-ca", testcerts.RSA2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.ServerKey("server", testcerts.RSA2048, time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toPSS := func(cert *x509.Certificate) []byte {
+		rsaEncryption := []byte{0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01}
+		der := bytes.Clone(cert.Raw)
+		i := bytes.Index(der, cert.RawSubjectPublicKeyInfo)
+		j := bytes.Index(cert.RawSubjectPublicKeyInfo, rsaEncryption)
+		if i < 0 || j < 0 {
+			t.Fatal("no rsaEncryption in the certificate's key")
+		}
+		der[i+j+len(rsaEncryption)-1] = 0x0a // 1.2.840.113549.1.1.10, id-RSASSA-PSS
+		return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	}
+	server, ca = t.TempDir(), t.TempDir()
+	for _, dir := range []string{server, ca} {
+		if err := testcerts.WriteDir(dir, c, "server", p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(server, tlsCertFile), toPSS(p.Cert), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ca, tlsCAFile), toPSS(c.Cert), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return server, ca
+}
+
 // TestTLSStartupErrors: every configuration a user can fix is a usage error (exit 2) whose message
 // names the file or flag and what is wrong.
 func TestTLSStartupErrors(t *testing.T) {
@@ -58,6 +106,7 @@ func TestTLSStartupErrors(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(badCA, tlsCAFile), []byte("not pem"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	pssServer, pssCA := rsaPSSDirs(t)
 	for _, tc := range []struct {
 		name   string
 		f      tlsFlags
@@ -77,6 +126,8 @@ func TestTLSStartupErrors(t *testing.T) {
 		{"not yet valid", tlsFlags{mode: "require", certDir: future}, "tcp://127.0.0.1:1", []string{tlsCertFile, "not valid before"}},
 		{"verify-peer without CA", tlsFlags{mode: "require", certDir: noCA, verifyPeer: true}, "tcp://127.0.0.1:1", []string{tlsCAFile, "no such file"}},
 		{"verify-peer with a bad CA file", tlsFlags{mode: "require", certDir: badCA, verifyPeer: true}, "tcp://127.0.0.1:1", []string{tlsCAFile, "no PEM certificate"}},
+		{"RSA-PSS server key", tlsFlags{mode: "require", certDir: pssServer}, "tcp://127.0.0.1:1", []string{tlsCertFile, "RSA-PSS key", "make an RSA key"}},
+		{"RSA-PSS CA key", tlsFlags{mode: "require", certDir: pssCA, verifyPeer: true}, "tcp://127.0.0.1:1", []string{tlsCAFile, `"CN=test-ca`, "RSA-PSS key"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := tc.f.serverTLS(context.Background(), tc.listen, zap.NewNop())
@@ -185,5 +236,294 @@ func copyFile(t *testing.T, from, to string) {
 	}
 	if err := os.WriteFile(to, b, 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// gnutlsClientCertificate picks the client certificate the way GnuTLS 3.7 does (libnbd, qemu and
+// nbd-client all load one certificate into GnuTLS), so that these tests see what those clients
+// see without running them. GnuTLS (lib/auth/cert.c find_x509_client_cert) sends its one
+// certificate as is when the CertificateRequest lists no certificate_authorities. When it does
+// list some, GnuTLS sends the certificate only if the issuer of a certificate in its chain is
+// listed AND its key's algorithm is among the "public key algorithms" it derives from the
+// request: in TLS 1.2 from the certificate_types (rsa_sign: RSA, ecdsa_sign: ECDSA), in TLS 1.3
+// from signature_algorithms (lib/tls13/certificate_request.c), where rsa_pss_rsae_* count as
+// RSA-PSS and only rsa_pkcs1_* count as RSA. Otherwise it answers with an empty Certificate
+// message. saw gets every request.
+func gnutlsClientCertificate(pair tls.Certificate, saw func(*tls.CertificateRequestInfo)) func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	return func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		if saw != nil {
+			saw(cri)
+		}
+		if len(cri.AcceptableCAs) == 0 {
+			return &pair, nil
+		}
+		pks := map[string]bool{}
+		for _, s := range cri.SignatureSchemes {
+			switch s {
+			case tls.PKCS1WithSHA256, tls.PKCS1WithSHA384, tls.PKCS1WithSHA512, tls.PKCS1WithSHA1:
+				pks["RSA"] = true
+			case tls.PSSWithSHA256, tls.PSSWithSHA384, tls.PSSWithSHA512:
+				// Go's TLS 1.2 client lists these only when rsa_sign was in certificate_types.
+				pks["RSA-PSS"], pks["RSA"] = true, pks["RSA"] || cri.Version == tls.VersionTLS12
+			case tls.ECDSAWithP256AndSHA256, tls.ECDSAWithP384AndSHA384, tls.ECDSAWithP521AndSHA512, tls.ECDSAWithSHA1:
+				pks["ECDSA"] = true
+			}
+		}
+		alg := map[x509.PublicKeyAlgorithm]string{x509.RSA: "RSA", x509.ECDSA: "ECDSA"}[pair.Leaf.PublicKeyAlgorithm]
+		for _, der := range pair.Certificate { // the issuer of any certificate of the chain
+			c, err := x509.ParseCertificate(der)
+			if err != nil {
+				return nil, err
+			}
+			for _, dn := range cri.AcceptableCAs {
+				if bytes.Equal(dn, c.RawIssuer) && pks[alg] {
+					return &pair, nil
+				}
+			}
+		}
+		return &tls.Certificate{}, nil
+	}
+}
+
+// handshake runs one TLS handshake over loopback TCP between a server with srv and a client with
+// cli, and returns the server's view of it: its connection state and its handshake error.
+func handshake(t *testing.T, srv, cli *tls.Config) (tls.ConnectionState, error) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	type result struct {
+		cs  tls.ConnectionState
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		nc, err := l.Accept()
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer nc.Close()
+		_ = nc.SetDeadline(time.Now().Add(time.Minute))
+		tc := tls.Server(nc, srv)
+		err = tc.Handshake()
+		done <- result{tc.ConnectionState(), err}
+	}()
+	nc, err := net.DialTimeout("tcp", l.Addr().String(), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	_ = nc.SetDeadline(time.Now().Add(time.Minute))
+	tc := tls.Client(nc, cli)
+	// In TLS 1.3 the client's handshake ends before the server has judged its certificate
+	// (RFC 8446 §4.4.2.4): the server's answer is what counts. Reading until the server hangs up
+	// also takes in its session tickets (§4.6.1), for the resumption test.
+	if tc.Handshake() == nil {
+		_, _ = io.Copy(io.Discard, tc)
+	}
+	r := <-done
+	return r.cs, r.err
+}
+
+// verifyPeerServer writes a --tls-certificates directory for ca with a server certificate of key
+// type k and loads it as `--tls require --tls-verify-peer` does.
+func verifyPeerServer(t *testing.T, ca *testcerts.CA, k testcerts.Key) *tls.Config {
+	t.Helper()
+	sp, err := ca.ServerKey("server", k, time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := testcerts.WriteDir(dir, ca, "server", sp); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := (&tlsFlags{mode: "require", certDir: dir, verifyPeer: true}).load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func clientConfig(t *testing.T, ca *testcerts.CA, vers uint16, p testcerts.Pair, saw func(*tls.CertificateRequestInfo)) *tls.Config {
+	t.Helper()
+	cert, err := p.TLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tls.Config{RootCAs: ca.Pool(), ServerName: "localhost", MinVersion: vers, MaxVersion: vers,
+		GetClientCertificate: gnutlsClientCertificate(cert, saw)}
+}
+
+var tlsVersions = map[string]uint16{"TLS1.2": tls.VersionTLS12, "TLS1.3": tls.VersionTLS13}
+
+// TestTLSVerifyPeerGnuTLSClients (issue #40): under --tls-verify-peer, a client that chooses its
+// certificate as GnuTLS does gets in with RSA and ECDSA keys alike, in TLS 1.2 and 1.3, under a
+// CA and server with RSA keys (certtool's default). Before the fix the server listed its CA in
+// the TLS 1.3 CertificateRequest with no rsa_pkcs1_* in signature_algorithms, so a GnuTLS client
+// with an RSA key sent no certificate ("tls: client didn't provide a certificate").
+func TestTLSVerifyPeerGnuTLSClients(t *testing.T) {
+	ca, err := testcerts.NewCAKey("test-ca", testcerts.RSA2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := verifyPeerServer(t, ca, testcerts.RSA2048)
+	for _, k := range []testcerts.Key{testcerts.RSA2048, testcerts.P256, testcerts.P384} {
+		p, err := ca.ClientKey("client-"+string(k), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, vers := range tlsVersions {
+			t.Run(string(k)+"/"+name, func(t *testing.T) {
+				asked := 0
+				cs, err := handshake(t, srv, clientConfig(t, ca, vers, p, func(*tls.CertificateRequestInfo) { asked++ }))
+				if err != nil {
+					t.Fatalf("server: %v", err)
+				}
+				if asked != 1 || cs.Version != vers {
+					t.Fatalf("certificate requested %d times, version %x; want once, %x", asked, cs.Version, vers)
+				}
+				if len(cs.PeerCertificates) == 0 || !cs.PeerCertificates[0].Equal(p.Cert) {
+					t.Fatalf("server saw client certificates %v, want %s", cs.PeerCertificates, p.Cert.Subject)
+				}
+			})
+		}
+	}
+}
+
+// TestTLSVerifyPeerRefuses: without the CA list in the CertificateRequest the server still
+// refuses what RequireAndVerifyClientCert refused: no certificate, one from another CA, one whose
+// extended key usage is not client authentication, an expired one; and it still accepts a
+// certificate from an intermediate CA the client sends along.
+func TestTLSVerifyPeerRefuses(t *testing.T) {
+	ca, err := testcerts.NewCA("test-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := testcerts.NewCA("test-ca") // the same name: only the signature tells them apart
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := verifyPeerServer(t, ca, testcerts.P256)
+	issue := func(ca *testcerts.CA, eku x509.ExtKeyUsage, notBefore, notAfter time.Time) testcerts.Pair {
+		p, err := ca.Issue(&x509.Certificate{Subject: pkix.Name{CommonName: "client"}, ExtKeyUsage: []x509.ExtKeyUsage{eku}},
+			testcerts.P256, notBefore, notAfter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// An intermediate CA: its certificate goes along with the client's (RFC 8446 §4.4.2).
+	ip, err := ca.Issue(&x509.Certificate{Subject: pkix.Name{CommonName: "intermediate"}, IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}, testcerts.P256, time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ik, err := ip.TLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	viaIntermediate := issue(&testcerts.CA{Cert: ip.Cert, Key: ik.PrivateKey.(crypto.Signer)}, x509.ExtKeyUsageClientAuth, time.Time{}, time.Time{})
+	viaIntermediate.CertPEM = append(viaIntermediate.CertPEM, ip.CertPEM...)
+
+	for _, tc := range []struct {
+		name   string
+		client *testcerts.Pair // nil: no certificate
+		want   string          // "" to be let in
+	}{
+		{"no certificate", nil, "didn't provide a certificate"},
+		{"another CA", ptr(issue(other, x509.ExtKeyUsageClientAuth, time.Time{}, time.Time{})), "unknown authority"},
+		{"server-only usage", ptr(issue(ca, x509.ExtKeyUsageServerAuth, time.Time{}, time.Time{})), "incompatible key usage"},
+		{"expired", ptr(issue(ca, x509.ExtKeyUsageClientAuth, time.Now().Add(-48*time.Hour), time.Now().Add(-time.Hour))), "expired"},
+		{"via an intermediate", &viaIntermediate, ""},
+	} {
+		for name, vers := range tlsVersions {
+			t.Run(tc.name+"/"+name, func(t *testing.T) {
+				cli := &tls.Config{RootCAs: ca.Pool(), ServerName: "localhost", MinVersion: vers, MaxVersion: vers}
+				if tc.client != nil {
+					cli = clientConfig(t, ca, vers, *tc.client, nil)
+				}
+				cs, err := handshake(t, srv, cli)
+				switch {
+				case tc.want == "" && err != nil:
+					t.Fatalf("refused: %v", err)
+				case tc.want == "" && (len(cs.PeerCertificates) != 2 || !cs.PeerCertificates[0].Equal(tc.client.Cert)):
+					t.Fatalf("server saw %d certificates", len(cs.PeerCertificates))
+				case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+					t.Fatalf("got %v, want a refusal saying %q", err, tc.want)
+				}
+			})
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestTLSVerifyPeerResumption: a TLS 1.3 client resumes its session (RFC 8446 §2.2) with the
+// certificate it authenticated with, and the server checks that certificate again on the
+// resumed handshake (VerifyConnection runs on every handshake).
+func TestTLSVerifyPeerResumption(t *testing.T) {
+	ca, err := testcerts.NewCA("test-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := verifyPeerServer(t, ca, testcerts.P256).Clone()
+	verify := srv.VerifyConnection
+	checked := 0
+	srv.VerifyConnection = func(cs tls.ConnectionState) error { checked++; return verify(cs) }
+	p, err := ca.Client("client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := clientConfig(t, ca, tls.VersionTLS13, p, nil)
+	cli.ClientSessionCache = tls.NewLRUClientSessionCache(1)
+	for i, resumed := range []bool{false, true} {
+		cs, err := handshake(t, srv, cli)
+		if err != nil {
+			t.Fatalf("handshake %d: %v", i, err)
+		}
+		if cs.DidResume != resumed || checked != i+1 || len(cs.PeerCertificates) != 1 || !cs.PeerCertificates[0].Equal(p.Cert) {
+			t.Fatalf("handshake %d: resumed %v, checked %d times, peer %v", i, cs.DidResume, checked, cs.PeerCertificates)
+		}
+	}
+}
+
+// TestTLSVerifyPeerRSAPSSSignatures: a client certificate signed with RSA-PSS (certtool
+// --sign-params RSA-PSS; salt as long as the hash) gets in. One whose PSS salt is longer
+// (openssl 3.0's default) cannot be checked by crypto/x509 and is refused, with a log that says
+// how to sign it instead.
+func TestTLSVerifyPeerRSAPSSSignatures(t *testing.T) {
+	ca, err := testcerts.NewCAKey("test-ca", testcerts.RSA2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := verifyPeerServer(t, ca, testcerts.P256)
+	p, err := ca.Issue(&x509.Certificate{Subject: pkix.Name{CommonName: "client"}, SignatureAlgorithm: x509.SHA256WithRSAPSS,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, testcerts.P256, time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Cert.SignatureAlgorithm != x509.SHA256WithRSAPSS {
+		t.Fatalf("signed with %v", p.Cert.SignatureAlgorithm)
+	}
+	// The saltLength of RFC 4055's RSASSA-PSS-params, [2] INTEGER 32, made 33 in both of the
+	// certificate's AlgorithmIdentifiers.
+	salt32 := []byte{0xa2, 0x03, 0x02, 0x01, 0x20}
+	long := p
+	der := bytes.ReplaceAll(p.Cert.Raw, salt32, []byte{0xa2, 0x03, 0x02, 0x01, 0x21})
+	if bytes.Count(p.Cert.Raw, salt32) != 2 {
+		t.Fatalf("%d salt lengths in the certificate", bytes.Count(p.Cert.Raw, salt32))
+	}
+	long.CertPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	for name, vers := range tlsVersions {
+		if _, err := handshake(t, srv, clientConfig(t, ca, vers, p, nil)); err != nil {
+			t.Errorf("%s, salt as long as the hash: %v", name, err)
+		}
+		_, err := handshake(t, srv, clientConfig(t, ca, vers, long, nil))
+		if err == nil || !strings.Contains(err.Error(), "rsa_pss_saltlen:digest") {
+			t.Errorf("%s, longer salt: %v, want a refusal naming rsa_pss_saltlen:digest", name, err)
+		}
 	}
 }

@@ -4,7 +4,8 @@
 // front of a private tgtd LUN on a TCP listener, with real TLS clients (libnbd's nbdinfo and
 // nbdcopy over nbds://, qemu-img with a tls-creds-x509 object, fio's nbd engine), clients that
 // must be refused, certificate rotation with SIGHUP, and the refusal to serve plaintext to the
-// network. Certificates are made by the test (internal/testcerts).
+// network. Certificates are made by the test (internal/testcerts); the key-type matrix
+// (matrix_e2e_test.go) has them made by certtool and openssl, as users make them.
 package tls_test
 
 import (
