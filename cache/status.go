@@ -21,6 +21,7 @@ func (c *Cache) CacheStatus() status.Cache {
 		Misses:           s.Misses,
 		WrittenBackBytes: s.WriteBackBytes,
 		ThrottledSeconds: s.ThrottledTime.Seconds(),
+		WriteBackErrors:  s.WriteBackErrors,
 	}
 	if s.LastWriteBackError != "" {
 		at := s.LastWriteBackErrorAt

@@ -72,7 +72,14 @@ func (d *Device) LUNStatus() status.LUN {
 	if !l.CanDiscard {
 		l.MaxDiscard, l.DiscardAlignment = 0, 0
 	}
+	var target string
+	if t, err := ParseURL(d.info.URL); err == nil { // "" for a NewDevice: no URL
+		target = t.IQN
+	}
 	return status.LUN{
+		TargetName:            target,
+		Number:                d.info.LUN,
+		WWN:                   d.info.WWN,
 		SizeBytes:             uint64(d.size),
 		BlockSize:             d.info.LogicalBlockSize,
 		Vendor:                d.info.Vendor,

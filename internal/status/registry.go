@@ -2,6 +2,7 @@ package status
 
 import (
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -21,7 +22,9 @@ type (
 
 // Identity is what the gateway knows about itself when it starts.
 type Identity struct {
-	Name         string
+	Name string
+	// Device is the device label until the frontend path is known; from then on the label is
+	// derived from FrontendKind and FrontendPath (DeviceLabel).
 	Device       string
 	FrontendKind string
 	FrontendPath string
@@ -103,7 +106,7 @@ func (r *Registry) gateway() Gateway {
 	return Gateway{
 		Name:          r.id.Name,
 		PID:           os.Getpid(),
-		Device:        r.id.Device,
+		Device:        DeviceLabel(r.id),
 		FrontendKind:  r.id.FrontendKind,
 		FrontendPath:  r.id.FrontendPath,
 		Targets:       targets,
@@ -114,4 +117,22 @@ func (r *Registry) gateway() Gateway {
 		UptimeSeconds: time.Since(started).Seconds(),
 		BuildVersion:  r.id.BuildVersion,
 	}
+}
+
+// DeviceLabel is the gateway's device as the metrics' device label and status' gateway.device
+// name it, so that it joins with node_exporter's node_disk_*{device} and the kernel's names: the
+// block device's base name for the kernel frontends (nbd0, ublkb3), the socket for an NBD server
+// (its path, or host:port for TCP); id.Device until the frontend path is known (a gateway named by
+// --name before the kernel created its device).
+func DeviceLabel(id Identity) string {
+	if id.FrontendPath == "" {
+		return id.Device
+	}
+	switch id.FrontendKind {
+	case "nbd", "ublk":
+		return filepath.Base(id.FrontendPath)
+	case "nbd-socket":
+		return id.FrontendPath
+	}
+	return id.Device
 }

@@ -29,7 +29,7 @@ type Status struct {
 type Gateway struct {
 	Name          string    `json:"name"`
 	PID           int       `json:"pid"`
-	Device        string    `json:"device"`        // label for metrics: nbd0, ublkb3, or the socket's base name
+	Device        string    `json:"device"`        // the metrics' device label: nbd0, ublkb3, or the socket (DeviceLabel)
 	FrontendKind  string    `json:"frontend_kind"` // "nbd-socket", "nbd" (kernel) or "ublk"
 	FrontendPath  string    `json:"frontend_path"` // the NBD socket, /dev/nbdX or /dev/ublkbN
 	Targets       []string  `json:"targets"`       // target URLs, never with credentials
@@ -55,6 +55,9 @@ type Path struct {
 	LUNResets    uint64     `json:"lun_resets"`        // LOGICAL UNIT RESET task-management functions sent
 }
 
+// PathStates are the values of Path.State, in the order the metrics' path_state lists them.
+var PathStates = []string{"up", "recovering", "down", "standby"}
+
 // Up reports whether the path carries I/O; the metrics' path_up.
 func (p Path) Up() bool { return p.State == "up" }
 
@@ -74,7 +77,8 @@ type Negotiated struct {
 	RDMAExtensions                    bool   `json:"iser_rdma_extensions"`
 }
 
-// NopRTT is the NOP-Out/NOP-In round trip (RFC 7143 §11.18) of a path.
+// NopRTT is the NOP-Out/NOP-In round trip (RFC 7143 §11.18) of a path. Before the first
+// answered ping Samples is 0 and the times are 0 too, which means "no sample", not "no time".
 type NopRTT struct {
 	LastSeconds float64 `json:"last_seconds"`
 	MeanSeconds float64 `json:"mean_seconds"`
@@ -83,6 +87,9 @@ type NopRTT struct {
 
 // LUN is what the target reported about the logical unit.
 type LUN struct {
+	TargetName            string `json:"target_name"` // the target's iSCSI name (IQN), "" when not known
+	Number                uint16 `json:"number"`      // the logical unit number
+	WWN                   string `json:"wwn"`         // the preferred designator of VPD page 0x83, as `info` prints it; "" if none
 	SizeBytes             uint64 `json:"size_bytes"`
 	BlockSize             uint32 `json:"block_size"`
 	Vendor                string `json:"vendor"`
@@ -113,6 +120,7 @@ type Cache struct {
 	HitRatio           float64    `json:"hit_ratio"` // hits/(hits+misses), 0 before the first read
 	WrittenBackBytes   uint64     `json:"written_back_bytes"`
 	ThrottledSeconds   float64    `json:"throttled_seconds"` // time writers waited for dirty space
+	WriteBackErrors    uint64     `json:"write_back_errors"` // write-backs that failed (each kept its data dirty)
 	LastWriteBackError string     `json:"last_write_back_error,omitempty"`
 	LastWriteBackAt    *time.Time `json:"last_write_back_error_at,omitempty"`
 }
