@@ -17,6 +17,7 @@ func (c *Cache) CacheStatus() status.Cache {
 		CapacityBytes:    uint64(s.SizeBytes),
 		UsedBytes:        uint64(s.CachedBytes),
 		DirtyBytes:       uint64(max(s.DirtyBytes, 0)),
+		DirtyLimitBytes:  uint64(max(s.DirtyLimitBytes, 0)),
 		Hits:             s.Hits,
 		Misses:           s.Misses,
 		WrittenBackBytes: s.WriteBackBytes,

@@ -33,3 +33,33 @@ func TestLUNStatusIdentity(t *testing.T) {
 		t.Fatalf("LUN status names %q LUN %d WWN %q, want %q LUN 0 and the fake LUN's NAA", l.TargetName, l.Number, l.WWN, u.IQN)
 	}
 }
+
+// TestReplacementStatus: the replacement clock reads the configured timeout, 0 s without a path
+// while a path is up, and, once every path is down, at least the time since the loss — what the
+// ReplacementTimeoutNear alert compares with the timeout.
+func TestReplacementStatus(t *testing.T) {
+	s := newFakeSession(scsitest.New(scsitest.Config{}))
+	rec := fastRecovery()
+	rec.ReplacementTimeout = 100 * time.Millisecond
+	d := recoveringDevice(t, rec, s)
+	ch := watchAvailability(d)
+	if r := d.ReplacementStatus(); r.TimeoutSeconds != 0.1 || r.NoPathSeconds != 0 {
+		t.Fatalf("with the path up: %+v", r)
+	}
+	s.refuse.Store(true)
+	down := time.Now()
+	s.kill()
+	if a := nextAvailability(t, ch); a.serving { // the replacement timeout has passed
+		t.Fatalf("report %+v, want not serving", a)
+	}
+	if r := d.ReplacementStatus(); r.NoPathSeconds < rec.ReplacementTimeout.Seconds() || r.NoPathSeconds > time.Since(down).Seconds() {
+		t.Fatalf("every path down for %v: %+v", time.Since(down), r)
+	}
+	s.refuse.Store(false)
+	if a := nextAvailability(t, ch); !a.serving {
+		t.Fatalf("after the path came back: %+v", a)
+	}
+	if r := d.ReplacementStatus(); r.NoPathSeconds != 0 {
+		t.Fatalf("with the path back: %+v", r)
+	}
+}

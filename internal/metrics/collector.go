@@ -37,6 +37,7 @@ var (
 	buildInfo       = desc("build_info", "Build of the running gateway; always 1.", "version", "goversion")
 	gatewayInfo     = desc("gateway_info", "What the gateway serves, once the LUN is probed; always 1.", "target", "lun", "wwn", "version")
 	gatewayState    = desc("gateway_state", "1 for the gateway's current lifecycle state, 0 for the others.", "state")
+	gatewayFenced   = desc("gateway_fenced", "1 while the gateway's device is fenced (a takeover of dirty write-back data: every I/O fails until it is detached), else 0.")
 	startTime       = desc("start_time_seconds", "When the gateway started, Unix time.")
 	requests        = desc("requests_total", "Client requests completed, by operation.", "op")
 	requestErrors   = desc("request_errors_total", "Client requests answered with an error, by operation.", "op")
@@ -48,6 +49,7 @@ var (
 	cacheCapacity   = desc("cache_capacity_bytes", "Cache capacity.")
 	cacheUsed       = desc("cache_used_bytes", "Cache bytes holding data.")
 	cacheDirty      = desc("cache_dirty_bytes", "Cache bytes written by clients and not yet written back to the target.")
+	cacheDirtyLimit = desc("cache_dirty_limit_bytes", "Dirty bytes above which client writes wait for write-back (--cache-dirty).")
 	cacheHits       = desc("cache_hits_total", "Reads answered from the cache.")
 	cacheMisses     = desc("cache_misses_total", "Reads that went to the target.")
 	writtenBack     = desc("cache_written_back_bytes_total", "Bytes written back from the cache to the target.")
@@ -58,11 +60,14 @@ var (
 	reconnects      = desc("path_reconnects_total", "Reconnects of the path after a connection loss.", "portal")
 	replayed        = desc("path_replayed_commands_total", "Commands re-sent on the path after a reconnect.", "portal")
 	taskManagement  = desc("path_task_management_functions_total", "Task-management functions sent on the path, by kind.", "portal", "kind")
+	replTimeout     = desc("replacement_timeout_seconds", "How long I/O waits without a path before it fails (--replacement-timeout); negative: forever.")
+	noPath          = desc("no_path_seconds", "How long every path has been down; 0 while one is up.")
 	nopRoundTrip    = desc("path_nop_round_trip_seconds", "Last NOP-Out/NOP-In round trip on the path; absent before the first answered ping.", "portal")
-	allDescs        = []*prometheus.Desc{buildInfo, gatewayInfo, gatewayState, startTime, requests, requestErrors,
-		requestDuration, readBytes, writtenBytes, inFlight, lunSize, cacheCapacity, cacheUsed,
-		cacheDirty, cacheHits, cacheMisses, writtenBack, throttled, writeBackErrors, pathUp, pathState,
-		reconnects, replayed, taskManagement, nopRoundTrip}
+	allDescs        = []*prometheus.Desc{buildInfo, gatewayInfo, gatewayState, gatewayFenced, startTime,
+		requests, requestErrors, requestDuration, readBytes, writtenBytes, inFlight, lunSize,
+		cacheCapacity, cacheUsed, cacheDirty, cacheDirtyLimit, cacheHits, cacheMisses, writtenBack,
+		throttled, writeBackErrors, pathUp, pathState, replTimeout, noPath, reconnects, replayed,
+		taskManagement, nopRoundTrip}
 )
 
 // Collector is a prometheus.Collector over a status source.
@@ -99,6 +104,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range st.Paths {
 		e.path(p)
 	}
+	if r := st.Replacement; r != nil {
+		e.gauge(replTimeout, r.TimeoutSeconds)
+		e.gauge(noPath, r.NoPathSeconds)
+	}
 }
 
 // emitter sends one scrape's metrics, each with the gateway's labels first.
@@ -112,6 +121,7 @@ func (e emitter) gateway(g status.Gateway) {
 	for _, s := range lifecycle.States {
 		e.gauge(gatewayState, oneIf(string(s) == g.State), string(s))
 	}
+	e.gauge(gatewayFenced, oneIf(g.Fenced))
 	e.gauge(startTime, float64(g.StartedAt.UnixNano())/1e9)
 }
 
@@ -138,6 +148,7 @@ func (e emitter) cache(c *status.Cache) {
 	e.gauge(cacheCapacity, float64(c.CapacityBytes))
 	e.gauge(cacheUsed, float64(c.UsedBytes))
 	e.gauge(cacheDirty, float64(c.DirtyBytes))
+	e.gauge(cacheDirtyLimit, float64(c.DirtyLimitBytes))
 	e.counter(cacheHits, float64(c.Hits))
 	e.counter(cacheMisses, float64(c.Misses))
 	e.counter(writtenBack, float64(c.WrittenBackBytes))

@@ -25,12 +25,15 @@ func (*layers) PathsStatus() []status.Path {
 		{Portal: "10.0.0.2:3260", Transport: "tcp", State: "recovering"},
 	}
 }
+func (*layers) ReplacementStatus() status.Replacement {
+	return status.Replacement{TimeoutSeconds: 120, NoPathSeconds: 0}
+}
 func (*layers) LUNStatus() status.LUN {
 	return status.LUN{TargetName: "iqn.2003-01.org.example:disk", Number: 3, WWN: "naa.60014050deadbeef0000000000000001",
 		SizeBytes: 8 << 30, BlockSize: 4096}
 }
 func (*layers) CacheStatus() status.Cache {
-	return status.Cache{Mode: "writeback", CapacityBytes: 1 << 30, UsedBytes: 5 << 20, DirtyBytes: 1 << 20,
+	return status.Cache{Mode: "writeback", CapacityBytes: 1 << 30, UsedBytes: 5 << 20, DirtyBytes: 1 << 20, DirtyLimitBytes: 512 << 20,
 		Hits: 90, Misses: 10, WrittenBackBytes: 123456, ThrottledSeconds: 1.5, WriteBackErrors: 7}
 }
 
@@ -143,6 +146,10 @@ func TestScrapeEqualsSnapshot(t *testing.T) {
 		{"iser_blk_cache_written_back_bytes_total", nil, 123456},
 		{"iser_blk_cache_throttled_seconds_total", nil, 1.5},
 		{"iser_blk_cache_write_back_errors_total", nil, 7},
+		{"iser_blk_cache_dirty_limit_bytes", nil, 512 << 20},
+		{"iser_blk_replacement_timeout_seconds", nil, 120},
+		{"iser_blk_no_path_seconds", nil, 0},
+		{"iser_blk_gateway_fenced", nil, 0},
 		{"iser_blk_path_up", map[string]string{"portal": "10.0.0.1:3260", "transport": "iser"}, 1},
 		{"iser_blk_path_up", map[string]string{"portal": "10.0.0.2:3260", "transport": "tcp"}, 0},
 		{"iser_blk_path_state", map[string]string{"portal": "10.0.0.1:3260", "transport": "iser", "state": "up"}, 1},
@@ -240,7 +247,7 @@ func TestCollectorOmitsAbsentLayers(t *testing.T) {
 	mfs := scrape(t, reg)
 	for _, name := range []string{"iser_blk_cache_dirty_bytes", "iser_blk_path_up", "iser_blk_path_state",
 		"iser_blk_path_nop_round_trip_seconds", "iser_blk_lun_size_bytes", "iser_blk_gateway_info",
-		"iser_blk_cache_write_back_errors_total"} {
+		"iser_blk_cache_write_back_errors_total", "iser_blk_replacement_timeout_seconds", "iser_blk_no_path_seconds"} {
 		if _, ok := mfs[name]; ok {
 			t.Errorf("%s exported without its layer", name)
 		}
@@ -304,4 +311,34 @@ func deviceLabels(t *testing.T, reg *status.Registry) string {
 		return d
 	}
 	return ""
+}
+
+// TestFenced: gateway_fenced is 1 only while the gateway is failed with status.FencedReason, and
+// status says the same.
+func TestFenced(t *testing.T) {
+	lm := lifecycle.New()
+	reg := status.NewRegistry(status.Identity{Name: "gw", Device: "gw", FrontendKind: "ublk", FrontendPath: "/dev/ublkb0"}, lm)
+	fenced := func() float64 {
+		return value(find(t, scrape(t, reg), "iser_blk_gateway_fenced", map[string]string{"name": "gw", "device": "ublkb0"}))
+	}
+	for _, step := range []struct {
+		state  lifecycle.State
+		reason string
+		want   float64
+	}{
+		{lifecycle.Ready, "", 0},
+		{lifecycle.Failed, "no path to the target for 2m0s (replacement timeout): I/O fails", 0},
+		{lifecycle.Ready, "a path to the target is back", 0},
+		{lifecycle.Failed, status.FencedReason + "the previous gateway left dirty write-back data", 1},
+	} {
+		if err := lm.To(step.state, step.reason); err != nil {
+			t.Fatal(err)
+		}
+		if got := fenced(); got != step.want {
+			t.Errorf("%s (%s): gateway_fenced %v, want %v", step.state, step.reason, got, step.want)
+		}
+		if got := reg.Snapshot().Gateway.Fenced; got != (step.want == 1) {
+			t.Errorf("%s (%s): status fenced %v", step.state, step.reason, got)
+		}
+	}
 }

@@ -3,6 +3,7 @@ package status
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,7 +19,15 @@ type (
 	FrontendProvider interface{ FrontendStatus() Frontend }
 	CacheProvider    interface{ CacheStatus() Cache }
 	IOProvider       interface{ IOStatus() IO }
+	// ReplacementProvider is optional: a PathsProvider that implements it (backend/iser) fills
+	// Status.Replacement too.
+	ReplacementProvider interface{ ReplacementStatus() Replacement }
 )
+
+// FencedReason begins the lifecycle reason of a gateway whose device is fenced (it took over
+// a device whose predecessor left dirty write-back data: docs/reliability.md); Gateway.Fenced
+// and the metrics' gateway_fenced are read from it.
+const FencedReason = "device fenced: "
 
 // Identity is what the gateway knows about itself when it starts.
 type Identity struct {
@@ -77,6 +86,10 @@ func (r *Registry) Snapshot() Status {
 	st := Status{Version: Version, Gateway: r.gateway(), Paths: []Path{}}
 	if r.paths != nil {
 		st.Paths = r.paths.PathsStatus()
+		if rp, ok := r.paths.(ReplacementProvider); ok {
+			rs := rp.ReplacementStatus()
+			st.Replacement = &rs
+		}
 	}
 	if r.lun != nil {
 		l := r.lun.LUNStatus()
@@ -113,6 +126,7 @@ func (r *Registry) gateway() Gateway {
 		CacheMode:     r.id.CacheMode,
 		State:         string(state),
 		StateReason:   reason,
+		Fenced:        state == lifecycle.Failed && strings.HasPrefix(reason, FencedReason),
 		StartedAt:     started.UTC(),
 		UptimeSeconds: time.Since(started).Seconds(),
 		BuildVersion:  r.id.BuildVersion,

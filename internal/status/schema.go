@@ -16,13 +16,15 @@ const Version = 1
 
 // Status is everything a gateway reports about itself.
 type Status struct {
-	Version  int       `json:"version"`
-	Gateway  Gateway   `json:"gateway"`
-	Paths    []Path    `json:"paths"`
-	LUN      *LUN      `json:"lun,omitempty"`
-	Frontend *Frontend `json:"frontend,omitempty"`
-	Cache    *Cache    `json:"cache,omitempty"`
-	IO       IO        `json:"io"`
+	Version int     `json:"version"`
+	Gateway Gateway `json:"gateway"`
+	Paths   []Path  `json:"paths"`
+	// Replacement is the backend's replacement-timeout clock; omitted when the backend has none.
+	Replacement *Replacement `json:"replacement,omitempty"`
+	LUN         *LUN         `json:"lun,omitempty"`
+	Frontend    *Frontend    `json:"frontend,omitempty"`
+	Cache       *Cache       `json:"cache,omitempty"`
+	IO          IO           `json:"io"`
 }
 
 // Gateway identifies the process and says what it serves. It is what `iser-blk list` prints.
@@ -36,6 +38,7 @@ type Gateway struct {
 	CacheMode     string    `json:"cache_mode"`    // as --cache: "writeback", "writethrough" or "off"
 	State         string    `json:"state"`         // a lifecycle state
 	StateReason   string    `json:"state_reason,omitempty"`
+	Fenced        bool      `json:"fenced"` // failed because the device is fenced (FencedReason): every I/O fails until detached
 	StartedAt     time.Time `json:"started_at"`
 	UptimeSeconds float64   `json:"uptime_seconds"`
 	BuildVersion  string    `json:"build_version"`
@@ -60,6 +63,14 @@ var PathStates = []string{"up", "recovering", "down", "standby"}
 
 // Up reports whether the path carries I/O; the metrics' path_up.
 func (p Path) Up() bool { return p.State == "up" }
+
+// Replacement is how long I/O has waited for a path, against how long it may (RFC 7143 has
+// no name for it; open-iscsi's replacement_timeout): at TimeoutSeconds without a path, I/O fails
+// and the gateway is failed.
+type Replacement struct {
+	TimeoutSeconds float64 `json:"timeout_seconds"` // --replacement-timeout; negative: I/O waits forever
+	NoPathSeconds  float64 `json:"no_path_seconds"` // since the last path went down; 0 while one is up
+}
 
 // Negotiated is the outcome of login negotiation on a path (RFC 7143 §13; iSER: RFC 7145 §6).
 type Negotiated struct {
@@ -115,6 +126,7 @@ type Cache struct {
 	CapacityBytes      uint64     `json:"capacity_bytes"`
 	UsedBytes          uint64     `json:"used_bytes"`
 	DirtyBytes         uint64     `json:"dirty_bytes"`
+	DirtyLimitBytes    uint64     `json:"dirty_limit_bytes"` // --cache-dirty: writers wait above it
 	Hits               uint64     `json:"hits"`
 	Misses             uint64     `json:"misses"`
 	HitRatio           float64    `json:"hit_ratio"` // hits/(hits+misses), 0 before the first read
