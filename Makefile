@@ -13,6 +13,12 @@ TALLY     := bin/test-tally
 SUMMARY   := $(GO) run ./internal/testsummary
 RACE      ?= -race
 export ISERBLK_BIN := $(CURDIR)/$(BIN)
+# The release version is kept in VERSION alone; builds stamp it, the revision and whether the tree
+# was modified into internal/buildinfo (`iser-blk version`).
+VERSION   := $(shell cat VERSION 2>/dev/null)
+BUILDINFO := github.com/iser-blk/iser-blk/internal/buildinfo
+LDFLAGS    = -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).revision=$(shell git rev-parse HEAD 2>/dev/null) \
+             -X $(BUILDINFO).modified=$(shell git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo true || echo false)
 
 .PHONY: all build deps lint test test-unit test-py test-fuzz test-e2e test-vm demo bench clean tally-reset tally install
 
@@ -22,7 +28,7 @@ deps:
 	@test/deps.sh
 
 build:
-	$(GO) build -o $(BIN) ./cmd/iser-blk
+	$(GO) build -o $(BIN) -ldflags '$(LDFLAGS)' ./cmd/iser-blk
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -57,7 +63,7 @@ test-fuzz:
 test-e2e: build
 	@set -o pipefail; $(GO) test $(RACE) -count=1 -timeout 20m -tags e2e -json ./... | $(SUMMARY) -tier e2e -tally $(TALLY)
 
-# test-vm is defined in mk/vm.mk.
+# test-vm is defined in mk/vm.mk; dist, test-dist and test-rules in mk/release.mk.
 -include mk/*.mk
 
 # tally: every tier appends "tier P F S" to $(TALLY), and "FAILED tier what" per failure. The
@@ -82,6 +88,8 @@ test: deps tally-reset
 	$(MAKE) --no-print-directory test-fuzz || rc=1; \
 	$(MAKE) --no-print-directory test-e2e || rc=1; \
 	$(MAKE) --no-print-directory test-vm || rc=1; \
+	$(MAKE) --no-print-directory test-rules || rc=1; \
+	$(MAKE) --no-print-directory test-dist || rc=1; \
 	$(MAKE) --no-print-directory tally; \
 	exit $$rc
 

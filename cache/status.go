@@ -20,10 +20,12 @@ func (c *Cache) CacheStatus() status.Cache {
 		CapacityBytes:    uint64(s.SizeBytes),
 		UsedBytes:        uint64(s.CachedBytes),
 		DirtyBytes:       uint64(max(s.DirtyBytes, 0)),
+		DirtyLimitBytes:  uint64(max(s.DirtyLimitBytes, 0)),
 		Hits:             s.Hits,
 		Misses:           s.Misses,
 		WrittenBackBytes: s.WriteBackBytes,
 		ThrottledSeconds: s.ThrottledTime.Seconds(),
+		WriteBackErrors:  s.WriteBackErrors,
 	}
 	if s.LastWriteBackError != "" {
 		at := s.LastWriteBackErrorAt

@@ -14,7 +14,8 @@ import (
 // The status's ThrottledSeconds is checked by TestThrottledWriterHonoursContext.
 
 // TestStatusLastWriteBackError checks that the status reports the latest failed write-back, its
-// error and when it failed, and nothing before the first failure.
+// error and when it failed, and the count of failures (the metrics' write_back_errors_total),
+// and nothing before the first failure.
 func TestStatusLastWriteBackError(t *testing.T) {
 	ctx := context.Background()
 	c, dev := newTest(t, 1<<20, stdLimits(4096), Config{Size: 1 << 20, MaxDirtyAge: time.Hour})
@@ -24,8 +25,8 @@ func TestStatusLastWriteBackError(t *testing.T) {
 	if err := c.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if st := c.CacheStatus(); st.LastWriteBackError != "" || st.LastWriteBackAt != nil {
-		t.Fatalf("a write-back error reported before any failed: %q at %v", st.LastWriteBackError, st.LastWriteBackAt)
+	if st := c.CacheStatus(); st.LastWriteBackError != "" || st.LastWriteBackAt != nil || st.WriteBackErrors != 0 {
+		t.Fatalf("a write-back error reported before any failed: %q at %v (%d)", st.LastWriteBackError, st.LastWriteBackAt, st.WriteBackErrors)
 	}
 	dev.SetFault(func(op fakedev.Op) error {
 		if op.Kind == fakedev.Write {
@@ -48,6 +49,9 @@ func TestStatusLastWriteBackError(t *testing.T) {
 	}
 	if st.LastWriteBackAt == nil || st.LastWriteBackAt.Before(before) || st.LastWriteBackAt.After(after) {
 		t.Fatalf("last write-back error at %v, want within [%v, %v]", st.LastWriteBackAt, before, after)
+	}
+	if st.WriteBackErrors == 0 || st.WriteBackErrors != c.Stats().WriteBackErrors {
+		t.Fatalf("write_back_errors %d, Stats says %d", st.WriteBackErrors, c.Stats().WriteBackErrors)
 	}
 	if err := c.Flush(ctx); err != nil { // recovered: the error stays as the latest one
 		t.Fatal(err)

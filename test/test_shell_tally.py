@@ -1,6 +1,6 @@
 """Unit tests of the tally lines that make test's shell writers produce: the Makefile's own test
 recipe (lint and build counted as one check each, every tier run after a failure, the tally started
-fresh), test/fuzz.sh ("fuzz P F 0" and a FAILED line per target that failed, its -fuzztime
+fresh), test/promrules.sh (each rules and rule-test file one check), test/fuzz.sh ("fuzz P F 0" and a FAILED line per target that failed, its -fuzztime
 deadline rule included), test/vm/test-vm.sh (the VM tier: the self-test's and Go tests' own lines
 passed through, the smoke suite's counted from its closing line, a part that fails without
 counting a failure counted as one, and a guest that dies before the smoke suite's closing line)
@@ -211,6 +211,52 @@ class FuzzTallyTest(unittest.TestCase):
         self.assertEqual(leftovers, [], "fuzz.sh removes its log")
 
 
+class PromRulesTallyTest(unittest.TestCase):
+    """test/promrules.sh (make test-rules) in a throwaway tree whose promtool is a stub that fails
+    the files a test names: each rules file and each *_test.yml is one check."""
+
+    def run_rules(self, files, failing):
+        """promrules.sh over contrib/prometheus holding files, promtool failing those in failing;
+        its process, the lines it appended to a tally that held EARLIER_TIER, and promtool's calls."""
+        with tempfile.TemporaryDirectory() as tmp:
+            root = os.path.join(tmp, "tree")
+            os.makedirs(os.path.join(root, "test"))
+            shutil.copy(os.path.join(HERE, "promrules.sh"), os.path.join(root, "test"))
+            os.makedirs(os.path.join(root, "contrib", "prometheus"))
+            for name in files:
+                open(os.path.join(root, "contrib", "prometheus", name), "w").close()
+            bindir, calls, tally = os.path.join(tmp, "bin"), os.path.join(tmp, "calls"), os.path.join(tmp, "tally")
+            write_script(os.path.join(bindir, "promtool"),
+                         'echo "$*" >>"$CALLS"\ncase " $STUB_FAIL " in *" ${3##*/} "*) exit 1 ;; esac\n')
+            with open(tally, "w") as f:
+                f.write(EARLIER_TIER + "\n")
+            env = child_env(PATH=bindir + os.pathsep + os.environ["PATH"], TALLY=tally, CALLS=calls,
+                            STUB_FAIL=" ".join(failing))
+            p = subprocess.run([os.path.join(root, "test", "promrules.sh")], capture_output=True, text=True, env=env)
+            return p, read_lines(tally), read_lines(calls)
+
+    def test_every_file_passing(self):
+        p, lines, calls = self.run_rules(["alerts.yml", "alerts_test.yml"], [])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual(calls, ["check rules contrib/prometheus/alerts.yml",
+                                 "test rules contrib/prometheus/alerts_test.yml"])
+        self.assertEqual(lines, [EARLIER_TIER, "rules 2 0 0"])
+        self.assertEqual(make_tally(lines)[-1], "total: 7 passed, 0 failed, 0 skipped")
+
+    def test_failures_are_counted_and_named(self):
+        p, lines, _ = self.run_rules(["alerts.yml", "alerts_test.yml", "more.yml"], ["alerts_test.yml", "more.yml"])
+        self.assertEqual(p.returncode, 1)
+        self.assertEqual(lines, [EARLIER_TIER, "rules 1 2 0", "FAILED rules check contrib/prometheus/more.yml",
+                                 "FAILED rules test contrib/prometheus/alerts_test.yml"])
+        self.assertEqual(p.stdout.splitlines()[-1], "rules: 1 passed, 2 failed")
+
+    def test_no_rules_is_a_failure(self):
+        p, lines, calls = self.run_rules([], [])
+        self.assertEqual(p.returncode, 1)
+        self.assertEqual(calls, [])
+        self.assertEqual(lines, [EARLIER_TIER, "rules 0 1 0", "FAILED rules none found in contrib/prometheus"])
+
+
 class SelfTestTallyTest(unittest.TestCase):
     """test/vm/selftest.sh beside a stub run.sh and a stub pgrep: no QEMU boots. The stub run.sh
     fails every command (exit 1, two lines on stdout, three on stderr), so the checks that quote
@@ -303,12 +349,13 @@ class MakeTestTallyTest(unittest.TestCase):
         *) echo "stub go: unexpected $*" >&2; exit 3 ;;
         esac
         """
-    TIERS = ["unit 4 0 1", "unit-1cpu 4 0 1", "py 2 0 0", "fuzz 3 0 0", "e2e 4 0 1", "vm 5 0 0"]
+    TIERS = ["unit 4 0 1", "unit-1cpu 4 0 1", "py 2 0 0", "fuzz 3 0 0", "e2e 4 0 1", "vm 5 0 0", "rules 2 0 0",
+             "dist 3 0 0"]
 
     def run_make_test(self, **stubs):
         """make test with these stub outcomes (STUB_VET, STUB_BUILD, STUB_STATICCHECK, STUB_GOFMT, and
         each tier's exit status: STUB_GOTEST_UNIT, STUB_GOTEST_UNIT1CPU, STUB_GOTEST_E2E, STUB_PY,
-        STUB_FUZZ, STUB_VM);
+        STUB_FUZZ, STUB_VM, STUB_RULES, STUB_DIST);
         its process and the tally it left, which held a stale line from an earlier run before."""
         with tempfile.TemporaryDirectory() as tmp:
             root, gopath = os.path.join(tmp, "tree"), os.path.join(tmp, "gopath")
@@ -316,6 +363,9 @@ class MakeTestTallyTest(unittest.TestCase):
             shutil.copy(os.path.join(os.path.dirname(HERE), "Makefile"), root)
             with open(os.path.join(root, "mk", "vm.mk"), "w") as f:
                 f.write("test-vm:\n\t@echo 'vm 5 0 0' >>$(TALLY); exit $${STUB_VM:-0}\n")
+            with open(os.path.join(root, "mk", "release.mk"), "w") as f:
+                f.write("test-rules:\n\t@echo 'rules 2 0 0' >>$(TALLY); exit $${STUB_RULES:-0}\n"
+                        "test-dist:\n\t@echo 'dist 3 0 0' >>$(TALLY); exit $${STUB_DIST:-0}\n")
             write_script(os.path.join(root, "test", "deps.sh"), "echo 'deps: ok'\n")
             write_script(os.path.join(root, "test", "fuzz.sh"), 'echo "fuzz 3 0 0" >>"$TALLY"; exit "${STUB_FUZZ:-0}"\n')
             with open(os.path.join(root, "test", "pyunit.py"), "w") as f:
@@ -344,7 +394,7 @@ class MakeTestTallyTest(unittest.TestCase):
         p, lines = self.run_make_test()
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         self.assertEqual(lines, ["lint 1 0 0", "build 1 0 0"] + self.TIERS, "a fresh tally, every tier once")
-        self.assertEqual(p.stdout.splitlines()[-1], "total: 24 passed, 0 failed, 3 skipped")
+        self.assertEqual(p.stdout.splitlines()[-1], "total: 29 passed, 0 failed, 3 skipped")
 
     def test_failed_lint_and_build_are_one_failure_each_and_the_tiers_still_run(self):
         p, lines = self.run_make_test(STUB_STATICCHECK="1", STUB_BUILD="1")
@@ -352,11 +402,12 @@ class MakeTestTallyTest(unittest.TestCase):
         # e2e builds the binary first: with the build broken it writes nothing, the build's line says why
         self.assertEqual(lines, ["lint 0 1 0", "FAILED lint make lint (see its output above)",
                                  "build 0 1 0", "FAILED build make build (see its output above)",
-                                 "unit 4 0 1", "unit-1cpu 4 0 1", "py 2 0 0", "fuzz 3 0 0", "vm 5 0 0"])
+                                 "unit 4 0 1", "unit-1cpu 4 0 1", "py 2 0 0", "fuzz 3 0 0", "vm 5 0 0",
+                                 "rules 2 0 0", "dist 3 0 0"])
         out = p.stdout.splitlines()
         self.assertEqual(out[-3:], ["FAILED: lint make lint (see its output above)",
                                     "FAILED: build make build (see its output above)",
-                                    "total: 18 passed, 2 failed, 2 skipped"])
+                                    "total: 23 passed, 2 failed, 2 skipped"])
 
     def test_unformatted_code_fails_lint(self):
         p, lines = self.run_make_test(STUB_GOFMT="cache/cache.go")
@@ -369,12 +420,12 @@ class MakeTestTallyTest(unittest.TestCase):
         p, lines = self.run_make_test(STUB_VET="1")
         self.assertNotEqual(p.returncode, 0)
         self.assertEqual(lines[:2], ["lint 0 1 0", "FAILED lint make lint (see its output above)"])
-        self.assertEqual(p.stdout.splitlines()[-1], "total: 23 passed, 1 failed, 3 skipped")
+        self.assertEqual(p.stdout.splitlines()[-1], "total: 28 passed, 1 failed, 3 skipped")
 
     def test_any_failed_tier_fails_make_test_and_the_rest_still_run(self):
         # the stub tiers still write their passing lines: only the exit status can tell
         for which in ("STUB_GOTEST_UNIT", "STUB_GOTEST_UNIT1CPU", "STUB_GOTEST_E2E", "STUB_PY", "STUB_FUZZ",
-                      "STUB_VM"):
+                      "STUB_VM", "STUB_RULES", "STUB_DIST"):
             with self.subTest(which):
                 p, lines = self.run_make_test(**{which: "1"})
                 self.assertNotEqual(p.returncode, 0)

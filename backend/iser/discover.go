@@ -18,6 +18,9 @@ type Portal = discovery.Portal
 // the transport scheme ("iscsi" or "iser") and returns the targets it lists, sorted by name.
 // It uses opts' InitiatorName, CHAP, LoginTimeout and Logger.
 func Discover(ctx context.Context, scheme, portal string, opts Options) ([]DiscoveredTarget, error) {
+	if err := checkBuiltIn(scheme, scheme+"://"+portal); err != nil {
+		return nil, err
+	}
 	dialer, err := transport.Lookup(scheme)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrTransportUnavailable, err)

@@ -21,6 +21,12 @@ var (
 	ErrNotDisk = errors.New("logical unit is not a disk")
 	// ErrTransportUnavailable: the URL's transport is not built in.
 	ErrTransportUnavailable = errors.New("transport not available")
+	// ErrRDMANotBuilt: an iser:// target given to a binary built without the iSER transport
+	// (CGO_ENABLED=0, as the static release build, or the nordma tag; RDMASupported says which
+	// this is). Open and Discover return it, naming the URL, before any network I/O. It is about
+	// the binary, not the host: on a host without an RDMA device an RDMA build's dial fails with
+	// ENODEV wrapped in ErrTransportUnavailable instead.
+	ErrRDMANotBuilt = errors.New("this binary was built without RDMA support (cgo and rdma-core), so it cannot use iser:// targets")
 
 	// ErrAuthFailed: CHAP failed, either way (login status class 2 detail 1, RFC 7143 §11.13.5).
 	ErrAuthFailed = login.ErrAuthFailed
@@ -34,7 +40,8 @@ var (
 	ErrPortalUnreachable = login.ErrPortalUnreachable
 	// ErrLoginConfig: the caller's login configuration is invalid (e.g. no initiator name).
 	ErrLoginConfig = login.ErrConfig
-	// ErrNoRDMA: an iser:// URL in a binary built without cgo/rdma-core or with the nordma tag.
+	// ErrNoRDMA: an iSER dial in a binary built without cgo/rdma-core or with the nordma tag
+	// (Open and Discover refuse iser:// targets before dialing, with ErrRDMANotBuilt).
 	ErrNoRDMA = rdma.ErrNoRDMA
 )
 

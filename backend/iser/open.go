@@ -32,6 +32,9 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkBuiltIn(t.Transport, RedactURL(url)); err != nil {
+		return nil, err
+	}
 	// The session logger names target and portal itself; the device's adds the LUN.
 	sessionLog := opts.logger()
 	// Paths name their portal themselves (there may be several).

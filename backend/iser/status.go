@@ -2,6 +2,7 @@ package iser
 
 import (
 	"strings"
+	"time"
 
 	"github.com/iser-blk/iser-blk/backend/iser/internal/login"
 	"github.com/iser-blk/iser-blk/internal/status"
@@ -72,7 +73,14 @@ func (d *Device) LUNStatus() status.LUN {
 	if !l.CanDiscard {
 		l.MaxDiscard, l.DiscardAlignment = 0, 0
 	}
+	var target string
+	if t, err := ParseURL(d.info.URL); err == nil { // "" for a NewDevice: no URL
+		target = t.IQN
+	}
 	return status.LUN{
+		TargetName:            target,
+		Number:                d.info.LUN,
+		WWN:                   d.info.WWN,
 		SizeBytes:             uint64(d.size),
 		BlockSize:             d.info.LogicalBlockSize,
 		Vendor:                d.info.Vendor,
@@ -83,4 +91,17 @@ func (d *Device) LUNStatus() status.LUN {
 		UnmapGranularityBytes: uint64(max(l.DiscardAlignment, 0)),
 		MaxWriteSameBytes:     uint64(max(l.MaxWriteZeroes, 0)),
 	}
+}
+
+// ReplacementStatus implements status.ReplacementProvider: the replacement timeout and, while
+// no path is up, how long I/O has been waiting for one (what waitPath counts from).
+func (d *Device) ReplacementStatus() status.Replacement {
+	r := status.Replacement{TimeoutSeconds: d.rec.ReplacementTimeout.Seconds()}
+	d.state.mu.Lock()
+	since := d.state.downSince
+	d.state.mu.Unlock()
+	if !since.IsZero() && !d.anyUp() {
+		r.NoPathSeconds = time.Since(since).Seconds()
+	}
+	return r
 }

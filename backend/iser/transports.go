@@ -1,6 +1,8 @@
 package iser
 
 import (
+	"fmt"
+
 	"github.com/iser-blk/iser-blk/backend/iser/internal/rdma"
 	"github.com/iser-blk/iser-blk/pool"
 )
@@ -15,3 +17,15 @@ import (
 // UsePool(nil) only stops later connections from using the previous pool. Without RDMA support
 // it does nothing. The error is a failed memory registration.
 func UsePool(p *pool.Pool) error { return rdma.SetPool(p) }
+
+// RDMASupported reports whether this binary has the iSER transport: built with cgo and
+// rdma-core, without the nordma tag. Without it, iser:// targets fail with ErrRDMANotBuilt.
+func RDMASupported() bool { return rdma.Available }
+
+// checkBuiltIn refuses a transport this binary lacks before anything touches the network.
+func checkBuiltIn(scheme, what string) error {
+	if scheme == "iser" && !rdma.Available {
+		return fmt.Errorf("iser: %s: %w", what, ErrRDMANotBuilt)
+	}
+	return nil
+}

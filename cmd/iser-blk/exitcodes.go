@@ -7,6 +7,7 @@ import (
 	"syscall"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
+	"github.com/iser-blk/iser-blk/internal/buildinfo"
 	"github.com/iser-blk/iser-blk/internal/control"
 )
 
@@ -29,7 +30,10 @@ func exitCode(err error) int {
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.As(err, &ue), errors.As(err, &inUse), errors.Is(err, iser.ErrBadURL), errors.Is(err, iser.ErrLoginConfig):
+	case errors.As(err, &ue), errors.As(err, &inUse), errors.Is(err, iser.ErrBadURL), errors.Is(err, iser.ErrLoginConfig),
+		errors.Is(err, iser.ErrRDMANotBuilt):
+		// ErrRDMANotBuilt: iser:// given to the static build is this binary's limit, not the
+		// host's (exit 6 is for a host without an RDMA device).
 		return exitUsage
 	case errors.Is(err, iser.ErrAuthFailed), errors.Is(err, iser.ErrAuthorization):
 		return exitAuth
@@ -45,8 +49,27 @@ func exitCode(err error) int {
 	return exitFailure
 }
 
-// fail prints err for the user and returns its exit code.
+// fail prints err for the user, with what to do about it where there is something, and returns
+// its exit code.
 func fail(name string, err error) int {
 	fmt.Fprintf(os.Stderr, "iser-blk %s: %v\n", name, err)
+	if h := hint(err); h != "" {
+		fmt.Fprintf(os.Stderr, "iser-blk %s: %s\n", name, h)
+	}
 	return exitCode(err)
+}
+
+// hint is the advice fail adds to err, "" for none.
+func hint(err error) string {
+	if errors.Is(err, iser.ErrRDMANotBuilt) {
+		return rdmaBuildHint(buildinfo.Version())
+	}
+	return ""
+}
+
+// rdmaBuildHint names the build that has what the static one lacks: make dist's
+// iser-blk-VERSION-linux-amd64-rdma (it needs rdma-core's libibverbs and librdmacm at run time).
+func rdmaBuildHint(version string) string {
+	return "iser:// needs the RDMA build, iser-blk-" + version + "-linux-amd64-rdma (cgo, with rdma-core's " +
+		"libibverbs and librdmacm installed), or a build from source with cgo and rdma-core; iscsi:// targets work with this binary"
 }

@@ -21,14 +21,20 @@ type layers struct{ status.IOCounters }
 func (*layers) PathsStatus() []status.Path {
 	return []status.Path{
 		{Portal: "10.0.0.1:3260", Transport: "iser", State: "up", Reconnects: 3, Replayed: 17,
-			Aborts: 2, LUNResets: 1, NopRoundTrip: status.NopRTT{LastSeconds: 0.00025}},
+			Aborts: 2, LUNResets: 1, NopRoundTrip: status.NopRTT{LastSeconds: 0.00025, MeanSeconds: 0.0002, Samples: 4}},
 		{Portal: "10.0.0.2:3260", Transport: "tcp", State: "recovering"},
 	}
 }
-func (*layers) LUNStatus() status.LUN { return status.LUN{SizeBytes: 8 << 30, BlockSize: 4096} }
+func (*layers) ReplacementStatus() status.Replacement {
+	return status.Replacement{TimeoutSeconds: 120, NoPathSeconds: 0}
+}
+func (*layers) LUNStatus() status.LUN {
+	return status.LUN{TargetName: "iqn.2003-01.org.example:disk", Number: 3, WWN: "naa.60014050deadbeef0000000000000001",
+		SizeBytes: 8 << 30, BlockSize: 4096}
+}
 func (*layers) CacheStatus() status.Cache {
-	return status.Cache{Mode: "writeback", CapacityBytes: 1 << 30, UsedBytes: 5 << 20, DirtyBytes: 1 << 20,
-		Hits: 90, Misses: 10, WrittenBackBytes: 123456, ThrottledSeconds: 1.5}
+	return status.Cache{Mode: "writeback", CapacityBytes: 1 << 30, UsedBytes: 5 << 20, DirtyBytes: 1 << 20, DirtyLimitBytes: 512 << 20,
+		Hits: 90, Misses: 10, WrittenBackBytes: 123456, ThrottledSeconds: 1.5, WriteBackErrors: 7}
 }
 
 func newSource(t *testing.T) (*status.Registry, *layers) {
@@ -37,7 +43,9 @@ func newSource(t *testing.T) (*status.Registry, *layers) {
 	if err := lm.To(lifecycle.Ready, ""); err != nil {
 		t.Fatal(err)
 	}
-	reg := status.NewRegistry(status.Identity{Name: "gw", Device: "nbd0", BuildVersion: "v1.2.3"}, lm)
+	// Named gw, its device /dev/nbd0: the device label is the kernel's name, not the gateway's.
+	reg := status.NewRegistry(status.Identity{Name: "gw", Device: "gw", FrontendKind: "nbd", FrontendPath: "/dev/nbd0",
+		BuildVersion: "1.2.3"}, lm)
 	l := &layers{}
 	reg.SetIO(l)
 	reg.SetLUN(l)
@@ -54,7 +62,7 @@ func newSource(t *testing.T) (*status.Registry, *layers) {
 
 func scrape(t *testing.T, reg *status.Registry) map[string]*dto.MetricFamily {
 	t.Helper()
-	preg, err := NewRegistry("gw", "nbd0", reg.Snapshot)
+	preg, err := NewRegistry(reg.Snapshot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,8 +145,18 @@ func TestScrapeEqualsSnapshot(t *testing.T) {
 		{"iser_blk_cache_misses_total", nil, 10},
 		{"iser_blk_cache_written_back_bytes_total", nil, 123456},
 		{"iser_blk_cache_throttled_seconds_total", nil, 1.5},
+		{"iser_blk_cache_write_back_errors_total", nil, 7},
+		{"iser_blk_cache_dirty_limit_bytes", nil, 512 << 20},
+		{"iser_blk_replacement_timeout_seconds", nil, 120},
+		{"iser_blk_no_path_seconds", nil, 0},
+		{"iser_blk_gateway_fenced", nil, 0},
 		{"iser_blk_path_up", map[string]string{"portal": "10.0.0.1:3260", "transport": "iser"}, 1},
-		{"iser_blk_path_up", map[string]string{"portal": "10.0.0.2:3260", "state": "recovering"}, 0},
+		{"iser_blk_path_up", map[string]string{"portal": "10.0.0.2:3260", "transport": "tcp"}, 0},
+		{"iser_blk_path_state", map[string]string{"portal": "10.0.0.1:3260", "transport": "iser", "state": "up"}, 1},
+		{"iser_blk_path_state", map[string]string{"portal": "10.0.0.1:3260", "transport": "iser", "state": "recovering"}, 0},
+		{"iser_blk_path_state", map[string]string{"portal": "10.0.0.2:3260", "transport": "tcp", "state": "recovering"}, 1},
+		{"iser_blk_path_state", map[string]string{"portal": "10.0.0.2:3260", "transport": "tcp", "state": "up"}, 0},
+		{"iser_blk_path_state", map[string]string{"portal": "10.0.0.2:3260", "transport": "tcp", "state": "standby"}, 0},
 		{"iser_blk_path_reconnects_total", map[string]string{"portal": "10.0.0.1:3260"}, 3},
 		{"iser_blk_path_replayed_commands_total", map[string]string{"portal": "10.0.0.1:3260"}, 17},
 		{"iser_blk_path_task_management_functions_total", map[string]string{"portal": "10.0.0.1:3260", "kind": "abort_task"}, 2},
@@ -146,7 +164,9 @@ func TestScrapeEqualsSnapshot(t *testing.T) {
 		{"iser_blk_path_nop_round_trip_seconds", map[string]string{"portal": "10.0.0.1:3260"}, 0.00025},
 		{"iser_blk_gateway_state", map[string]string{"state": "ready"}, 1},
 		{"iser_blk_gateway_state", map[string]string{"state": "flushing"}, 0},
-		{"iser_blk_build_info", map[string]string{"version": "v1.2.3"}, 1},
+		{"iser_blk_build_info", map[string]string{"version": "1.2.3"}, 1},
+		{"iser_blk_gateway_info", map[string]string{"target": "iqn.2003-01.org.example:disk", "lun": "3",
+			"wwn": "naa.60014050deadbeef0000000000000001", "version": "1.2.3"}, 1},
 		{"iser_blk_start_time_seconds", nil, float64(st.Gateway.StartedAt.UnixNano()) / 1e9},
 	}
 	for _, c := range checks {
@@ -157,6 +177,17 @@ func TestScrapeEqualsSnapshot(t *testing.T) {
 		if got := value(find(t, mfs, c.name, labels)); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
+	}
+	// one series per path and state; path_up has no state label (a changing label churns series)
+	if n := len(mfs["iser_blk_path_state"].Metric); n != 2*len(status.PathStates) {
+		t.Errorf("path_state has %d series, want %d", n, 2*len(status.PathStates))
+	}
+	if n := len(mfs["iser_blk_path_up"].Metric); n != 2 {
+		t.Errorf("path_up has %d series, want one per path", n)
+	}
+	// the second path has answered no NOP yet: no round trip, rather than a false 0
+	if n := len(mfs["iser_blk_path_nop_round_trip_seconds"].Metric); n != 1 {
+		t.Errorf("nop round trip has %d series, want only the path with samples", n)
 	}
 	checkHistogram(t, find(t, mfs, "iser_blk_request_duration_seconds", map[string]string{"op": "write"}).Histogram, write.Duration)
 	checkHistogram(t, find(t, mfs, "iser_blk_request_duration_seconds", map[string]string{"op": "read"}).Histogram, read.Duration)
@@ -214,12 +245,100 @@ func TestCollectorOmitsAbsentLayers(t *testing.T) {
 	lm := lifecycle.New()
 	reg := status.NewRegistry(status.Identity{Name: "gw", Device: "nbd0"}, lm)
 	mfs := scrape(t, reg)
-	for _, name := range []string{"iser_blk_cache_dirty_bytes", "iser_blk_path_up", "iser_blk_lun_size_bytes"} {
+	for _, name := range []string{"iser_blk_cache_dirty_bytes", "iser_blk_path_up", "iser_blk_path_state",
+		"iser_blk_path_nop_round_trip_seconds", "iser_blk_lun_size_bytes", "iser_blk_gateway_info",
+		"iser_blk_cache_write_back_errors_total", "iser_blk_replacement_timeout_seconds", "iser_blk_no_path_seconds"} {
 		if _, ok := mfs[name]; ok {
 			t.Errorf("%s exported without its layer", name)
 		}
 	}
 	if v := value(find(t, mfs, "iser_blk_gateway_state", map[string]string{"state": "starting"})); v != 1 {
 		t.Errorf("state starting = %v", v)
+	}
+}
+
+// TestDeviceLabel: the device label is the kernel device's base name or the socket, follows a
+// device created after the gateway was named (attach --name), and is the same in status and
+// in every series.
+func TestDeviceLabel(t *testing.T) {
+	for _, tt := range []struct {
+		id        status.Identity
+		late      string // SetFrontendPath, as attach does once the kernel made the device
+		want      string
+		wantFirst string // before late
+	}{
+		{id: status.Identity{Name: "db1", Device: "db1", FrontendKind: "ublk"}, late: "/dev/ublkb3", wantFirst: "db1", want: "ublkb3"},
+		{id: status.Identity{Name: "db1", Device: "db1", FrontendKind: "nbd"}, late: "/dev/nbd5", wantFirst: "db1", want: "nbd5"},
+		{id: status.Identity{Name: "gw", Device: "gw", FrontendKind: "nbd-socket", FrontendPath: "/run/iser-blk/gw.sock"}, want: "/run/iser-blk/gw.sock"},
+		{id: status.Identity{Name: "nbd-tcp-10809", Device: "nbd-tcp-10809", FrontendKind: "nbd-socket", FrontendPath: "127.0.0.1:10809"}, want: "127.0.0.1:10809"},
+	} {
+		reg := status.NewRegistry(tt.id, lifecycle.New())
+		if tt.late != "" {
+			if got := deviceLabels(t, reg); got != tt.wantFirst {
+				t.Errorf("%+v before its device: device %q, want %q", tt.id, got, tt.wantFirst)
+			}
+			reg.SetFrontendPath(tt.late)
+		}
+		if got := deviceLabels(t, reg); got != tt.want {
+			t.Errorf("%+v: device %q, want %q", tt.id, got, tt.want)
+		}
+		if got := reg.Snapshot().Gateway.Device; got != tt.want {
+			t.Errorf("%+v: status says device %q, metrics %q", tt.id, got, tt.want)
+		}
+	}
+}
+
+// deviceLabels is the one device label every iser_blk_ series of a scrape carries.
+func deviceLabels(t *testing.T, reg *status.Registry) string {
+	t.Helper()
+	devices := map[string]bool{}
+	for name, mf := range scrape(t, reg) {
+		if !strings.HasPrefix(name, "iser_blk_") {
+			continue
+		}
+		for _, m := range mf.Metric {
+			for _, lp := range m.Label {
+				if lp.GetName() == "device" {
+					devices[lp.GetValue()] = true
+				}
+			}
+		}
+	}
+	if len(devices) != 1 {
+		t.Fatalf("device labels %v, want one", devices)
+	}
+	for d := range devices {
+		return d
+	}
+	return ""
+}
+
+// TestFenced: gateway_fenced is 1 only while the gateway is failed with status.FencedReason, and
+// status says the same.
+func TestFenced(t *testing.T) {
+	lm := lifecycle.New()
+	reg := status.NewRegistry(status.Identity{Name: "gw", Device: "gw", FrontendKind: "ublk", FrontendPath: "/dev/ublkb0"}, lm)
+	fenced := func() float64 {
+		return value(find(t, scrape(t, reg), "iser_blk_gateway_fenced", map[string]string{"name": "gw", "device": "ublkb0"}))
+	}
+	for _, step := range []struct {
+		state  lifecycle.State
+		reason string
+		want   float64
+	}{
+		{lifecycle.Ready, "", 0},
+		{lifecycle.Failed, "no path to the target for 2m0s (replacement timeout): I/O fails", 0},
+		{lifecycle.Ready, "a path to the target is back", 0},
+		{lifecycle.Failed, status.FencedReason + "the previous gateway left dirty write-back data", 1},
+	} {
+		if err := lm.To(step.state, step.reason); err != nil {
+			t.Fatal(err)
+		}
+		if got := fenced(); got != step.want {
+			t.Errorf("%s (%s): gateway_fenced %v, want %v", step.state, step.reason, got, step.want)
+		}
+		if got := reg.Snapshot().Gateway.Fenced; got != (step.want == 1) {
+			t.Errorf("%s (%s): status fenced %v", step.state, step.reason, got)
+		}
 	}
 }

@@ -16,16 +16,13 @@ import (
 	"github.com/iser-blk/iser-blk/internal/status"
 )
 
-// NewRegistry returns the registry /metrics serves: the gateway's Collector with the name and
-// device constant labels, and the Go runtime and process collectors (which carry no gateway
-// labels, as node_exporter's do not).
-func NewRegistry(name, device string, snapshot func() status.Status) (*prometheus.Registry, error) {
+// NewRegistry returns the registry /metrics serves: the gateway's Collector (whose series carry
+// the name and device labels of each snapshot), and the Go runtime and process collectors (which
+// carry no gateway labels, as node_exporter's do not).
+func NewRegistry(snapshot func() status.Status) (*prometheus.Registry, error) {
 	reg := prometheus.NewRegistry()
-	labeled := prometheus.WrapRegistererWith(prometheus.Labels{"name": name, "device": device}, reg)
-	if err := labeled.Register(NewCollector(snapshot)); err != nil {
-		return nil, fmt.Errorf("metrics: %w", err)
-	}
 	for _, c := range []prometheus.Collector{
+		NewCollector(snapshot),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {

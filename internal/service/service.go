@@ -109,7 +109,7 @@ func Start(opts Options) (_ *Service, err error) {
 }
 
 func (s *Service) startMetrics(opts Options) error {
-	reg, err := metrics.NewRegistry(opts.Identity.Name, opts.Identity.Device, s.Status.Snapshot)
+	reg, err := metrics.NewRegistry(s.Status.Snapshot)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,8 @@ package status
 
 import (
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,11 +19,21 @@ type (
 	FrontendProvider interface{ FrontendStatus() Frontend }
 	CacheProvider    interface{ CacheStatus() Cache }
 	IOProvider       interface{ IOStatus() IO }
+	// ReplacementProvider is optional: a PathsProvider that implements it (backend/iser) fills
+	// Status.Replacement too.
+	ReplacementProvider interface{ ReplacementStatus() Replacement }
 )
+
+// FencedReason begins the lifecycle reason of a gateway whose device is fenced (it took over
+// a device whose predecessor left dirty write-back data: docs/reliability.md); Gateway.Fenced
+// and the metrics' gateway_fenced are read from it.
+const FencedReason = "device fenced: "
 
 // Identity is what the gateway knows about itself when it starts.
 type Identity struct {
-	Name         string
+	Name string
+	// Device is the device label until the frontend path is known; from then on the label is
+	// derived from FrontendKind and FrontendPath (DeviceLabel).
 	Device       string
 	FrontendKind string
 	FrontendPath string
@@ -74,6 +86,10 @@ func (r *Registry) Snapshot() Status {
 	st := Status{Version: Version, Gateway: r.gateway(), Paths: []Path{}}
 	if r.paths != nil {
 		st.Paths = r.paths.PathsStatus()
+		if rp, ok := r.paths.(ReplacementProvider); ok {
+			rs := rp.ReplacementStatus()
+			st.Replacement = &rs
+		}
 	}
 	if r.lun != nil {
 		l := r.lun.LUNStatus()
@@ -103,15 +119,34 @@ func (r *Registry) gateway() Gateway {
 	return Gateway{
 		Name:          r.id.Name,
 		PID:           os.Getpid(),
-		Device:        r.id.Device,
+		Device:        DeviceLabel(r.id),
 		FrontendKind:  r.id.FrontendKind,
 		FrontendPath:  r.id.FrontendPath,
 		Targets:       targets,
 		CacheMode:     r.id.CacheMode,
 		State:         string(state),
 		StateReason:   reason,
+		Fenced:        state == lifecycle.Failed && strings.HasPrefix(reason, FencedReason),
 		StartedAt:     started.UTC(),
 		UptimeSeconds: time.Since(started).Seconds(),
 		BuildVersion:  r.id.BuildVersion,
 	}
+}
+
+// DeviceLabel is the gateway's device as the metrics' device label and status' gateway.device
+// name it, so that it joins with node_exporter's node_disk_*{device} and the kernel's names: the
+// block device's base name for the kernel frontends (nbd0, ublkb3), the socket for an NBD server
+// (its path, or host:port for TCP); id.Device until the frontend path is known (a gateway named by
+// --name before the kernel created its device).
+func DeviceLabel(id Identity) string {
+	if id.FrontendPath == "" {
+		return id.Device
+	}
+	switch id.FrontendKind {
+	case "nbd", "ublk":
+		return filepath.Base(id.FrontendPath)
+	case "nbd-socket":
+		return id.FrontendPath
+	}
+	return id.Device
 }

@@ -16,26 +16,29 @@ const Version = 1
 
 // Status is everything a gateway reports about itself.
 type Status struct {
-	Version  int       `json:"version"`
-	Gateway  Gateway   `json:"gateway"`
-	Paths    []Path    `json:"paths"`
-	LUN      *LUN      `json:"lun,omitempty"`
-	Frontend *Frontend `json:"frontend,omitempty"`
-	Cache    *Cache    `json:"cache,omitempty"`
-	IO       IO        `json:"io"`
+	Version int     `json:"version"`
+	Gateway Gateway `json:"gateway"`
+	Paths   []Path  `json:"paths"`
+	// Replacement is the backend's replacement-timeout clock; omitted when the backend has none.
+	Replacement *Replacement `json:"replacement,omitempty"`
+	LUN         *LUN         `json:"lun,omitempty"`
+	Frontend    *Frontend    `json:"frontend,omitempty"`
+	Cache       *Cache       `json:"cache,omitempty"`
+	IO          IO           `json:"io"`
 }
 
 // Gateway identifies the process and says what it serves. It is what `iser-blk list` prints.
 type Gateway struct {
 	Name          string    `json:"name"`
 	PID           int       `json:"pid"`
-	Device        string    `json:"device"`        // label for metrics: nbd0, ublkb3, or the socket's base name
+	Device        string    `json:"device"`        // the metrics' device label: nbd0, ublkb3, or the socket (DeviceLabel)
 	FrontendKind  string    `json:"frontend_kind"` // "nbd-socket", "nbd" (kernel) or "ublk"
 	FrontendPath  string    `json:"frontend_path"` // the NBD socket, /dev/nbdX or /dev/ublkbN
 	Targets       []string  `json:"targets"`       // target URLs, never with credentials
 	CacheMode     string    `json:"cache_mode"`    // as --cache: "writeback", "writethrough" or "off"
 	State         string    `json:"state"`         // a lifecycle state
 	StateReason   string    `json:"state_reason,omitempty"`
+	Fenced        bool      `json:"fenced"` // failed because the device is fenced (FencedReason): every I/O fails until detached
 	StartedAt     time.Time `json:"started_at"`
 	UptimeSeconds float64   `json:"uptime_seconds"`
 	BuildVersion  string    `json:"build_version"`
@@ -55,8 +58,19 @@ type Path struct {
 	LUNResets    uint64     `json:"lun_resets"`        // LOGICAL UNIT RESET task-management functions sent
 }
 
+// PathStates are the values of Path.State, in the order the metrics' path_state lists them.
+var PathStates = []string{"up", "recovering", "down", "standby"}
+
 // Up reports whether the path carries I/O; the metrics' path_up.
 func (p Path) Up() bool { return p.State == "up" }
+
+// Replacement is how long I/O has waited for a path, against how long it may (RFC 7143 has
+// no name for it; open-iscsi's replacement_timeout): at TimeoutSeconds without a path, I/O fails
+// and the gateway is failed.
+type Replacement struct {
+	TimeoutSeconds float64 `json:"timeout_seconds"` // --replacement-timeout; negative: I/O waits forever
+	NoPathSeconds  float64 `json:"no_path_seconds"` // since the last path went down; 0 while one is up
+}
 
 // Negotiated is the outcome of login negotiation on a path (RFC 7143 §13; iSER: RFC 7145 §6).
 type Negotiated struct {
@@ -74,7 +88,8 @@ type Negotiated struct {
 	RDMAExtensions                    bool   `json:"iser_rdma_extensions"`
 }
 
-// NopRTT is the NOP-Out/NOP-In round trip (RFC 7143 §11.18) of a path.
+// NopRTT is the NOP-Out/NOP-In round trip (RFC 7143 §11.18) of a path. Before the first
+// answered ping Samples is 0 and the times are 0 too, which means "no sample", not "no time".
 type NopRTT struct {
 	LastSeconds float64 `json:"last_seconds"`
 	MeanSeconds float64 `json:"mean_seconds"`
@@ -83,6 +98,9 @@ type NopRTT struct {
 
 // LUN is what the target reported about the logical unit.
 type LUN struct {
+	TargetName            string `json:"target_name"` // the target's iSCSI name (IQN), "" when not known
+	Number                uint16 `json:"number"`      // the logical unit number
+	WWN                   string `json:"wwn"`         // the preferred designator of VPD page 0x83, as `info` prints it; "" if none
 	SizeBytes             uint64 `json:"size_bytes"`
 	BlockSize             uint32 `json:"block_size"`
 	Vendor                string `json:"vendor"`
@@ -108,11 +126,13 @@ type Cache struct {
 	CapacityBytes      uint64     `json:"capacity_bytes"`
 	UsedBytes          uint64     `json:"used_bytes"`
 	DirtyBytes         uint64     `json:"dirty_bytes"`
+	DirtyLimitBytes    uint64     `json:"dirty_limit_bytes"` // --cache-dirty: writers wait above it
 	Hits               uint64     `json:"hits"`
 	Misses             uint64     `json:"misses"`
 	HitRatio           float64    `json:"hit_ratio"` // hits/(hits+misses), 0 before the first read
 	WrittenBackBytes   uint64     `json:"written_back_bytes"`
 	ThrottledSeconds   float64    `json:"throttled_seconds"` // time writers waited for dirty space
+	WriteBackErrors    uint64     `json:"write_back_errors"` // write-backs that failed (each kept its data dirty)
 	LastWriteBackError string     `json:"last_write_back_error,omitempty"`
 	LastWriteBackAt    *time.Time `json:"last_write_back_error_at,omitempty"`
 }

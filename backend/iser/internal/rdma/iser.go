@@ -21,6 +21,10 @@ import (
 
 func init() { transport.Register("iser", Dialer{}) }
 
+// Available: this build has the iSER transport (cgo and rdma-core). Whether the host has an RDMA
+// device is another matter, which a dial finds out (ENODEV).
+const Available = true
+
 // Options tune an iSER connection. The zero value is what Linux initiators do.
 type Options struct {
 	// QueueDepth is the number of SCSI commands the connection keeps in flight (default 128, what

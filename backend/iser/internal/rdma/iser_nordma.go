@@ -10,6 +10,10 @@ import (
 
 func init() { transport.Register("iser", noRDMADialer{}) }
 
+// Available: this build has no iSER transport; backend/iser refuses iser:// targets before any
+// network I/O (ErrRDMANotBuilt), and a dial that still gets here fails with ErrNoRDMA.
+const Available = false
+
 // noRDMADialer keeps iser:// URLs recognised in a build without rdma-core, failing every dial
 // with ErrNoRDMA instead of "unknown scheme".
 type noRDMADialer struct{}

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/iser-blk/iser-blk/backend/iser"
+)
+
+// TestRDMANotBuiltExitCode: iser:// in a binary without RDMA is a usage error (2) with a hint
+// naming the RDMA build; a host without an RDMA device stays 6 (the kernel lacks it).
+func TestRDMANotBuiltExitCode(t *testing.T) {
+	notBuilt := fmt.Errorf("iser: iser://h/iqn.2003-01.org.example:x/0: %w", iser.ErrRDMANotBuilt)
+	for _, tt := range []struct {
+		err  error
+		code int
+	}{
+		{notBuilt, exitUsage},
+		{fmt.Errorf("%w: %w", iser.ErrTransportUnavailable, notBuilt), exitUsage},
+		{fmt.Errorf("%w: %w", iser.ErrTransportUnavailable, syscall.ENODEV), exitNoKernel},
+		{&iser.LoginError{Kind: iser.ErrPortalUnreachable, Err: iser.ErrNoRDMA}, exitNoKernel},
+	} {
+		if got := exitCode(tt.err); got != tt.code {
+			t.Errorf("exitCode(%v) = %d, want %d", tt.err, got, tt.code)
+		}
+	}
+	if h := hint(notBuilt); !strings.Contains(h, "linux-amd64-rdma") || !strings.Contains(h, "iscsi://") {
+		t.Errorf("hint %q should name the RDMA build and say iscsi:// works", h)
+	}
+	if got, want := rdmaBuildHint("0.9.0"), "iser-blk-0.9.0-linux-amd64-rdma"; !strings.Contains(got, want) {
+		t.Errorf("hint %q does not name %s", got, want)
+	}
+	if h := hint(fmt.Errorf("x: %w", iser.ErrPortalUnreachable)); h != "" {
+		t.Errorf("hint for an unreachable portal: %q", h)
+	}
+}
