@@ -223,6 +223,39 @@ func TestBadCHAPFailsWithoutRetrying(t *testing.T) {
 	t.Logf("failed after %s restarts: %v", p["NRestarts"], p)
 }
 
+// TestUnreachableTargetHitsStartLimit: a portal that refuses connections makes the gateway exit
+// 5, which Restart= retries; the start limit (5 starts in 3 minutes, RestartSec=5s) stops the
+// retries: the unit ends failed after 5 starts, the 6th refused by the limit.
+func TestUnreachableTargetHitsStartLimit(t *testing.T) {
+	requireSystemd(t)
+	vmtest.LoadModules(t, "nbd")
+	// nothing listens on 127.0.0.1:3261: every login attempt is refused at once
+	g := newGateway(t, "unreachable", conf("--target", "iscsi://127.0.0.1:3261/iqn.2003-01.org.example:none/0",
+		"--nbd /dev/nbd8", "--cache", "off"), "")
+	t0 := time.Now()
+	run("systemctl", "start", g.unit)
+	const props = "ActiveState,Result,NRestarts,ExecMainStatus"
+	waitFor(t, "the start limit", 3*time.Minute, func() (bool, string) {
+		p := g.show(t, strings.Split(props, ",")...)
+		return p["ActiveState"] == "failed", fmt.Sprint(p)
+	})
+	p := g.show(t, strings.Split(props, ",")...)
+	t.Logf("failed %v after the first start: %v", time.Since(t0).Round(time.Second), p)
+	// systemd 252 keeps the last run's Result (exit-code) when the limit refuses an automatic
+	// restart; its journal says so
+	if p["ExecMainStatus"] != "5" {
+		t.Fatalf("%v, want ExecMainStatus=5 (unreachable)", p)
+	}
+	if n, _ := strconv.Atoi(p["NRestarts"]); n < 4 || n > 5 {
+		t.Fatalf("NRestarts=%d, want 4 or 5 (5 starts, the 6th refused)", n)
+	}
+	out, _ := run("journalctl", "-u", g.unit, "-o", "cat", "--no-pager")
+	starts := strings.Count(out, "Starting iser-blk@unreachable.service")
+	if starts != 5 || !strings.Contains(out, "Start request repeated too quickly") {
+		t.Fatalf("%d starts in the journal and no start limit, want 5 and the limit:\n%s", starts, lastLines(out, 40))
+	}
+}
+
 // TestFinalFlushFailedAtErrPriority: a write-back gateway holds dirty data when its target goes
 // away, then `systemctl stop`: the detach's write-back fails, SIGTERM's final flush fails, and
 // `journalctl -p err` shows the FINAL FLUSH FAILED line, while the gateway's info lines are not
