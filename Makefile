@@ -99,20 +99,33 @@ demo: deps build
 bench: deps build
 	@test/bench/run.sh
 
-# install: the binary, the systemd template unit (its paths follow PREFIX), an example gateway
-# configuration (never over an existing one) and the docs. DESTDIR stages a package root.
+# install: the binary, the systemd template unit and its stop helper (their paths follow PREFIX),
+# an example gateway configuration (never over an existing one) and the docs. DESTDIR stages a
+# package root. uninstall removes exactly those files (a NAME.conf of yours stays).
 PREFIX     ?= /usr/local
 SYSTEMDDIR ?= /etc/systemd/system
 DOCDIR     ?= $(PREFIX)/share/doc/iser-blk
+LIBEXECDIR ?= $(PREFIX)/libexec/iser-blk
+UNITPATHS  := sed -e 's|/usr/local/bin/iser-blk|$(PREFIX)/bin/iser-blk|g' -e 's|/usr/local/libexec/iser-blk|$(LIBEXECDIR)|g'
+
 install: build
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/iser-blk
-	install -d -m 0755 $(DESTDIR)$(SYSTEMDDIR)
-	sed 's|/usr/local/bin/iser-blk|$(PREFIX)/bin/iser-blk|g' contrib/systemd/iser-blk@.service > $(DESTDIR)$(SYSTEMDDIR)/iser-blk@.service
+	install -d -m 0755 $(DESTDIR)$(SYSTEMDDIR) $(DESTDIR)$(LIBEXECDIR)
+	$(UNITPATHS) contrib/systemd/iser-blk@.service > $(DESTDIR)$(SYSTEMDDIR)/iser-blk@.service
 	chmod 0644 $(DESTDIR)$(SYSTEMDDIR)/iser-blk@.service
+	$(UNITPATHS) contrib/systemd/iser-blk-unit-stop > $(DESTDIR)$(LIBEXECDIR)/iser-blk-unit-stop
+	chmod 0755 $(DESTDIR)$(LIBEXECDIR)/iser-blk-unit-stop
 	install -d -m 0755 $(DESTDIR)/etc/iser-blk
 	install -m 0600 contrib/systemd/iser-blk.conf.example $(DESTDIR)/etc/iser-blk/example.conf.sample
 	install -d -m 0755 $(DESTDIR)$(DOCDIR)
 	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
+
+.PHONY: uninstall
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/iser-blk $(DESTDIR)$(SYSTEMDDIR)/iser-blk@.service \
+		$(DESTDIR)$(LIBEXECDIR)/iser-blk-unit-stop $(DESTDIR)/etc/iser-blk/example.conf.sample \
+		$(addprefix $(DESTDIR)$(DOCDIR)/,$(notdir README.md $(wildcard docs/*.md)))
+	-rmdir $(DESTDIR)$(LIBEXECDIR) $(DESTDIR)$(DOCDIR) $(DESTDIR)/etc/iser-blk 2>/dev/null
 
 clean:
 	rm -rf bin

@@ -3,10 +3,12 @@
 # Makefile; it also works alone: `make -f mk/vm.mk test-vm`. Needs root (apt-get, QEMU's 9p export
 # of /); test/vm/run.sh installs the packages it needs. See docs/testing-vm.md.
 #
-#   make test-vm                    self-test of the runner, smoke suite, all vm-tagged Go tests
+#   make test-vm                    self-test of the runner, smoke suite, all vm-tagged Go tests,
+#                                   the systemd unit's tests in a guest with systemd as PID 1
+#   make vm-systemd [VM_RUN=TestKill9]   only the systemd unit's tests (test/vm/systemd)
 #   make vm-smoke                   only the smoke suite (one guest boot)
 #   make vm-go-test [VM_PKG=./frontend/nbd] [VM_RUN=TestKernelAttach]   vm-tagged Go tests
-#   make vm-run VM_CMD='dmesg | tail'                                    any command in a guest
+#   make vm-run VM_CMD='dmesg | tail' [VM_INIT=systemd]                  any command in a guest
 #   make bench-vm [BENCH_VM_ARGS='--reps 3 --runtime 15']   fio: iser-blk over iSER and over TCP vs
 #                                   the kernel's iSER initiator, one LIO LUN (never part of make test)
 
@@ -14,8 +16,9 @@ VM_DIR := test/vm
 VM_PKG ?=
 VM_RUN ?=
 VM_CMD ?= uname -a
+VM_INIT ?= bash
 
-.PHONY: test-vm vm-smoke vm-selftest vm-go-test vm-run bench-vm
+.PHONY: test-vm vm-smoke vm-selftest vm-go-test vm-systemd vm-run bench-vm
 
 # TALLY (set by the top-level Makefile) collects the counts for `make test`'s total line.
 test-vm:
@@ -30,8 +33,11 @@ vm-selftest:
 vm-go-test:
 	@$(VM_DIR)/run.sh go-test $(VM_PKG) $(if $(VM_RUN),-run '$(VM_RUN)') -v
 
+vm-systemd:
+	@VM_INIT=systemd $(VM_DIR)/run.sh go-test ./test/vm/systemd $(if $(VM_RUN),-run '$(VM_RUN)') -v
+
 vm-run:
-	@$(VM_DIR)/run.sh bash -c '$(VM_CMD)'
+	@VM_INIT=$(VM_INIT) $(VM_DIR)/run.sh bash -c '$(VM_CMD)'
 
 # bench-vm measures, it does not test: it builds its own copy of the CLI (test/bench/vm-iser.sh).
 BENCH_VM_ARGS ?=

@@ -4,26 +4,14 @@ import (
 	"os"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
+
+	"github.com/iser-blk/iser-blk/internal/logging"
 )
 
-// newLogger returns the process logger: structured, to stderr, console encoding for people on a
-// terminal and JSON when ISERBLK_LOG_JSON=1. Secrets are never passed to it.
+// newLogger returns the process logger (internal/logging: console or ISERBLK_LOG_JSON=1, with
+// journald priorities when stderr is the journal). Secrets are never passed to it.
 func newLogger(debug bool) *zap.Logger {
-	level := zapcore.InfoLevel
-	if debug {
-		level = zapcore.DebugLevel
-	}
-	encCfg := zap.NewProductionEncoderConfig()
-	encCfg.EncodeTime = zapcore.ISO8601TimeEncoder
-	var enc zapcore.Encoder
-	if os.Getenv("ISERBLK_LOG_JSON") == "1" {
-		enc = zapcore.NewJSONEncoder(encCfg)
-	} else {
-		encCfg.EncodeLevel = zapcore.CapitalLevelEncoder
-		enc = zapcore.NewConsoleEncoder(encCfg)
-	}
-	return zap.New(zapcore.NewCore(enc, zapcore.Lock(os.Stderr), level))
+	return logging.New(logging.FromEnv(debug), os.Stderr)
 }
 
 // commandLogger is the logger of a one-shot command (info, discover): warnings and errors only,

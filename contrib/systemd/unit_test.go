@@ -10,7 +10,10 @@ import (
 	"testing"
 )
 
-const installedBinary = "/usr/local/bin/iser-blk"
+const (
+	installedBinary = "/usr/local/bin/iser-blk"
+	installedStop   = "/usr/local/libexec/iser-blk/iser-blk-unit-stop"
+)
 
 // TestUnitVerifies runs `systemd-analyze verify` on an instance of the template, with the
 // binary path pointed at a stand-in executable (verify checks that ExecStart exists). Any
@@ -32,7 +35,15 @@ func TestUnitVerifies(t *testing.T) {
 	if !strings.Contains(string(unit), installedBinary) {
 		t.Fatalf("unit no longer runs %s; update this test", installedBinary)
 	}
+	stop := filepath.Join(dir, "iser-blk-unit-stop")
+	if err := os.WriteFile(stop, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(unit), installedStop) {
+		t.Fatalf("unit no longer runs %s; update this test", installedStop)
+	}
 	local := strings.ReplaceAll(string(unit), installedBinary, bin)
+	local = strings.ReplaceAll(local, installedStop, stop)
 	if err := os.WriteFile(filepath.Join(dir, "iser-blk@.service"), []byte(local), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -50,18 +61,26 @@ func TestUnitContract(t *testing.T) {
 	want := map[string]string{
 		"Type":            "notify",
 		"EnvironmentFile": "/etc/iser-blk/%i.conf",
-		"ExecStop":        installedBinary + " detach %i",
+		"ExecStop":        installedStop + " %i %n",
 		"ExecReload":      installedBinary + " restart %i",
 		"Restart":         "on-failure",
 		"After":           "network-online.target",
 		"Wants":           "network-online.target",
 		"Before":          "remote-fs.target",
 		"TimeoutStopSec":  "10min",
+		// exit codes a restart cannot fix: usage, CHAP, no kernel support, no takeover
+		"RestartPreventExitStatus": "2 3 6 7",
+		"StartLimitBurst":          "5",
+		"StartLimitIntervalSec":    "3min",
+		"RestartSec":               "5s",
 	}
 	for k, v := range want {
 		if !contains(strings.Fields(strings.Join(settings[k], " ")), strings.Fields(v)[0]) && !contains(settings[k], v) {
 			t.Errorf("%s=%v, want %s among them", k, settings[k], v)
 		}
+	}
+	if v := settings["RestartPreventExitStatus"]; len(v) != 1 || v[0] != "2 3 6 7" {
+		t.Errorf("RestartPreventExitStatus=%v, want exactly 2 3 6 7", v)
 	}
 	if start := strings.Join(settings["ExecStart"], " "); !strings.Contains(start, "--name=%i") {
 		t.Errorf("ExecStart %q does not name the gateway after the instance", start)

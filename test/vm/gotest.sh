@@ -6,17 +6,19 @@
 #
 # PKG are package paths such as ./frontend/nbd; default: every package with a _test.go file whose
 # //go:build line mentions vm, found with grep, so a new VM test is picked up without registering
-# it. TESTFLAGS are ordinary `go test` flags (-run X, -v, -timeout 5m, -count 1); they are passed
+# it; the packages under test/vm/systemd need systemd as PID 1 and run only with VM_INIT=systemd,
+# which runs only them (and counts them as tier vm-systemd instead of vm-go). TESTFLAGS are
+# ordinary `go test` flags (-run X, -v, -timeout 5m, -count 1); they are passed
 # to the test binaries as -test.* flags. The first argument that starts with '-' ends the packages.
 #
 # The tests are compiled on the host (`go test -c -tags vm`; the guest sees the host's files but
 # has no writable Go cache), the CLI is built too and handed to the tests as ISERBLK_BIN unless that
 # is set, then one guest runs every binary (test/vm/guest/gotest-run.sh), and the host turns their
 # output into `go test -json` events for internal/testsummary, which prints the failures and a
-# closing "vm-go: N passed, N failed, N skipped" line.
+# closing "vm-go: N passed, N failed, N skipped" line (vm-systemd: with VM_INIT=systemd).
 #
 # Environment: VM_MEM (2048 here), VM_TIMEOUT (2700 here); VM_GO_RACE=1 builds with -race (slow under TCG); VM_GO_TIMEOUT per-binary timeout
-# (default 25m: frontend/ublk's binary alone runs ~10 min under TCG on a loaded host); TALLY=FILE appends "vm-go PASSED FAILED SKIPPED" for `make test`'s total line
+# (default 25m: frontend/ublk's binary alone runs ~10 min under TCG on a loaded host); TALLY=FILE appends "vm-go PASSED FAILED SKIPPED" (vm-systemd ...) for `make test`'s total line
 # and a "FAILED vm-go pkg.Test" line per failure for its recap;
 # VM_* knobs go to run.sh. Exit status: 0 all passed; 1 a test or build failed; 124/125 as run.sh.
 # One { } block: bash reads all of it before running, so an edit to this file while it runs
@@ -57,15 +59,24 @@ have_timeout=0
 for a in "${flags[@]}"; do case "$a" in -test.timeout*) have_timeout=1 ;; esac; done
 [ $have_timeout = 1 ] || flags+=("-test.timeout=${VM_GO_TIMEOUT:-25m}")
 
+# the guest's init: bash (every package but test/vm/systemd/...) or systemd (only those)
+tier=vm-go
+systemd_pkgs='^\./test/vm/systemd(/|$)'
+if [ "${VM_INIT:-bash}" = systemd ]; then tier=vm-systemd; fi
 if [ ${#pkgs[@]} -eq 0 ]; then
 	while read -r d; do
-		pkgs+=("./${d#./}")
+		d=./${d#./}
+		if [ $tier = vm-systemd ]; then
+			[[ $d =~ $systemd_pkgs ]] && pkgs+=("$d")
+		else
+			[[ $d =~ $systemd_pkgs ]] || pkgs+=("$d")
+		fi
 	done < <(grep -rlE --include='*_test.go' --exclude-dir=.git --exclude-dir=testdata \
 		'^//go:build .*\bvm\b' . | xargs -r -n1 dirname | sort -u)
 fi
 if [ ${#pkgs[@]} -eq 0 ]; then
 	echo "gotest.sh: no package has vm-tagged tests"
-	echo "vm-go: 0 passed, 0 failed, 0 skipped"
+	echo "$tier: 0 passed, 0 failed, 0 skipped"
 	exit 0
 fi
 
@@ -130,12 +141,12 @@ done >"$results/all.json"
 
 summary_rc=0
 if [ -d "$root/internal/testsummary" ]; then
-	$GO run ./internal/testsummary -tier vm-go ${TALLY:+-tally "$TALLY"} <"$results/all.json" || summary_rc=$?
+	$GO run ./internal/testsummary -tier $tier ${TALLY:+-tally "$TALLY"} <"$results/all.json" || summary_rc=$?
 else
 	p=$(grep -c '"Action":"pass","Package":"[^"]*","Test"' "$results/all.json" || true)
 	f=$(grep -c '"Action":"fail","Package":"[^"]*","Test"' "$results/all.json" || true)
 	s=$(grep -c '"Action":"skip","Package":"[^"]*","Test"' "$results/all.json" || true)
-	echo "vm-go: $p passed, $f failed, $s skipped"
+	echo "$tier: $p passed, $f failed, $s skipped"
 	[ "$f" = 0 ] || summary_rc=1
 fi
 case "$vm_rc" in 124 | 125) exit "$vm_rc" ;; esac

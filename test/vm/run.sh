@@ -31,6 +31,11 @@
 #   VM_VERBOSE   1 = show kernel messages on the console
 #   VM_BOOTS     boots tried when the guest dies before the command starts      default 3
 #   VM_SELFTEST_FAIL_BOOTS  selftest.sh only: init fails the first N boots on purpose    default 0
+#   VM_INIT      bash (default): the command runs under bash as PID 1, no udev, no systemd;
+#                systemd: the host's /lib/systemd/systemd (252) boots as PID 1 to a target that
+#                runs the command as the service iserblk-vm-job (stdout on the console), so the
+#                command can use systemctl and journalctl; udev, timers and the host's own
+#                daemons (iscsid, open-iscsi, tgt, timesyncd) are masked
 # In the guest: ISERBLK_IN_VM=1, ISERBLK_VM_GUEST_DIR (the guest helper scripts),
 # ISERBLK_VM_RESULTS, ISERBLK_ROOT (the module root), ISERBLK_BIN if set on the host.
 # One { } block: bash reads all of it before running, so an edit to this file while it runs
@@ -58,11 +63,17 @@ VM_ENV=${VM_ENV:-}
 VM_KERNEL_PKG=${VM_KERNEL_PKG:-linux-image-6.12-amd64}
 VM_TB_MB=${VM_TB_MB:-256}
 VM_VERBOSE=${VM_VERBOSE:-0}
+VM_INIT=${VM_INIT:-bash}
 
 log() { echo "run.sh: $*" >&2; }
 die() { log "VM failure: $*"; exit 125; }
 case "$VM_TIMEOUT" in '' | *[!0-9]*) die "VM_TIMEOUT must be a number of seconds" ;; esac
 [ "$(id -u)" = 0 ] || die "must run as root (apt-get, 9p export of /)"
+case "$VM_INIT" in
+bash) ;;
+systemd) [ -x /lib/systemd/systemd ] || die "VM_INIT=systemd: no /lib/systemd/systemd on this host (package systemd)" ;;
+*) die "VM_INIT must be bash or systemd" ;;
+esac
 
 # Host packages: QEMU and the initramfs tools, plus everything the guest helpers run (the guest
 # uses the host's userland, so this is how tools get into the guest).
@@ -209,6 +220,56 @@ trap 'log "terminated: killing the VM"; exit 143' TERM HUP
 {
 	echo '#!/bin/bash'
 	echo '# stage 2: PID 1 in the host userland; run the command, record its status, leave QEMU'
+	if [ "$VM_INIT" = systemd ]; then
+		# As PID 1 (from init.sh): give the guest's systemd its units in /run/systemd/system
+		# (a runtime dir: nothing reaches the host) and become systemd. systemd boots to
+		# iserblk-vm.target, whose service runs this
+		# script again, not as PID 1: the part after this block.
+		cat <<'EOS'
+if [ $$ = 1 ]; then
+	u=/run/systemd/system
+	mkdir -p $u
+	# what the host enables but a test guest must not start: udev (coldplug takes ~20 s under
+	# TCG; the helpers load drivers themselves), the host's iSCSI and tgt daemons (the helpers
+	# start their own), timers, time sync, first-boot and TPM steps
+	for m in systemd-udevd.service systemd-udev-trigger.service systemd-udevd-control.socket \
+		systemd-udevd-kernel.socket open-iscsi.service iscsid.service iscsid.socket tgt.service \
+		timers.target systemd-timesyncd.service systemd-pstore.service systemd-firstboot.service \
+		systemd-repart.service systemd-pcrphase.service systemd-pcrphase-sysinit.service \
+		systemd-binfmt.service proc-sys-fs-binfmt_misc.automount systemd-sysusers.service \
+		systemd-tmpfiles-setup.service modprobe@drm.service getty.target e2scrub_reap.service \
+		postgresql.service prometheus.service; do
+		ln -sf /dev/null $u/$m
+	done
+	cat >$u/iserblk-vm.target <<'EOU'
+[Unit]
+Description=iser-blk VM test guest (test/vm/run.sh VM_INIT=systemd)
+Requires=basic.target
+After=basic.target
+Wants=iserblk-vm-job.service
+AllowIsolate=yes
+EOU
+	cat >$u/iserblk-vm-job.service <<'EOU'
+[Unit]
+Description=iser-blk VM test job: the command test/vm/run.sh was given
+After=basic.target
+[Service]
+Type=exec
+ExecStart=/bin/bash /run/vm/job.sh
+StandardInput=null
+StandardOutput=tty
+StandardError=tty
+TTYPath=/dev/console
+EOU
+	# As arguments, not on the kernel command line: systemd reads that only when it does not
+	# think it runs in a container, and this guest has the host's root (maybe a container's, with
+	# its /.dockerenv). Its own log goes to the journal, not to the console the command writes.
+	exec /lib/systemd/systemd --unit=iserblk-vm.target --show-status=no --log-target=journal-or-kmsg
+fi
+# systemd set the console up again (ONLCR): keep the output byte-identical
+stty -F /dev/console -onlcr 2>/dev/null
+EOS
+	fi
 	printf 'export PATH=%q HOME=/root TERM=dumb LANG=C.UTF-8 TMPDIR=/tmp\n' \
 		"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin"
 	printf 'export ISERBLK_IN_VM=1 ISERBLK_VM_GUEST_DIR=%q ISERBLK_VM_RESULTS=%q ISERBLK_ROOT=%q\n' \
@@ -217,7 +278,7 @@ trap 'log "terminated: killing the VM"; exit 143' TERM HUP
 		if [ -n "${!v+x}" ]; then printf 'export %s=%q\n' "$v" "${!v}"; fi
 	done
 	# configfs (LIO) exists only once its module is loaded
-	echo 'modprobe configfs && mount -t configfs none /sys/kernel/config'
+	echo 'modprobe configfs && { mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config; }'
 	printf 'cd %q 2>/dev/null || cd /\n' "$PWD"
 	echo ': >/run/vm/booted || exit 1 # from here on, a death belongs to the command: never booted again'
 	printf '('
