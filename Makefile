@@ -115,7 +115,7 @@ install: build
 	chmod 0644 $(DESTDIR)$(SYSTEMDDIR)/iser-blk@.service
 	$(UNITPATHS) contrib/systemd/iser-blk-unit-stop > $(DESTDIR)$(LIBEXECDIR)/iser-blk-unit-stop
 	chmod 0755 $(DESTDIR)$(LIBEXECDIR)/iser-blk-unit-stop
-	install -d -m 0755 $(DESTDIR)/etc/iser-blk
+	install -d -m 0700 $(DESTDIR)/etc/iser-blk
 	install -m 0600 contrib/systemd/iser-blk.conf.example $(DESTDIR)/etc/iser-blk/example.conf.sample
 	install -d -m 0755 $(DESTDIR)$(DOCDIR)
 	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/

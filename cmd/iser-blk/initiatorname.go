@@ -26,20 +26,6 @@ const (
 	generatedPrefix = "iqn.2025-01.io.iser-blk:"
 )
 
-// defaultInitiatorName is --initiator-name's default: the InitiatorName= of open-iscsi's file
-// when there is one, as iscsid reads it, else a name derived from the host name. Either way it
-// is stable per host, so target ACLs keep matching across runs.
-//
-// It runs when the flag is registered (even for --help), so it only reads. initiatorName is
-// what the default becomes once it is resolved when a command needs it (issue 36): a name
-// generated once and kept, so that cloned hosts do not share a host-derived one.
-func defaultInitiatorName() string {
-	if name := initiatorNameFromFile(openISCSIInitiatorNameFile); name != "" {
-		return name
-	}
-	return hostInitiatorName()
-}
-
 // initiatorName is the host's initiator name under root: open-iscsi's if it has one (the name
 // the host's iscsid logs in with, so target ACLs keep matching), else the one iser-blk keeps in
 // /etc/iser-blk/initiatorname, generated there on first use the way open-iscsi's iscsi-iname
@@ -134,23 +120,4 @@ func initiatorNameFromFile(path string) string {
 		}
 	}
 	return ""
-}
-
-// hostInitiatorName is an IQN derived from the host name (lower case, anything but letters,
-// digits, '-' and '.' replaced by '-').
-func hostInitiatorName() string {
-	h, err := os.Hostname()
-	if err != nil || h == "" {
-		h = "localhost"
-	}
-	var b strings.Builder
-	for _, c := range strings.ToLower(h) {
-		switch {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '.':
-			b.WriteRune(c)
-		default:
-			b.WriteByte('-')
-		}
-	}
-	return "iqn.2025-01.io.iser-blk:" + b.String()
 }

@@ -35,9 +35,6 @@ func TestInitiatorNameFromFile(t *testing.T) {
 	if got := initiatorNameFromFile(filepath.Join(dir, "missing")); got != "" {
 		t.Fatalf("missing file: got %q", got)
 	}
-	if h := hostInitiatorName(); !strings.HasPrefix(h, "iqn.2025-01.io.iser-blk:") || strings.ContainsAny(h, " _/") {
-		t.Fatalf("host-derived name %q", h)
-	}
 }
 
 // TestInitiatorNameGeneratedOnce: without open-iscsi's file a name is generated once, iscsi-iname

@@ -54,6 +54,9 @@ func main() {
 		os.Exit(exitUsage)
 	}
 	name := os.Args[1]
+	if name == "--version" {
+		name = "version"
+	}
 	if name == "-h" || name == "--help" || name == "help" {
 		usage()
 		os.Exit(exitOK)

@@ -10,6 +10,7 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"strings"
 	"time"
@@ -41,7 +42,7 @@ type targetFlags struct {
 
 // register adds the shared flags to fs. withSessions adds --sessions (not for discover).
 func (tf *targetFlags) register(fs *flag.FlagSet, withSessions bool) {
-	fs.StringVar(&tf.initiatorName, "initiator-name", defaultInitiatorName(), "our iSCSI initiator name (IQN)")
+	fs.StringVar(&tf.initiatorName, "initiator-name", "", "our iSCSI initiator name (IQN) (default: open-iscsi's /etc/iscsi/initiatorname.iscsi, else one generated once and kept in "+ownInitiatorNameFile+")")
 	fs.StringVar(&tf.chapUser, "chap-user", "", "CHAP user name (also settable as user@ in the URL)")
 	fs.StringVar(&tf.chapSecretFile, "chap-secret-file", "", "file holding the CHAP secret (default: $"+envCHAPSecret+")")
 	fs.StringVar(&tf.targetUser, "target-user", "", "mutual CHAP: the user name the target must present (optional)")
@@ -125,7 +126,14 @@ func (tf *targetFlags) options(urlUser string, log *zap.Logger) (iser.Options, e
 		return iser.Options{}, err
 	}
 	if tf.initiatorName == "" {
-		return iser.Options{}, usagef("--initiator-name must not be empty")
+		name, generated, err := initiatorName("/")
+		if err != nil {
+			return iser.Options{}, fmt.Errorf("no initiator name: %w; give --initiator-name", err)
+		}
+		if generated {
+			log.Info("generated this host's initiator name", zap.String("initiator_name", name), zap.String("kept_in", ownInitiatorNameFile))
+		}
+		tf.initiatorName = name
 	}
 	if tf.sessions < 0 || tf.sessions > 32 {
 		return iser.Options{}, usagef("--sessions must be 1..32")

@@ -177,21 +177,6 @@ func TestDiscoveryPortal(t *testing.T) {
 	}
 }
 
-func TestDefaultInitiatorName(t *testing.T) {
-	if n, want := defaultInitiatorName(), initiatorNameFromFile(openISCSIInitiatorNameFile); want != "" && n != want {
-		t.Fatalf("default %q, but open-iscsi's file names %q", n, want)
-	}
-	n := hostInitiatorName()
-	if !strings.HasPrefix(n, "iqn.2025-01.io.iser-blk:") || n != hostInitiatorName() {
-		t.Fatalf("%q", n)
-	}
-	for _, c := range strings.TrimPrefix(n, "iqn.2025-01.io.iser-blk:") {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
-			t.Fatalf("%q has %q, not allowed in an IQN", n, c)
-		}
-	}
-}
-
 func TestWriteInfo(t *testing.T) {
 	in := iser.Info{URL: "iscsi://h:3260/iqn.x:y/1", Vendor: "LIO-ORG", Product: "disk", Revision: "4.0", Serial: "abc",
 		WWN: "naa.6001405", Capacity: 10 << 30, Blocks: 10 << 30 / 4096, LogicalBlockSize: 4096, PhysicalBlockSize: 4096,

@@ -119,7 +119,7 @@ func (g *Gateway) resumeLocked(why string) {
 	case g.pathFailure != "":
 		g.to(lifecycle.Failed, g.pathFailure)
 	case fenced != "":
-		g.to(lifecycle.Failed, "device fenced: "+fenced)
+		g.to(lifecycle.Failed, status.FencedReason+fenced)
 	default:
 		g.to(lifecycle.Ready, why)
 	}

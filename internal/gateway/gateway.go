@@ -226,7 +226,7 @@ func (g *Gateway) Ready() { g.to(lifecycle.Ready, "") }
 func (g *Gateway) Recovering(why string) { g.to(lifecycle.Recovering, why) }
 
 // Fenced says every I/O fails, and why.
-func (g *Gateway) Fenced(why string) { g.to(lifecycle.Failed, "device fenced: "+why) }
+func (g *Gateway) Fenced(why string) { g.to(lifecycle.Failed, status.FencedReason+why) }
 
 // to moves the lifecycle; a refused move is a defect in this package's sequencing (or a
 // shutdown that overtook it) and is logged as an error.
