@@ -94,6 +94,5 @@ func (c *conn) countReply(r *request, now time.Time) {
 	if r.Type == cmdRead || r.Type == cmdWrite {
 		n = int(r.Length)
 	}
-	c.s.opts.Counters.Abandon() // leaves in flight; End wants an error value, this has an errno
-	c.s.opts.Counters.Op(op).Observe(n, now.Sub(r.started), r.errno != 0)
+	c.s.opts.Counters.Answered(op, n, now.Sub(r.started), r.errno != 0)
 }

@@ -36,7 +36,6 @@ func (s *Server) serveCounted(t *tag) int32 {
 	if op == opRead || op == opWrite {
 		n = int(t.nrSectors) << sectorShift
 	}
-	c.Abandon() // leaves in flight; the outcome is a result code, not an error value
-	c.Op(countedOps[op].op).Observe(n, time.Since(start), res < 0)
+	c.Answered(countedOps[op].op, n, time.Since(start), res < 0)
 	return res
 }

@@ -117,8 +117,14 @@ func (c *IOCounters) Abandon() { c.inFlight.Add(-1) }
 
 // End counts a request that Begin counted and that started at started.
 func (c *IOCounters) End(op Op, n int, started time.Time, err error) {
+	c.Answered(op, n, time.Since(started), err != nil)
+}
+
+// Answered counts a request that Begin counted and that was answered after d, failed or not:
+// End for frontends whose outcome is a status code (an NBD errno, a ublk result), not an error.
+func (c *IOCounters) Answered(op Op, n int, d time.Duration, failed bool) {
 	c.inFlight.Add(-1)
-	c.Op(op).Observe(n, time.Since(started), err != nil)
+	c.Op(op).Observe(n, d, failed)
 }
 
 // Op returns op's counter, for callers that measure the duration themselves.

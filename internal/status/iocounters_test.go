@@ -146,3 +146,16 @@ func TestIOCountersEndDoesNotAllocate(t *testing.T) {
 		t.Fatalf("%v allocations per counted request, want 0", allocs)
 	}
 }
+
+func TestAnsweredLeavesInFlightAndCounts(t *testing.T) {
+	var c IOCounters
+	c.Begin()
+	c.Begin()
+	c.Answered(OpWrite, 4096, time.Millisecond, true)
+	c.Answered(OpWrite, 512, time.Millisecond, false)
+	io := c.IOStatus()
+	w := io.Ops[OpWrite]
+	if io.InFlight != 0 || w.Requests != 2 || w.Errors != 1 || w.Bytes != 512 {
+		t.Fatalf("in flight %d, writes %+v; want 0 in flight, 2 requests, 1 error, 512 bytes (a failed request moves none)", io.InFlight, w)
+	}
+}

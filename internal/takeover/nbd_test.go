@@ -171,3 +171,24 @@ func TestReattachGoneResumableDeviceAttachesAfresh(t *testing.T) {
 		t.Fatalf("state of the new device: %+v", st)
 	}
 }
+
+// The control goroutine reads the fence reason (a restart's refusal, status) while the attach
+// drops a gone device's predecessor state: -race flags the two if the drop is not locked.
+func TestFenceReasonWhileThePredecessorIsDropped(t *testing.T) {
+	tk, srv, _ := nbdSuccessor(t, t.TempDir(), statefile.State{DevID: 3, CacheMode: statefile.CacheOff, PID: 1}, statefile.CacheOff)
+	k := &fakeNBD{reattachErr: nbd.ErrNoDevice}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 1000 {
+			_ = tk.FenceReason()
+		}
+	}()
+	if _, err := tk.AttachNBD(k.kernel(), srv, nbd.AttachOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if tk.Previous() != nil {
+		t.Fatal("the gone device's state is still the predecessor")
+	}
+}
