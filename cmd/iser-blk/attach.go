@@ -85,6 +85,12 @@ func runAttach(ctx context.Context, args []string) int {
 	if err := af.check(); err != nil {
 		return fail("attach", err)
 	}
+	if !af.useUblk { // before logging in: a host without nbd costs no session
+		if err := nbd.LoadModule(); err != nil {
+			fmt.Fprintf(os.Stderr, "iser-blk attach: %v\n", err)
+			return exitNoKernel
+		}
+	}
 	log := newLogger(tf.debug)
 	defer log.Sync() //nolint:errcheck
 	// The first SIGINT or SIGTERM (signals) stops the serving context through stopOnSignal,

@@ -130,3 +130,27 @@ func TestTakingOverIsRecovering(t *testing.T) {
 		t.Fatalf("after the announce: %s, want ready", s)
 	}
 }
+
+// status --check: 0 while the gateway serves, 1 before it does and once it is fenced (or failed,
+// or degraded).
+func TestStatusCheckExitCode(t *testing.T) {
+	at := testAttachment(t, func() {})
+	named(t, at)
+	g := at.gateway()
+	g.Serving(at.dev, "", status.Frontend{Kind: "ublk"})
+	args := []string{"--check", "--run-dir", at.sf.runDir, "gw"}
+	if code := runStatus(context.Background(), args); code != exitFailure {
+		t.Fatalf("status --check of a starting gateway: exit %d, want %d", code, exitFailure)
+	}
+	g.Ready()
+	if code := runStatus(context.Background(), args); code != exitOK {
+		t.Fatalf("status --check of a ready gateway: exit %d", code)
+	}
+	g.Fenced("gateway (pid 7) died with dirty pages")
+	if code := runStatus(context.Background(), args); code != exitFailure {
+		t.Fatalf("status --check of a fenced gateway: exit %d, want %d", code, exitFailure)
+	}
+	if code := runStatus(context.Background(), append([]string{"--json"}, args...)); code != exitFailure {
+		t.Fatalf("status --json --check of a fenced gateway: exit %d, want %d", code, exitFailure)
+	}
+}

@@ -66,10 +66,13 @@ func runList(ctx context.Context, args []string) int {
 
 func runStatus(ctx context.Context, args []string) int {
 	var runDir string
-	var asJSON bool
-	fs := newFlagSet("status", "NAME|DEVICE [--json]", "Show a running gateway's state, paths, LUN, frontend, cache and I/O counters.")
+	var asJSON, check bool
+	fs := newFlagSet("status", "NAME|DEVICE [--json] [--check]", "Show a running gateway's state, paths, LUN, frontend, cache and I/O counters.\n"+
+		"With --check the exit code says whether it is healthy: 0 serving with every path up, 1 fenced,\n"+
+		"failed, not serving or degraded (a path down), with the reason on stderr.")
 	registerRunDir(fs, &runDir)
 	fs.BoolVar(&asJSON, "json", false, "print the status as JSON (schema version 1, docs/operations.md)")
+	fs.BoolVar(&check, "check", false, "exit 1 unless the gateway serves with every path up (for monitoring and scripts)")
 	pos, code, done := parseOrExit(fs, args, 1)
 	if done {
 		return code
@@ -84,13 +87,17 @@ func runStatus(ctx context.Context, args []string) int {
 	if err != nil {
 		return manageFail("status", err)
 	}
+	code = exitOK
 	if asJSON {
-		return printJSON("status", st)
-	}
-	if err := status.WriteText(os.Stdout, st); err != nil {
+		code = printJSON("status", st)
+	} else if err := status.WriteText(os.Stdout, st); err != nil {
 		return fail("status", err)
 	}
-	return exitOK
+	if h := status.Check(st); check && !h.Healthy && code == exitOK {
+		fmt.Fprintf(os.Stderr, "iser-blk status: %s is not healthy: %s\n", st.Gateway.Name, h.Why)
+		return exitFailure
+	}
+	return code
 }
 
 func runDetach(ctx context.Context, args []string) int {
