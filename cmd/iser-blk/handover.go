@@ -41,20 +41,9 @@ func runRestart(ctx context.Context, args []string) int {
 	if done {
 		return code
 	}
-	c, err := control.Dial(ctx, control.RunDir(runDir), pos[0])
-	if err != nil {
-		return manageFail("restart", err)
-	}
-	var written uint64
-	res, err := c.Restart(ctx, opts, func(p control.Progress) {
-		written = max(written, p.WrittenBackBytes)
-		printProgress(p)
-	})
-	if err != nil {
-		return manageFail("restart", err)
-	}
-	fmt.Printf("gateway %s (PID %d) is re-executing: %s dirty written back\n", c.Name, res.PID, humanize.IBytes(written))
-	return exitOK
+	return handOver(ctx, "restart", runDir, pos[0], func(c *control.Client, progress func(control.Progress)) (control.DetachResult, error) {
+		return c.Restart(ctx, opts, progress)
+	}, "is re-executing")
 }
 
 // runStop asks gateway NAME to stop and keep its device (OpStop, keep). Exit 0 once it has
@@ -82,18 +71,26 @@ func runStop(ctx context.Context, args []string) int {
 	if !keep {
 		return fail("stop", usagef("stop needs --keep; to stop a gateway and remove its device, run: iser-blk detach %s", pos[0]))
 	}
-	c, err := control.Dial(ctx, control.RunDir(runDir), pos[0])
+	return handOver(ctx, "stop", runDir, pos[0], func(c *control.Client, progress func(control.Progress)) (control.DetachResult, error) {
+		return c.StopKeep(ctx, opts, progress)
+	}, "stopped, its device kept for a successor")
+}
+
+// handOver runs a hand-over request (call) against gateway name, showing its progress, and
+// prints what became of the gateway (done) and how much it wrote back.
+func handOver(ctx context.Context, cmd, runDir, name string, call func(*control.Client, func(control.Progress)) (control.DetachResult, error), done string) int {
+	c, err := control.Dial(ctx, control.RunDir(runDir), name)
 	if err != nil {
-		return manageFail("stop", err)
+		return manageFail(cmd, err)
 	}
 	var written uint64
-	res, err := c.StopKeep(ctx, opts, func(p control.Progress) {
+	res, err := call(c, func(p control.Progress) {
 		written = max(written, p.WrittenBackBytes)
 		printProgress(p)
 	})
 	if err != nil {
-		return manageFail("stop", err)
+		return manageFail(cmd, err)
 	}
-	fmt.Printf("gateway %s (PID %d) stopped, its device kept for a successor: %s dirty written back\n", c.Name, res.PID, humanize.IBytes(written))
+	fmt.Printf("gateway %s (PID %d) %s: %s dirty written back\n", c.Name, res.PID, done, humanize.IBytes(written))
 	return exitOK
 }

@@ -90,21 +90,31 @@ type DetachOptions struct {
 // line, and returns once the gateway process is gone (or ctx ends). A refusal or failure is an
 // *Error: the gateway then keeps running.
 func (c *Client) Detach(ctx context.Context, opts DetachOptions, progress func(Progress)) (DetachResult, error) {
-	req := Request{Op: OpDetach, Force: opts.Force, TimeoutMS: opts.Timeout.Milliseconds()}
-	var res DetachResult
-	err := c.roundTrip(ctx, req, func(r Reply) error {
-		if r.Type != ReplyDone || r.Result == nil {
-			return fmt.Errorf("control: unexpected %q reply to detach", r.Type)
-		}
-		res = *r.Result
-		return nil
-	}, progress)
+	return c.untilExit(ctx, Request{Op: OpDetach, Force: opts.Force, TimeoutMS: opts.Timeout.Milliseconds()}, progress)
+}
+
+// untilExit is done and then waits for the gateway's process to be gone (or ctx to end).
+func (c *Client) untilExit(ctx context.Context, req Request, progress func(Progress)) (DetachResult, error) {
+	res, err := c.done(ctx, req, progress)
 	if err != nil {
 		return res, err
 	}
 	if res.PID > 0 && res.PID != os.Getpid() {
 		err = waitExit(ctx, res.PID)
 	}
+	return res, err
+}
+
+// done sends req and returns the result of its "done" reply.
+func (c *Client) done(ctx context.Context, req Request, progress func(Progress)) (DetachResult, error) {
+	var res DetachResult
+	err := c.roundTrip(ctx, req, func(r Reply) error {
+		if r.Type != ReplyDone || r.Result == nil {
+			return fmt.Errorf("control: unexpected %q reply to %s", r.Type, req.Op)
+		}
+		res = *r.Result
+		return nil
+	}, progress)
 	return res, err
 }
 

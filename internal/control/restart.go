@@ -3,7 +3,6 @@ package control
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"time"
 
@@ -23,16 +22,7 @@ type RestartOptions struct {
 // wanted) sees the lifecycle and the write-back as they move. Restart returns once the old image
 // has answered; a refusal or a failed write-back is an *Error, and the gateway then keeps serving.
 func (c *Client) Restart(ctx context.Context, opts RestartOptions, progress func(Progress)) (DetachResult, error) {
-	var res DetachResult
-	req := Request{Op: OpRestart, TimeoutMS: opts.Timeout.Milliseconds()}
-	err := c.roundTrip(ctx, req, func(r Reply) error {
-		if r.Type != ReplyDone || r.Result == nil {
-			return fmt.Errorf("control: unexpected %q reply to restart", r.Type)
-		}
-		res = *r.Result
-		return nil
-	}, progress)
-	return res, err
+	return c.done(ctx, Request{Op: OpRestart, TimeoutMS: opts.Timeout.Milliseconds()}, progress)
 }
 
 // Stopper is a Handler that also implements OpStop with Keep: like a restart it stops taking
@@ -46,22 +36,7 @@ type Stopper interface {
 // StopKeep asks the gateway to stop and keep its device for a successor (OpStop, keep). It
 // returns once the gateway has answered and, like Detach, waited for its process to exit.
 func (c *Client) StopKeep(ctx context.Context, opts RestartOptions, progress func(Progress)) (DetachResult, error) {
-	var res DetachResult
-	req := Request{Op: OpStop, Keep: true, TimeoutMS: opts.Timeout.Milliseconds()}
-	err := c.roundTrip(ctx, req, func(r Reply) error {
-		if r.Type != ReplyDone || r.Result == nil {
-			return fmt.Errorf("control: unexpected %q reply to stop", r.Type)
-		}
-		res = *r.Result
-		return nil
-	}, progress)
-	if err != nil {
-		return res, err
-	}
-	if res.PID > 0 && res.PID != os.Getpid() {
-		err = waitExit(ctx, res.PID)
-	}
-	return res, err
+	return c.untilExit(ctx, Request{Op: OpStop, Keep: true, TimeoutMS: opts.Timeout.Milliseconds()}, progress)
 }
 
 // restart answers OpRestart.

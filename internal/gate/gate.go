@@ -182,6 +182,25 @@ func (g *Gate) beginWrite() error {
 	return nil
 }
 
+// enterWrite is enter and beginWrite for a request that changes data: through the door, and
+// with the dirty mark recorded. On error the request is out again.
+func (g *Gate) enterWrite(ctx context.Context) error {
+	if err := g.enter(ctx); err != nil {
+		return err
+	}
+	if err := g.beginWrite(); err != nil {
+		g.exit()
+		return err
+	}
+	return nil
+}
+
+// exitWrite ends what enterWrite began.
+func (g *Gate) exitWrite() {
+	g.endWrite()
+	g.exit()
+}
+
 // endWrite counts a write out once the device below has stored it (dirty pages counted).
 func (g *Gate) endWrite() {
 	if g.rec != nil {
@@ -246,14 +265,10 @@ func (g *Gate) ReadAt(ctx context.Context, p []byte, off int64) error {
 }
 
 func (g *Gate) WriteAt(ctx context.Context, p []byte, off int64, f block.WriteFlags) error {
-	if err := g.enter(ctx); err != nil {
+	if err := g.enterWrite(ctx); err != nil {
 		return err
 	}
-	defer g.exit()
-	if err := g.beginWrite(); err != nil {
-		return err
-	}
-	defer g.endWrite()
+	defer g.exitWrite()
 	return g.Device.WriteAt(ctx, p, off, f)
 }
 
@@ -272,26 +287,18 @@ func (g *Gate) Flush(ctx context.Context) error {
 }
 
 func (g *Gate) Discard(ctx context.Context, off, n int64) error {
-	if err := g.enter(ctx); err != nil {
+	if err := g.enterWrite(ctx); err != nil {
 		return err
 	}
-	defer g.exit()
-	if err := g.beginWrite(); err != nil {
-		return err
-	}
-	defer g.endWrite()
+	defer g.exitWrite()
 	return g.Device.Discard(ctx, off, n)
 }
 
 func (g *Gate) WriteZeroes(ctx context.Context, off, n int64, f block.ZeroFlags) error {
-	if err := g.enter(ctx); err != nil {
+	if err := g.enterWrite(ctx); err != nil {
 		return err
 	}
-	defer g.exit()
-	if err := g.beginWrite(); err != nil {
-		return err
-	}
-	defer g.endWrite()
+	defer g.exitWrite()
 	return g.Device.WriteZeroes(ctx, off, n, f)
 }
 

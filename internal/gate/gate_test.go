@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/iser-blk/iser-blk/backend/memdev"
+	"github.com/iser-blk/iser-blk/backend/memdev/memdevtest"
 	"github.com/iser-blk/iser-blk/block"
 )
 
@@ -199,12 +200,4 @@ func BenchmarkGate(b *testing.B) {
 	}
 }
 
-func memDevice(t *testing.T, size int64) block.Device {
-	t.Helper()
-	d, err := memdev.New(size, memdev.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
-}
+func memDevice(t *testing.T, size int64) block.Device { return memdevtest.New(t, size) }

@@ -12,7 +12,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/iser-blk/iser-blk/backend/memdev"
+	"github.com/iser-blk/iser-blk/backend/memdev/memdevtest"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/lifecycle"
@@ -22,15 +22,7 @@ import (
 	"github.com/iser-blk/iser-blk/internal/takeover"
 )
 
-func memDevice(t *testing.T, size int64) block.Device {
-	t.Helper()
-	d, err := memdev.New(size, memdev.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
-}
+func memDevice(t *testing.T, size int64) block.Device { return memdevtest.New(t, size) }
 
 // fakeProcess is Process for tests: exec and exit are recorded, never done.
 type fakeProcess struct {

@@ -8,20 +8,12 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/iser-blk/iser-blk/backend/memdev"
+	"github.com/iser-blk/iser-blk/backend/memdev/memdevtest"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/statefile"
 )
 
-func memDevice(t *testing.T, size int64) block.Device {
-	t.Helper()
-	d, err := memdev.New(size, memdev.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
-}
+func memDevice(t *testing.T, size int64) block.Device { return memdevtest.New(t, size) }
 
 const testTarget = "iscsi://192.0.2.1/iqn.2026-01.test:t1/1"
 
