@@ -176,7 +176,7 @@ func runServe(ctx context.Context, args []string) int {
 		return fail("serve", err)
 	}
 	g.Serving(dev, "", status.Frontend{Kind: "nbd-socket", QueueDepth: ef.maxInflight})
-	uri = tlsf.uri(uri)
+	uri = tlsf.options(listenSpec, log).URI(uri)
 	log.Info("serving NBD", zap.String("uri", uri), zap.String("export", ef.exportName),
 		zap.String("size", humanize.IBytes(uint64(dev.Size()))), zap.Int("block_size", dev.BlockSize()),
 		zap.Uint16("flags", srv.Flags()))

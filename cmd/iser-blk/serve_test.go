@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"go.uber.org/zap"
 )
 
 func TestListenSpecs(t *testing.T) {
@@ -108,5 +110,17 @@ func TestUsagePrintedOnce(t *testing.T) {
 	}
 	if _, ok := commands["serve"]; !ok {
 		t.Fatal("serve is not registered")
+	}
+}
+
+// TestTLSFlagsUsageErrors: a TLS configuration internal/nbdtls refuses is a usage error (exit 2)
+// with its message unchanged.
+func TestTLSFlagsUsageErrors(t *testing.T) {
+	for _, f := range []tlsFlags{{mode: "yes"}, {certDir: "/nonexistent"}, {mode: "require", certDir: t.TempDir()}, {}} {
+		_, err := f.serverTLS(context.Background(), "tcp://0.0.0.0:10809", zap.NewNop())
+		var ue *usageError
+		if !errors.As(err, &ue) || exitCode(err) != exitUsage || !strings.Contains(err.Error(), "--tls") {
+			t.Errorf("%+v: %v, want a usage error naming --tls", f, err)
+		}
 	}
 }
