@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
+	"github.com/iser-blk/iser-blk/internal/initiatorname"
 )
 
 // Environment variables holding CHAP secrets.
@@ -42,7 +43,7 @@ type targetFlags struct {
 
 // register adds the shared flags to fs. withSessions adds --sessions (not for discover).
 func (tf *targetFlags) register(fs *flag.FlagSet, withSessions bool) {
-	fs.StringVar(&tf.initiatorName, "initiator-name", "", "our iSCSI initiator name (IQN) (default: open-iscsi's /etc/iscsi/initiatorname.iscsi, else one generated once and kept in "+ownInitiatorNameFile+")")
+	fs.StringVar(&tf.initiatorName, "initiator-name", "", "our iSCSI initiator name (IQN) (default: open-iscsi's /etc/iscsi/initiatorname.iscsi, else one generated once and kept in "+initiatorname.OwnFile+")")
 	fs.StringVar(&tf.chapUser, "chap-user", "", "CHAP user name (also settable as user@ in the URL)")
 	fs.StringVar(&tf.chapSecretFile, "chap-secret-file", "", "file holding the CHAP secret (default: $"+envCHAPSecret+")")
 	fs.StringVar(&tf.targetUser, "target-user", "", "mutual CHAP: the user name the target must present (optional)")
@@ -126,12 +127,12 @@ func (tf *targetFlags) options(urlUser string, log *zap.Logger) (iser.Options, e
 		return iser.Options{}, err
 	}
 	if tf.initiatorName == "" {
-		name, generated, err := initiatorName("/")
+		name, generated, err := initiatorname.Host("/")
 		if err != nil {
 			return iser.Options{}, fmt.Errorf("no initiator name: %w; give --initiator-name", err)
 		}
 		if generated {
-			log.Info("generated this host's initiator name", zap.String("initiator_name", name), zap.String("kept_in", ownInitiatorNameFile))
+			log.Info("generated this host's initiator name", zap.String("initiator_name", name), zap.String("kept_in", initiatorname.OwnFile))
 		}
 		tf.initiatorName = name
 	}
