@@ -150,7 +150,11 @@ func TestE2EInfo(t *testing.T) {
 			}
 		}
 		j := runCLI(t, nil, "info", "--json", url)
-		var got infoJSON
+		var got struct { // the fields of info's stable JSON this test checks
+			CapacityBytes    int64  `json:"capacity_bytes"`
+			Blocks           uint64 `json:"blocks"`
+			LogicalBlockSize uint32 `json:"logical_block_size"`
+		}
 		if err := json.Unmarshal([]byte(j.stdout), &got); err != nil || j.code != 0 {
 			t.Fatalf("info --json: exit %d, %v", j.code, err)
 		}
