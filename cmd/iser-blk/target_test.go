@@ -13,6 +13,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
+	"github.com/iser-blk/iser-blk/internal/chapcreds"
 )
 
 func TestParseArgsInterspersed(t *testing.T) {
@@ -53,64 +54,20 @@ func TestParseArgsInterspersed(t *testing.T) {
 	}
 }
 
-func TestCHAPFromFlagsAndEnv(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
+// TestCHAPUsageErrors: credentials internal/chapcreds refuses are usage errors (exit 2); the
+// flags reach it.
+func TestCHAPUsageErrors(t *testing.T) {
+	t.Setenv(chapcreds.EnvSecret, "")
+	if _, err := (&targetFlags{chapUser: "u"}).chap("v"); exitCode(err) != exitUsage || !strings.Contains(err.Error(), "disagree") {
+		t.Fatalf("err %v, want a usage error", err)
 	}
-	secret := write("s", "initiator-secret\n")
-	tsecret := write("t", "target-secret\r\n")
-	empty := write("e", "\n")
-	tests := []struct {
-		name    string
-		tf      targetFlags
-		urlUser string
-		env     map[string]string
-		want    *iser.CHAP
-		wantErr string
-	}{
-		{"none", targetFlags{}, "", nil, nil, ""},
-		{"env ignored without a user", targetFlags{}, "", map[string]string{envCHAPSecret: "x"}, nil, ""},
-		{"file", targetFlags{chapUser: "u", chapSecretFile: secret}, "", nil, &iser.CHAP{User: "u", Secret: "initiator-secret"}, ""},
-		{"url user + env", targetFlags{}, "alice", map[string]string{envCHAPSecret: "from-env"}, &iser.CHAP{User: "alice", Secret: "from-env"}, ""},
-		{"file beats env", targetFlags{chapSecretFile: secret}, "alice", map[string]string{envCHAPSecret: "from-env"},
-			&iser.CHAP{User: "alice", Secret: "initiator-secret"}, ""},
-		{"mutual", targetFlags{chapUser: "u", chapSecretFile: secret, targetUser: "tgt", targetSecretFile: tsecret}, "", nil,
-			&iser.CHAP{User: "u", Secret: "initiator-secret", TargetUser: "tgt", TargetSecret: "target-secret"}, ""},
-		{"mutual from env", targetFlags{chapUser: "u"}, "", map[string]string{envCHAPSecret: "a", envCHAPSecretMutual: "b"},
-			&iser.CHAP{User: "u", Secret: "a", TargetSecret: "b"}, ""},
-		{"user without secret", targetFlags{chapUser: "u"}, "", nil, nil, "needs a secret"},
-		{"secret without user", targetFlags{chapSecretFile: secret}, "", nil, nil, "no CHAP user"},
-		{"empty file", targetFlags{chapUser: "u", chapSecretFile: empty}, "", nil, nil, "is empty"},
-		{"missing file", targetFlags{chapUser: "u", chapSecretFile: filepath.Join(dir, "nope")}, "", nil, nil, "reading secret file"},
-		{"users disagree", targetFlags{chapUser: "u"}, "v", nil, nil, "disagree"},
-		{"target user without secret", targetFlags{chapUser: "u", chapSecretFile: secret, targetUser: "t"}, "", nil, nil, "target's secret"},
+	secret := filepath.Join(t.TempDir(), "s")
+	if err := os.WriteFile(secret, []byte("initiator-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Setenv(envCHAPSecret, "")
-			t.Setenv(envCHAPSecretMutual, "")
-			for k, v := range tt.env {
-				t.Setenv(k, v)
-			}
-			got, err := tt.tf.chap(tt.urlUser)
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || exitCode(err) != exitUsage {
-					t.Fatalf("err %v, want %q (usage)", err, tt.wantErr)
-				}
-				if strings.Contains(err.Error(), "initiator-secret") {
-					t.Fatal("error leaks the secret")
-				}
-				return
-			}
-			if err != nil || !reflect.DeepEqual(got, tt.want) {
-				t.Fatalf("got %#v, %v; want %#v", got, err, tt.want)
-			}
-		})
+	got, err := (&targetFlags{chapSecretFile: secret}).chap("alice")
+	if err != nil || !reflect.DeepEqual(got, &iser.CHAP{User: "alice", Secret: "initiator-secret"}) {
+		t.Fatalf("got %#v, %v", got, err)
 	}
 }
 
