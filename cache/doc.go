@@ -125,5 +125,6 @@
 // backend's limits; submit.go the asynchronous one-page miss and write-around; submitaround.go
 // the asynchronous read-around; writeback.go the write-back loop (the workers that pick,
 // coalesce and complete background write-backs); dirtyidx.go the index of dirty pages; stats.go
-// the counters and status.go the status they feed; config.go the configuration and its defaults.
+// the counters and status.go the status they feed; config.go the configuration and its defaults;
+// flags.go the command-line flags' strings parsed into it.
 package cache

@@ -154,3 +154,34 @@ func validHost(h string) bool {
 	}
 	return true
 }
+
+// ParsePortal turns a portal as `iser-blk discover` takes it, HOST[:PORT] (IPv6 in brackets,
+// or an iscsi:// / iser:// prefix), into a transport scheme and a host:port for Discover. Every
+// error says what is malformed.
+func ParsePortal(arg string) (scheme, portal string, err error) {
+	scheme = "iscsi"
+	if i := strings.Index(arg, "://"); i >= 0 {
+		scheme, arg = strings.ToLower(arg[:i]), strings.TrimSuffix(arg[i+3:], "/")
+		if scheme != "iscsi" && scheme != "iser" {
+			return "", "", fmt.Errorf("unknown scheme %q (want iscsi:// or iser://)", scheme)
+		}
+	}
+	if arg == "" || strings.ContainsAny(arg, "/@ ") {
+		return "", "", fmt.Errorf("bad portal %q: want HOST[:PORT]", arg)
+	}
+	host, port := arg, strconv.Itoa(DefaultPort)
+	if h, p, err := net.SplitHostPort(arg); err == nil {
+		host, port = h, p
+	} else if strings.HasPrefix(arg, "[") && strings.HasSuffix(arg, "]") {
+		host = arg[1 : len(arg)-1]
+	} else if strings.Count(arg, ":") == 1 {
+		return "", "", fmt.Errorf("bad portal %q: %v", arg, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return "", "", fmt.Errorf("bad port %q", port)
+	}
+	if host == "" {
+		return "", "", fmt.Errorf("bad portal %q: no host", arg)
+	}
+	return scheme, net.JoinHostPort(host, port), nil
+}

@@ -94,3 +94,36 @@ func TestRedactURL(t *testing.T) {
 		}
 	}
 }
+
+func TestParsePortal(t *testing.T) {
+	tests := []struct {
+		in, scheme, portal string
+		bad                bool
+	}{
+		{"10.0.0.1", "iscsi", "10.0.0.1:3260", false},
+		{"10.0.0.1:3261", "iscsi", "10.0.0.1:3261", false},
+		{"host.example", "iscsi", "host.example:3260", false},
+		{"[fe80::1]", "iscsi", "[fe80::1]:3260", false},
+		{"[fe80::1]:99", "iscsi", "[fe80::1]:99", false},
+		{"iser://10.0.0.1", "iser", "10.0.0.1:3260", false},
+		{"iscsi://10.0.0.1:3262/", "iscsi", "10.0.0.1:3262", false},
+		{"nbd://x", "", "", true},
+		{"host:0", "", "", true},
+		{"host:port", "", "", true},
+		{"", "", "", true},
+		{"u@host", "", "", true},
+		{"host/iqn", "", "", true},
+	}
+	for _, tt := range tests {
+		scheme, portal, err := ParsePortal(tt.in)
+		if tt.bad {
+			if err == nil {
+				t.Errorf("%q: accepted as %q %q", tt.in, scheme, portal)
+			}
+			continue
+		}
+		if err != nil || scheme != tt.scheme || portal != tt.portal {
+			t.Errorf("%q: %q %q %v", tt.in, scheme, portal, err)
+		}
+	}
+}

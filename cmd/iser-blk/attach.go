@@ -121,7 +121,7 @@ func runAttach(ctx context.Context, args []string) int {
 	if af.useUblk {
 		af.uo.Pool = p // registered for RDMA before the target was opened: tag buffers need no bounce
 		af.uo.Counters = at.counters
-		if af.uo.Takeover, err = prepareTakeover(&sf, statefile.KindUblk, ef.target, ef.cache.mode, dev, log); err != nil {
+		if af.uo.Takeover, err = prepareTakeover(&sf, statefile.KindUblk, ef.target, ef.cache.Mode, dev, log); err != nil {
 			code = failTakeover(err)
 		} else {
 			at.tk = af.uo.Takeover
@@ -293,7 +293,7 @@ func (at *attachment) shutdown(code int) int {
 // the exit code so far; the caller flushes and closes the device.
 func attachNBD(ctx context.Context, at *attachment, p *pool.Pool, mem int64) int {
 	log := at.log
-	tk, err := prepareTakeover(at.sf, statefile.KindNBD, at.ef.target, at.ef.cache.mode, at.dev, log)
+	tk, err := prepareTakeover(at.sf, statefile.KindNBD, at.ef.target, at.ef.cache.Mode, at.dev, log)
 	if err != nil {
 		return failTakeover(err)
 	}

@@ -27,7 +27,7 @@ func testAttachment(t *testing.T, stop func()) *attachment {
 	t.Cleanup(func() { dev.Close() })
 	sf := &serviceFlags{name: "gw", runDir: filepath.Join(t.TempDir(), "run")}
 	ef := &exportFlags{target: "mem://1MiB"}
-	ef.cache.mode = "off"
+	ef.cache.Mode = "off"
 	return &attachment{sf: sf, ef: ef, af: &attachFlags{useUblk: true}, stop: stop, log: zaptest.NewLogger(t),
 		dev: dev, counters: new(status.IOCounters)}
 }
@@ -44,7 +44,7 @@ func named(t *testing.T, at *attachment) {
 
 func withTakeover(t *testing.T, at *attachment, dev block.Device) {
 	t.Helper()
-	tk, err := prepareTakeover(at.sf, statefile.KindUblk, at.ef.target, at.ef.cache.mode, dev, at.log)
+	tk, err := prepareTakeover(at.sf, statefile.KindUblk, at.ef.target, at.ef.cache.Mode, dev, at.log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/bits"
 	"os"
 
 	"github.com/dustin/go-humanize"
@@ -41,7 +40,11 @@ const ublkPoolShare = 2 // one half
 // deletes the device. It neither flushes nor closes dev: the gateway's shutdown does, with
 // progress reports and the second-signal abort. It returns the process exit code.
 func attachUblk(ctx context.Context, dev block.Device, opts ublkOptions, announce func(path string), log *zap.Logger) int {
-	maxIO, err := ublkMaxIO(opts)
+	uopts := ublk.Options{Queues: opts.Queues, Depth: opts.Depth, MaxIO: opts.MaxIO, Logger: log, Counters: opts.Counters}
+	if opts.Pool != nil {
+		uopts.Pool = opts.Pool // not a nil *pool.Pool in a non-nil interface
+	}
+	maxIO, err := ublkMaxIO(uopts, opts.Pool)
 	if err != nil {
 		log.Error("ublk attach failed", zap.Error(err))
 		return exitUsage
@@ -50,10 +53,7 @@ func attachUblk(ctx context.Context, dev block.Device, opts ublkOptions, announc
 		log.Info("ublk requests capped so that the per-tag buffers fit in half the buffer pool",
 			zap.String("max_io", humanize.IBytes(uint64(maxIO))))
 	}
-	uopts := ublk.Options{Queues: opts.Queues, Depth: opts.Depth, MaxIO: maxIO, Logger: log, Counters: opts.Counters}
-	if opts.Pool != nil {
-		uopts.Pool = opts.Pool // not a nil *pool.Pool in a non-nil interface
-	}
+	uopts.MaxIO = maxIO
 	if opts.Takeover == nil {
 		err = ublk.Run(ctx, dev, uopts, announce)
 	} else {
@@ -79,39 +79,16 @@ func attachUblk(ctx context.Context, dev block.Device, opts ublkOptions, announc
 	}
 }
 
-// ublkMaxIO checks the queue geometry and returns the request size to ask ublk for: opts.MaxIO,
-// or less when queues × depth buffers of it would hold more than their share of the pool (then
-// the largest power of two that fits; every tag holds its buffer as long as the device exists,
-// and a Get at the pool's bound would wait for ever).
-func ublkMaxIO(opts ublkOptions) (int, error) {
-	q, d, maxIO := opts.Queues, opts.Depth, opts.MaxIO
-	if q <= 0 {
-		q = ublk.DefaultQueues()
+// ublkMaxIO is the request size to ask ublk for (ublk.FitMaxIO): the per-tag buffers may hold
+// half of p (ublkPoolShare).
+func ublkMaxIO(uopts ublk.Options, p *pool.Pool) (int, error) {
+	if p == nil {
+		return ublk.FitMaxIO(uopts, 0)
 	}
-	if d <= 0 {
-		d = ublk.DefaultDepth
-	}
-	if maxIO <= 0 {
-		maxIO = ublk.DefaultMaxIO
-	}
-	if q > 4096 || d > 4096 || maxIO > 32<<20 {
-		return 0, fmt.Errorf("ublk: %d queues × depth %d × %d bytes is beyond the driver's limits: %w", q, d, maxIO, block.ErrInvalid)
-	}
-	if opts.Pool == nil {
-		return opts.MaxIO, nil
-	}
-	share := opts.Pool.Stats().MaxBytes / ublkPoolShare
-	per := share / int64(q*d)
-	buf := min(maxIO, opts.Pool.MaxClass())
-	if int64(pow2Ceil(buf)) <= per { // the pool's classes are powers of two
-		return opts.MaxIO, nil
-	}
-	if per < 4096 { // before the shift below: per == 0 would shift by -1 and panic
+	maxIO, err := ublk.FitMaxIO(uopts, p.Stats().MaxBytes/ublkPoolShare)
+	if be := (*ublk.BudgetError)(nil); errors.As(err, &be) {
 		return 0, fmt.Errorf("ublk: --buffer-memory %s cannot hold %d queues × depth %d request buffers of even 4 KiB in half of it: raise --buffer-memory or lower --queues/--depth: %w",
-			humanize.IBytes(uint64(opts.Pool.Stats().MaxBytes)), q, d, block.ErrInvalid)
+			humanize.IBytes(uint64(p.Stats().MaxBytes)), be.Queues, be.Depth, block.ErrInvalid)
 	}
-	return 1 << (bits.Len64(uint64(per)) - 1), nil
+	return maxIO, err
 }
-
-// pow2Ceil is the smallest power of two ≥ n (n > 0).
-func pow2Ceil(n int) int { return 1 << bits.Len(uint(n-1)) }

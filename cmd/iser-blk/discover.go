@@ -3,10 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
-	"strconv"
-	"strings"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 )
@@ -15,34 +12,12 @@ func init() {
 	register(&command{name: "discover", summary: "list the targets and portals a portal offers (SendTargets)", run: runDiscover})
 }
 
-// discoveryPortal turns HOST[:PORT] (IPv6 in brackets, or an iscsi:// / iser:// prefix) into
-// a transport scheme and a host:port.
+// discoveryPortal is iser.ParsePortal; every error is a usage error.
 func discoveryPortal(arg string) (scheme, portal string, err error) {
-	scheme = "iscsi"
-	if i := strings.Index(arg, "://"); i >= 0 {
-		scheme, arg = strings.ToLower(arg[:i]), strings.TrimSuffix(arg[i+3:], "/")
-		if scheme != "iscsi" && scheme != "iser" {
-			return "", "", usagef("unknown scheme %q (want iscsi:// or iser://)", scheme)
-		}
+	if scheme, portal, err = iser.ParsePortal(arg); err != nil {
+		return "", "", usagef("%v", err)
 	}
-	if arg == "" || strings.ContainsAny(arg, "/@ ") {
-		return "", "", usagef("bad portal %q: want HOST[:PORT]", arg)
-	}
-	host, port := arg, strconv.Itoa(iser.DefaultPort)
-	if h, p, err := net.SplitHostPort(arg); err == nil {
-		host, port = h, p
-	} else if strings.HasPrefix(arg, "[") && strings.HasSuffix(arg, "]") {
-		host = arg[1 : len(arg)-1]
-	} else if strings.Count(arg, ":") == 1 {
-		return "", "", usagef("bad portal %q: %v", arg, err)
-	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return "", "", usagef("bad port %q", port)
-	}
-	if host == "" {
-		return "", "", usagef("bad portal %q: no host", arg)
-	}
-	return scheme, net.JoinHostPort(host, port), nil
+	return scheme, portal, nil
 }
 
 func runDiscover(ctx context.Context, args []string) int {

@@ -58,7 +58,7 @@ func identity(name, kind, path string, ef *exportFlags) status.Identity {
 	for _, t := range ef.alternates {
 		targets = append(targets, iser.RedactURL(t))
 	}
-	return status.Identity{Name: name, Device: name, FrontendKind: kind, FrontendPath: path, Targets: targets, CacheMode: ef.cache.mode}
+	return status.Identity{Name: name, Device: name, FrontendKind: kind, FrontendPath: path, Targets: targets, CacheMode: ef.cache.Mode}
 }
 
 // prepareTakeover reads attach --name's state file (nil without --name: no state file). A

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/iser-blk/iser-blk/internal/chapcreds"
 	"github.com/iser-blk/iser-blk/test/e2e/tgtd"
 )
 
@@ -150,7 +151,11 @@ func TestE2EInfo(t *testing.T) {
 			}
 		}
 		j := runCLI(t, nil, "info", "--json", url)
-		var got infoJSON
+		var got struct { // the fields of info's stable JSON this test checks
+			CapacityBytes    int64  `json:"capacity_bytes"`
+			Blocks           uint64 `json:"blocks"`
+			LogicalBlockSize uint32 `json:"logical_block_size"`
+		}
 		if err := json.Unmarshal([]byte(j.stdout), &got); err != nil || j.code != 0 {
 			t.Fatalf("info --json: exit %d, %v", j.code, err)
 		}
@@ -204,17 +209,17 @@ func TestE2EExitCodes(t *testing.T) {
 		deadline time.Duration
 	}{
 		{"CHAP secret from file", nil, []string{"info", "--chap-secret-file", good, url}, exitOK, nil, 0},
-		{"CHAP secret from env", []string{envCHAPSecret + "=" + secret}, []string{"info", url}, exitOK, nil, 0},
+		{"CHAP secret from env", []string{chapcreds.EnvSecret + "=" + secret}, []string{"info", url}, exitOK, nil, 0},
 		{"mutual CHAP", nil, []string{"info", "--chap-secret-file", good, "--target-user", tuser, "--target-secret-file", target, url}, exitOK, nil, 0},
-		{"mutual CHAP from env", []string{envCHAPSecret + "=" + secret, envCHAPSecretMutual + "=" + tsecret}, []string{"info", url}, exitOK, nil, 0},
+		{"mutual CHAP from env", []string{chapcreds.EnvSecret + "=" + secret, chapcreds.EnvSecretMutual + "=" + tsecret}, []string{"info", url}, exitOK, nil, 0},
 		{"wrong secret", nil, []string{"info", "--chap-secret-file", bad, url}, exitAuth,
 			[]string{"authentication failed", tg.Name}, 5 * time.Second},
-		{"wrong mutual secret", []string{envCHAPSecret + "=" + secret, envCHAPSecretMutual + "=not-the-target-secret"},
+		{"wrong mutual secret", []string{chapcreds.EnvSecret + "=" + secret, chapcreds.EnvSecretMutual + "=not-the-target-secret"},
 			[]string{"info", url}, exitAuth, []string{"authentication failed", tg.Name}, 5 * time.Second},
-		{"wrong IQN", []string{envCHAPSecret + "=" + secret},
+		{"wrong IQN", []string{chapcreds.EnvSecret + "=" + secret},
 			[]string{"info", fmt.Sprintf("iscsi://%s@%s/iqn.2026-11.io.iser-blk:no-such-target/1", user, tg.Portal)},
 			exitNotFound, []string{"target not found"}, 5 * time.Second},
-		{"no such LUN", []string{envCHAPSecret + "=" + secret}, []string{"info", fmt.Sprintf("iscsi://%s@%s/%s/7", user, tg.Portal, tg.Name)},
+		{"no such LUN", []string{chapcreds.EnvSecret + "=" + secret}, []string{"info", fmt.Sprintf("iscsi://%s@%s/%s/7", user, tg.Portal, tg.Name)},
 			exitNotFound, []string{"logical unit not found"}, 5 * time.Second},
 		{"closed port", nil, []string{"info", fmt.Sprintf("iscsi://%s/%s/1", tgtd.ClosedPort(t), tg.Name)},
 			exitUnreachable, []string{"portal unreachable"}, 5 * time.Second},
@@ -228,7 +233,7 @@ func TestE2EExitCodes(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			env := append([]string{envCHAPSecret + "=", envCHAPSecretMutual + "="}, c.env...)
+			env := append([]string{chapcreds.EnvSecret + "=", chapcreds.EnvSecretMutual + "="}, c.env...)
 			r := runCLI(t, env, c.args...)
 			if r.code != c.code {
 				t.Fatalf("exit %d, want %d", r.code, c.code)

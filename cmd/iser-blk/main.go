@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"os"
 	"sort"
+
+	"github.com/iser-blk/iser-blk/internal/profiling"
 )
 
 // command is one subcommand. run returns the process exit code (see exitcodes.go).
@@ -68,7 +70,7 @@ func main() {
 		os.Exit(exitUsage)
 	}
 	smallHostProcs()
-	startPprof()
+	profiling.FromEnv(os.Stderr)
 	ctx, stop := signalContext()
 	defer stop()
 	os.Exit(c.run(ctx, os.Args[2:]))

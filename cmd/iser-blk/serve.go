@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/dustin/go-humanize"
@@ -51,72 +50,18 @@ func newExportServer(dev block.Device, ef *exportFlags, p *pool.Pool, mem int64,
 	return srv, nil
 }
 
-// listen opens the --listen address: unix:///path (default) or tcp://host:port.
+// listen opens the --listen address (nbd.Listen): unix:///path (default) or tcp://host:port. A
+// spec it cannot use, and a file in the socket's place, are usage errors.
 func listen(spec string) (net.Listener, string, error) {
-	u, err := url.Parse(spec)
-	if err != nil {
-		return nil, "", usagef("--listen %q: %v", spec, err)
+	l, uri, err := nbd.Listen(spec)
+	var se *nbd.SpecError
+	switch {
+	case errors.As(err, &se):
+		return nil, "", usagef("--listen %q: %s", spec, se.Reason)
+	case errors.Is(err, nbd.ErrNotSocket):
+		return nil, "", usagef("%v", err)
 	}
-	switch u.Scheme {
-	case "unix":
-		path := u.Path
-		if path == "" {
-			return nil, "", usagef("--listen %q: no socket path", spec)
-		}
-		if err := removeStaleSocket(path); err != nil {
-			return nil, "", err
-		}
-		// Create the socket 0600: only the owner may connect (NBD has no authentication).
-		old := syscall.Umask(0o177)
-		l, err := net.Listen("unix", path)
-		syscall.Umask(old)
-		if err != nil {
-			return nil, "", fmt.Errorf("listen on %s: %w", path, err)
-		}
-		if err := os.Chmod(path, 0o600); err != nil {
-			l.Close()
-			return nil, "", fmt.Errorf("chmod %s: %w", path, err)
-		}
-		return l, "nbd+unix:///?socket=" + path, nil
-	case "tcp":
-		if u.Host == "" || u.Port() == "" {
-			return nil, "", usagef("--listen %q: need tcp://host:port", spec)
-		}
-		l, err := net.Listen("tcp", u.Host)
-		if err != nil {
-			return nil, "", fmt.Errorf("listen on %s: %w", u.Host, err)
-		}
-		return l, "nbd://" + l.Addr().String() + "/", nil
-	default:
-		return nil, "", usagef("--listen %q: scheme must be unix:// or tcp://", spec)
-	}
-}
-
-// removeStaleSocket removes a socket file left behind by a previous run, but only when it is a
-// socket nobody is listening on: never a regular file, never a live server's socket.
-func removeStaleSocket(path string) error {
-	st, err := os.Lstat(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if st.Mode()&os.ModeSocket == 0 {
-		return usagef("%s exists and is not a socket; not removing it", path)
-	}
-	c, err := net.DialTimeout("unix", path, time.Second)
-	if err == nil {
-		c.Close()
-		return fmt.Errorf("%s: another server is listening on it", path)
-	}
-	if !errors.Is(err, syscall.ECONNREFUSED) {
-		return fmt.Errorf("%s: cannot tell whether the socket is stale: %w", path, err)
-	}
-	if err := os.Remove(path); err != nil {
-		return fmt.Errorf("removing stale socket %s: %w", path, err)
-	}
-	return nil
+	return l, uri, err
 }
 
 func runServe(ctx context.Context, args []string) int {
@@ -176,7 +121,7 @@ func runServe(ctx context.Context, args []string) int {
 		return fail("serve", err)
 	}
 	g.Serving(dev, "", status.Frontend{Kind: "nbd-socket", QueueDepth: ef.maxInflight})
-	uri = tlsf.uri(uri)
+	uri = tlsf.options(listenSpec, log).URI(uri)
 	log.Info("serving NBD", zap.String("uri", uri), zap.String("export", ef.exportName),
 		zap.String("size", humanize.IBytes(uint64(dev.Size()))), zap.Int("block_size", dev.BlockSize()),
 		zap.Uint16("flags", srv.Flags()))

@@ -4,85 +4,40 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"go.uber.org/zap"
 )
 
-func TestListenSpecs(t *testing.T) {
+// TestListenUsageErrors: a --listen spec nbd.Listen cannot use, and a file in the socket's place,
+// are usage errors (exit 2) naming the flag or the file; a usable spec listens.
+func TestListenUsageErrors(t *testing.T) {
 	dir := t.TempDir()
-	for _, tc := range []struct {
-		spec    string
-		uri     string // prefix of the printed URI
-		wantErr bool
-	}{
-		{"unix://" + filepath.Join(dir, "a.sock"), "nbd+unix:///?socket=" + filepath.Join(dir, "a.sock"), false},
-		{"tcp://127.0.0.1:0", "nbd://127.0.0.1:", false},
-		{"tcp://127.0.0.1", "", true},
-		{"unix://", "", true},
-		{"http://x", "", true},
-		{"::", "", true},
-	} {
-		l, uri, err := listen(tc.spec)
-		if (err != nil) != tc.wantErr {
-			t.Errorf("%q: err %v", tc.spec, err)
-			continue
-		}
-		if err != nil {
-			var ue *usageError
-			if !errors.As(err, &ue) {
-				t.Errorf("%q: %v is not a usage error", tc.spec, err)
-			}
-			continue
-		}
-		if !strings.HasPrefix(uri, tc.uri) {
-			t.Errorf("%q: uri %q, want prefix %q", tc.spec, uri, tc.uri)
-		}
-		if l.Addr().Network() == "unix" {
-			st, err := os.Stat(l.Addr().String())
-			if err != nil || st.Mode().Perm() != 0o600 {
-				t.Errorf("%q: socket mode %v (%v), want 0600", tc.spec, st.Mode(), err)
-			}
-		}
-		l.Close()
-	}
-}
-
-func TestRemoveStaleSocket(t *testing.T) {
-	dir := t.TempDir()
-	// Missing: nothing to do.
-	if err := removeStaleSocket(filepath.Join(dir, "none")); err != nil {
-		t.Error(err)
-	}
-	// A regular file is never removed.
 	file := filepath.Join(dir, "file")
-	os.WriteFile(file, []byte("x"), 0o600)
-	if err := removeStaleSocket(file); err == nil {
-		t.Error("regular file accepted")
-	}
-	if _, err := os.Stat(file); err != nil {
-		t.Error("regular file removed")
-	}
-	// A live socket is kept and reported.
-	live := filepath.Join(dir, "live.sock")
-	l, err := net.Listen("unix", live)
-	if err != nil {
+	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := removeStaleSocket(live); err == nil || !strings.Contains(err.Error(), "another server") {
-		t.Errorf("live socket: %v", err)
+	for spec, want := range map[string]string{
+		"tcp://127.0.0.1": `--listen "tcp://127.0.0.1": need tcp://host:port`,
+		"unix://":         `--listen "unix://": no socket path`,
+		"http://x":        `--listen "http://x": scheme must be unix:// or tcp://`,
+		"::":              `--listen "::": parse "::": missing protocol scheme`,
+		"unix://" + file:  file + " exists and is not a socket; not removing it",
+	} {
+		_, _, err := listen(spec)
+		var ue *usageError
+		if !errors.As(err, &ue) || err.Error() != want {
+			t.Errorf("%q: %v, want the usage error %q", spec, err, want)
+		}
 	}
-	// Once nobody listens (the file left behind), it is stale and removed.
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l, uri, err := listen("unix://" + filepath.Join(dir, "a.sock"))
+	if err != nil || uri != "nbd+unix:///?socket="+filepath.Join(dir, "a.sock") {
+		t.Fatalf("%v %q", err, uri)
+	}
 	l.Close()
-	if err := removeStaleSocket(live); err != nil {
-		t.Errorf("stale socket: %v", err)
-	}
-	if _, err := os.Lstat(live); !os.IsNotExist(err) {
-		t.Error("stale socket not removed")
-	}
 }
 
 // TestUsagePrintedOnce: serve --help (and every other subcommand's) prints its usage once (the
@@ -108,5 +63,17 @@ func TestUsagePrintedOnce(t *testing.T) {
 	}
 	if _, ok := commands["serve"]; !ok {
 		t.Fatal("serve is not registered")
+	}
+}
+
+// TestTLSFlagsUsageErrors: a TLS configuration internal/nbdtls refuses is a usage error (exit 2)
+// with its message unchanged.
+func TestTLSFlagsUsageErrors(t *testing.T) {
+	for _, f := range []tlsFlags{{mode: "yes"}, {certDir: "/nonexistent"}, {mode: "require", certDir: t.TempDir()}, {}} {
+		_, err := f.serverTLS(context.Background(), "tcp://0.0.0.0:10809", zap.NewNop())
+		var ue *usageError
+		if !errors.As(err, &ue) || exitCode(err) != exitUsage || !strings.Contains(err.Error(), "--tls") {
+			t.Errorf("%+v: %v, want a usage error naming --tls", f, err)
+		}
 	}
 }

@@ -4,26 +4,18 @@ package main
 // how they become iser.Options: initiator name, CHAP credentials, session count, recovery.
 // Opening the target with them is stack.go's (openTarget); parsing is flagset.go's.
 //
-// CHAP secrets never come from argv (visible in ps and shell history) nor from the URL: they are
-// read from a file (--chap-secret-file, --target-secret-file) or the environment
-// (ISERBLK_CHAP_SECRET, ISERBLK_CHAP_SECRET_MUTUAL), and never logged.
+// CHAP secrets never come from argv nor from the URL (internal/chapcreds), and are never logged.
 
 import (
 	"flag"
 	"fmt"
-	"os"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
-)
-
-// Environment variables holding CHAP secrets.
-const (
-	envCHAPSecret       = "ISERBLK_CHAP_SECRET"
-	envCHAPSecretMutual = "ISERBLK_CHAP_SECRET_MUTUAL"
+	"github.com/iser-blk/iser-blk/internal/chapcreds"
+	"github.com/iser-blk/iser-blk/internal/initiatorname"
 )
 
 // targetFlags are the flags every target-facing subcommand shares.
@@ -42,11 +34,11 @@ type targetFlags struct {
 
 // register adds the shared flags to fs. withSessions adds --sessions (not for discover).
 func (tf *targetFlags) register(fs *flag.FlagSet, withSessions bool) {
-	fs.StringVar(&tf.initiatorName, "initiator-name", "", "our iSCSI initiator name (IQN) (default: open-iscsi's /etc/iscsi/initiatorname.iscsi, else one generated once and kept in "+ownInitiatorNameFile+")")
+	fs.StringVar(&tf.initiatorName, "initiator-name", "", "our iSCSI initiator name (IQN) (default: open-iscsi's /etc/iscsi/initiatorname.iscsi, else one generated once and kept in "+initiatorname.OwnFile+")")
 	fs.StringVar(&tf.chapUser, "chap-user", "", "CHAP user name (also settable as user@ in the URL)")
-	fs.StringVar(&tf.chapSecretFile, "chap-secret-file", "", "file holding the CHAP secret (default: $"+envCHAPSecret+")")
+	fs.StringVar(&tf.chapSecretFile, "chap-secret-file", "", "file holding the CHAP secret (default: $"+chapcreds.EnvSecret+")")
 	fs.StringVar(&tf.targetUser, "target-user", "", "mutual CHAP: the user name the target must present (optional)")
-	fs.StringVar(&tf.targetSecretFile, "target-secret-file", "", "mutual CHAP: file holding the target's secret (default: $"+envCHAPSecretMutual+")")
+	fs.StringVar(&tf.targetSecretFile, "target-secret-file", "", "mutual CHAP: file holding the target's secret (default: $"+chapcreds.EnvSecretMutual+")")
 	fs.DurationVar(&tf.loginTimeout, "login-timeout", 15*time.Second, "bound on connecting and logging in")
 	fs.BoolVar(&tf.debug, "debug", false, "debug logging")
 	if withSessions {
@@ -64,57 +56,13 @@ func (tf *targetFlags) register(fs *flag.FlagSet, withSessions bool) {
 	}
 }
 
-// readSecret reads a secret from path, or from the environment variable env when path is "".
-// A trailing newline (editors add one) is dropped. ok is false when neither is set.
-func readSecret(path, env string) (secret string, ok bool, err error) {
-	if path != "" {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return "", false, usagef("reading secret file: %v", err)
-		}
-		secret = strings.TrimRight(string(b), "\r\n")
-		if secret == "" {
-			return "", false, usagef("secret file %s is empty", path)
-		}
-		return secret, true, nil
-	}
-	if v, set := os.LookupEnv(env); set && v != "" {
-		return v, true, nil
-	}
-	return "", false, nil
-}
-
-// chap builds the CHAP credentials: nil when no user is named (by flag or URL).
+// chap builds the CHAP credentials (internal/chapcreds): nil when no user is named (by flag or
+// URL). Every error is a usage error.
 func (tf *targetFlags) chap(urlUser string) (*iser.CHAP, error) {
-	user := tf.chapUser
-	if urlUser != "" {
-		if user != "" && user != urlUser {
-			return nil, usagef("--chap-user %q and the URL's user %q disagree", user, urlUser)
-		}
-		user = urlUser
-	}
-	if user == "" {
-		if tf.chapSecretFile != "" || tf.targetSecretFile != "" || tf.targetUser != "" {
-			return nil, usagef("CHAP secrets given but no CHAP user (--chap-user or user@ in the URL)")
-		}
-		return nil, nil
-	}
-	secret, ok, err := readSecret(tf.chapSecretFile, envCHAPSecret)
+	c, err := chapcreds.Load(chapcreds.Sources{User: tf.chapUser, URLUser: urlUser, SecretFile: tf.chapSecretFile,
+		TargetUser: tf.targetUser, TargetSecretFile: tf.targetSecretFile})
 	if err != nil {
-		return nil, err
-	}
-	if !ok {
-		return nil, usagef("CHAP user %q needs a secret: --chap-secret-file or $%s", user, envCHAPSecret)
-	}
-	c := &iser.CHAP{User: user, Secret: secret}
-	mutual, ok, err := readSecret(tf.targetSecretFile, envCHAPSecretMutual)
-	if err != nil {
-		return nil, err
-	}
-	if ok {
-		c.TargetUser, c.TargetSecret = tf.targetUser, mutual
-	} else if tf.targetUser != "" {
-		return nil, usagef("--target-user needs the target's secret: --target-secret-file or $%s", envCHAPSecretMutual)
+		return nil, usagef("%v", err)
 	}
 	return c, nil
 }
@@ -126,12 +74,12 @@ func (tf *targetFlags) options(urlUser string, log *zap.Logger) (iser.Options, e
 		return iser.Options{}, err
 	}
 	if tf.initiatorName == "" {
-		name, generated, err := initiatorName("/")
+		name, generated, err := initiatorname.Host("/")
 		if err != nil {
 			return iser.Options{}, fmt.Errorf("no initiator name: %w; give --initiator-name", err)
 		}
 		if generated {
-			log.Info("generated this host's initiator name", zap.String("initiator_name", name), zap.String("kept_in", ownInitiatorNameFile))
+			log.Info("generated this host's initiator name", zap.String("initiator_name", name), zap.String("kept_in", initiatorname.OwnFile))
 		}
 		tf.initiatorName = name
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
+	"github.com/iser-blk/iser-blk/internal/chapcreds"
 )
 
 func TestParseArgsInterspersed(t *testing.T) {
@@ -54,64 +54,20 @@ func TestParseArgsInterspersed(t *testing.T) {
 	}
 }
 
-func TestCHAPFromFlagsAndEnv(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
+// TestCHAPUsageErrors: credentials internal/chapcreds refuses are usage errors (exit 2); the
+// flags reach it.
+func TestCHAPUsageErrors(t *testing.T) {
+	t.Setenv(chapcreds.EnvSecret, "")
+	if _, err := (&targetFlags{chapUser: "u"}).chap("v"); exitCode(err) != exitUsage || !strings.Contains(err.Error(), "disagree") {
+		t.Fatalf("err %v, want a usage error", err)
 	}
-	secret := write("s", "initiator-secret\n")
-	tsecret := write("t", "target-secret\r\n")
-	empty := write("e", "\n")
-	tests := []struct {
-		name    string
-		tf      targetFlags
-		urlUser string
-		env     map[string]string
-		want    *iser.CHAP
-		wantErr string
-	}{
-		{"none", targetFlags{}, "", nil, nil, ""},
-		{"env ignored without a user", targetFlags{}, "", map[string]string{envCHAPSecret: "x"}, nil, ""},
-		{"file", targetFlags{chapUser: "u", chapSecretFile: secret}, "", nil, &iser.CHAP{User: "u", Secret: "initiator-secret"}, ""},
-		{"url user + env", targetFlags{}, "alice", map[string]string{envCHAPSecret: "from-env"}, &iser.CHAP{User: "alice", Secret: "from-env"}, ""},
-		{"file beats env", targetFlags{chapSecretFile: secret}, "alice", map[string]string{envCHAPSecret: "from-env"},
-			&iser.CHAP{User: "alice", Secret: "initiator-secret"}, ""},
-		{"mutual", targetFlags{chapUser: "u", chapSecretFile: secret, targetUser: "tgt", targetSecretFile: tsecret}, "", nil,
-			&iser.CHAP{User: "u", Secret: "initiator-secret", TargetUser: "tgt", TargetSecret: "target-secret"}, ""},
-		{"mutual from env", targetFlags{chapUser: "u"}, "", map[string]string{envCHAPSecret: "a", envCHAPSecretMutual: "b"},
-			&iser.CHAP{User: "u", Secret: "a", TargetSecret: "b"}, ""},
-		{"user without secret", targetFlags{chapUser: "u"}, "", nil, nil, "needs a secret"},
-		{"secret without user", targetFlags{chapSecretFile: secret}, "", nil, nil, "no CHAP user"},
-		{"empty file", targetFlags{chapUser: "u", chapSecretFile: empty}, "", nil, nil, "is empty"},
-		{"missing file", targetFlags{chapUser: "u", chapSecretFile: filepath.Join(dir, "nope")}, "", nil, nil, "reading secret file"},
-		{"users disagree", targetFlags{chapUser: "u"}, "v", nil, nil, "disagree"},
-		{"target user without secret", targetFlags{chapUser: "u", chapSecretFile: secret, targetUser: "t"}, "", nil, nil, "target's secret"},
+	secret := filepath.Join(t.TempDir(), "s")
+	if err := os.WriteFile(secret, []byte("initiator-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Setenv(envCHAPSecret, "")
-			t.Setenv(envCHAPSecretMutual, "")
-			for k, v := range tt.env {
-				t.Setenv(k, v)
-			}
-			got, err := tt.tf.chap(tt.urlUser)
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || exitCode(err) != exitUsage {
-					t.Fatalf("err %v, want %q (usage)", err, tt.wantErr)
-				}
-				if strings.Contains(err.Error(), "initiator-secret") {
-					t.Fatal("error leaks the secret")
-				}
-				return
-			}
-			if err != nil || !reflect.DeepEqual(got, tt.want) {
-				t.Fatalf("got %#v, %v; want %#v", got, err, tt.want)
-			}
-		})
+	got, err := (&targetFlags{chapSecretFile: secret}).chap("alice")
+	if err != nil || !reflect.DeepEqual(got, &iser.CHAP{User: "alice", Secret: "initiator-secret"}) {
+		t.Fatalf("got %#v, %v", got, err)
 	}
 }
 
@@ -144,63 +100,12 @@ func TestExitCode(t *testing.T) {
 	}
 }
 
-func TestDiscoveryPortal(t *testing.T) {
-	tests := []struct {
-		in, scheme, portal string
-		bad                bool
-	}{
-		{"10.0.0.1", "iscsi", "10.0.0.1:3260", false},
-		{"10.0.0.1:3261", "iscsi", "10.0.0.1:3261", false},
-		{"host.example", "iscsi", "host.example:3260", false},
-		{"[fe80::1]", "iscsi", "[fe80::1]:3260", false},
-		{"[fe80::1]:99", "iscsi", "[fe80::1]:99", false},
-		{"iser://10.0.0.1", "iser", "10.0.0.1:3260", false},
-		{"iscsi://10.0.0.1:3262/", "iscsi", "10.0.0.1:3262", false},
-		{"nbd://x", "", "", true},
-		{"host:0", "", "", true},
-		{"host:port", "", "", true},
-		{"", "", "", true},
-		{"u@host", "", "", true},
-		{"host/iqn", "", "", true},
+// TestDiscoveryPortalUsage: a portal iser.ParsePortal refuses is a usage error (exit 2).
+func TestDiscoveryPortalUsage(t *testing.T) {
+	if _, _, err := discoveryPortal("host:port"); exitCode(err) != exitUsage || err.Error() != `bad port "port"` {
+		t.Errorf("err %v, want usage", err)
 	}
-	for _, tt := range tests {
-		scheme, portal, err := discoveryPortal(tt.in)
-		if tt.bad {
-			if exitCode(err) != exitUsage {
-				t.Errorf("%q: err %v, want usage", tt.in, err)
-			}
-			continue
-		}
-		if err != nil || scheme != tt.scheme || portal != tt.portal {
-			t.Errorf("%q: %q %q %v", tt.in, scheme, portal, err)
-		}
-	}
-}
-
-func TestWriteInfo(t *testing.T) {
-	in := iser.Info{URL: "iscsi://h:3260/iqn.x:y/1", Vendor: "LIO-ORG", Product: "disk", Revision: "4.0", Serial: "abc",
-		WWN: "naa.6001405", Capacity: 10 << 30, Blocks: 10 << 30 / 4096, LogicalBlockSize: 4096, PhysicalBlockSize: 4096,
-		MaxTransfer: 8 << 20, ThinProvisioned: true, UnmapSupported: true, ZeroesAfterUnmap: true, WriteCache: false,
-		WriteCacheKnown: true, FUA: true, WriteSame: "yes"}
-	var b bytes.Buffer
-	if err := writeInfo(&b, in); err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{
-		"Capacity:             10737418240 bytes (10 GiB, 2621440 blocks)\n",
-		"Max transfer:         8388608 bytes (8.0 MiB)\n",
-		"Optimal transfer:     not reported\n",
-		"Thin provisioning:    yes (unmap yes, write same unmap no, zeroes after unmap yes)\n",
-		"Write cache:          disabled\n",
-		"FUA:                  yes\n",
-		"Read-only:            no\n",
-	} {
-		if !strings.Contains(b.String(), want) {
-			t.Errorf("table lacks %q:\n%s", want, b.String())
-		}
-	}
-	b.Reset()
-	if err := writeInfoJSON(&b, in); err != nil || !strings.Contains(b.String(), `"capacity_bytes": 10737418240`) {
-		t.Fatalf("json %v:\n%s", err, b.String())
+	if scheme, portal, err := discoveryPortal("iser://10.0.0.1"); err != nil || scheme != "iser" || portal != "10.0.0.1:3260" {
+		t.Errorf("%q %q %v", scheme, portal, err)
 	}
 }

@@ -7,11 +7,12 @@
 // (READ, WRITE+FUA, FLUSH, TRIM, WRITE_ZEROES with NO_HOLE/FAST_ZERO, CACHE, DISC). It advertises
 // exactly what the device's Limits say it can do: capabilities are negotiated, never assumed.
 //
-// Files: server.go (the Server, listeners, shutdown), negotiate.go (the handshake), tls.go
-// (STARTTLS), conn.go (one connection's life), reader.go (requests off the socket and the paths
-// that answer them without a worker), execute.go (device calls), reply.go (replies onto the
-// socket), splice.go (spliced READ payloads), proto.go (wire format and validation),
-// attach_linux.go and genl.go (the kernel's /dev/nbdX).
+// Files: server.go (the Server, listeners, shutdown), listen.go (a unix or TCP listener from a
+// spec), negotiate.go (the handshake), tls.go (STARTTLS), conn.go (one connection's life),
+// reader.go (requests off the socket and the paths that answer them without a worker),
+// execute.go (device calls), reply.go (replies onto the socket), splice.go (spliced READ
+// payloads), proto.go (wire format and validation), attach_linux.go and genl.go (the kernel's
+// /dev/nbdX).
 //
 // Invariants:
 //   - Requests on one connection execute concurrently (at most Options.MaxInflight at a time) and

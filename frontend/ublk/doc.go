@@ -29,7 +29,7 @@
 // progress lines and the second-signal abort) is the one that makes acknowledged data durable.
 //
 // Files: abi.go (ublk_cmd.h structures), control.go (control commands), params.go (limits to
-// ublk_params), server.go (Start), queue.go (the per-queue ring thread and tag workers),
+// ublk_params), fit.go (the request size whose tag buffers fit a pool budget), server.go (Start), queue.go (the per-queue ring thread and tag workers),
 // serve.go (one request on the Device), shutdown.go (the shutdown order), run.go (Run).
 //
 // Invariants:

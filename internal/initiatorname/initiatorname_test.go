@@ -1,4 +1,4 @@
-package main
+package initiatorname_test
 
 import (
 	"os"
@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/iser-blk/iser-blk/internal/initiatorname"
 )
 
 // TestInitiatorNameFromFile: open-iscsi's file format — comments, blanks, other keys — yields its
@@ -27,12 +29,12 @@ func TestInitiatorNameFromFile(t *testing.T) {
 			if err := os.WriteFile(path, []byte(tt.content), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			if got := initiatorNameFromFile(path); got != tt.want {
+			if got := initiatorname.FromFile(path); got != tt.want {
 				t.Fatalf("got %q, want %q", got, tt.want)
 			}
 		})
 	}
-	if got := initiatorNameFromFile(filepath.Join(dir, "missing")); got != "" {
+	if got := initiatorname.FromFile(filepath.Join(dir, "missing")); got != "" {
 		t.Fatalf("missing file: got %q", got)
 	}
 }
@@ -42,7 +44,7 @@ func TestInitiatorNameFromFile(t *testing.T) {
 // open-iscsi's file, when present, wins.
 func TestInitiatorNameGeneratedOnce(t *testing.T) {
 	root := t.TempDir()
-	name, generated, err := initiatorName(root)
+	name, generated, err := initiatorname.Host(root)
 	if err != nil || !generated {
 		t.Fatalf("first use: %q generated=%v err=%v", name, generated, err)
 	}
@@ -55,11 +57,11 @@ func TestInitiatorNameGeneratedOnce(t *testing.T) {
 			t.Errorf("%s: %v, mode %v, want %v", path, err, fi.Mode(), mode)
 		}
 	}
-	again, generated, err := initiatorName(root)
+	again, generated, err := initiatorname.Host(root)
 	if err != nil || generated || again != name {
 		t.Fatalf("second use: %q generated=%v err=%v, want %q kept", again, generated, err, name)
 	}
-	if other, _, _ := initiatorName(t.TempDir()); other == name {
+	if other, _, _ := initiatorname.Host(t.TempDir()); other == name {
 		t.Fatalf("two hosts generated the same name %q", name)
 	}
 	if leftovers, _ := filepath.Glob(filepath.Join(root, "etc/iser-blk/.initiatorname-*")); len(leftovers) != 0 {
@@ -74,7 +76,7 @@ func TestInitiatorNameGeneratedOnce(t *testing.T) {
 	if err := os.WriteFile(openISCSI, []byte("InitiatorName=iqn.1993-08.org.debian:01:abcdef012345\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if got, generated, err := initiatorName(root); err != nil || generated || got != "iqn.1993-08.org.debian:01:abcdef012345" {
+	if got, generated, err := initiatorname.Host(root); err != nil || generated || got != "iqn.1993-08.org.debian:01:abcdef012345" {
 		t.Fatalf("with open-iscsi's file: %q generated=%v err=%v", got, generated, err)
 	}
 }
@@ -89,7 +91,7 @@ func TestInitiatorNameRace(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			name, _, err := initiatorName(root)
+			name, _, err := initiatorname.Host(root)
 			if err != nil {
 				t.Error(err)
 			}
@@ -113,7 +115,7 @@ func TestInitiatorNameUnwritable(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "etc"), nil, 0o600); err != nil { // etc is a file: no directory under it
 		t.Fatal(err)
 	}
-	if name, _, err := initiatorName(root); err == nil {
+	if name, _, err := initiatorname.Host(root); err == nil {
 		t.Fatalf("got %q without being able to keep it", name)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package nbdtls_test
 
 import (
 	"bytes"
@@ -8,19 +8,19 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"errors"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/iser-blk/iser-blk/internal/nbdtls"
 	"github.com/iser-blk/iser-blk/internal/testcerts"
 )
 
@@ -75,65 +75,63 @@ func rsaPSSDirs(t *testing.T) (server, ca string) {
 			t.Fatal(err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(server, tlsCertFile), toPSS(p.Cert), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(server, nbdtls.CertFile), toPSS(p.Cert), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(ca, tlsCAFile), toPSS(c.Cert), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(ca, nbdtls.CAFile), toPSS(c.Cert), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return server, ca
 }
 
-// TestTLSStartupErrors: every configuration a user can fix is a usage error (exit 2) whose message
-// names the file or flag and what is wrong.
+// TestTLSStartupErrors: every configuration a user can fix is refused at start (the CLI's exit 2)
+// with a message that names the file or flag and what is wrong.
 func TestTLSStartupErrors(t *testing.T) {
 	good, _ := certDir(t, time.Time{}, time.Time{})
 	expired, _ := certDir(t, time.Now().Add(-48*time.Hour), time.Now().Add(-time.Hour))
 	future, _ := certDir(t, time.Now().Add(time.Hour), time.Now().Add(48*time.Hour))
 	mismatch, _ := certDir(t, time.Time{}, time.Time{})
 	other, _ := certDir(t, time.Time{}, time.Time{})
-	copyFile(t, filepath.Join(other, tlsKeyFile), filepath.Join(mismatch, tlsKeyFile))
+	copyFile(t, filepath.Join(other, nbdtls.KeyFile), filepath.Join(mismatch, nbdtls.KeyFile))
 	noKey, _ := certDir(t, time.Time{}, time.Time{})
-	os.Remove(filepath.Join(noKey, tlsKeyFile))
+	os.Remove(filepath.Join(noKey, nbdtls.KeyFile))
 	noCA, _ := certDir(t, time.Time{}, time.Time{})
-	os.Remove(filepath.Join(noCA, tlsCAFile))
+	os.Remove(filepath.Join(noCA, nbdtls.CAFile))
 	unreadable, _ := certDir(t, time.Time{}, time.Time{})
-	os.Remove(filepath.Join(unreadable, tlsCertFile))
-	if err := os.Mkdir(filepath.Join(unreadable, tlsCertFile), 0o700); err != nil { // read fails even as root
+	os.Remove(filepath.Join(unreadable, nbdtls.CertFile))
+	if err := os.Mkdir(filepath.Join(unreadable, nbdtls.CertFile), 0o700); err != nil { // read fails even as root
 		t.Fatal(err)
 	}
 	badCA, _ := certDir(t, time.Time{}, time.Time{})
-	if err := os.WriteFile(filepath.Join(badCA, tlsCAFile), []byte("not pem"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(badCA, nbdtls.CAFile), []byte("not pem"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	pssServer, pssCA := rsaPSSDirs(t)
 	for _, tc := range []struct {
-		name   string
-		f      tlsFlags
-		listen string
-		want   []string
+		name string
+		o    nbdtls.Options
+		want []string
 	}{
-		{"non-loopback without --tls", tlsFlags{}, "tcp://0.0.0.0:10809", []string{"--tls require", "--tls off"}},
-		{"all addresses without --tls", tlsFlags{}, "tcp://:10809", []string{"reachable from other hosts"}},
-		{"IPv6 any without --tls", tlsFlags{}, "tcp://[::]:10809", []string{"reachable from other hosts"}},
-		{"bad mode", tlsFlags{mode: "yes"}, "tcp://127.0.0.1:1", []string{`--tls "yes"`}},
-		{"no directory", tlsFlags{mode: "require"}, "tcp://127.0.0.1:1", []string{"--tls-certificates DIR"}},
-		{"certificates without TLS", tlsFlags{certDir: good}, "tcp://127.0.0.1:1", []string{"need --tls on"}},
-		{"missing key", tlsFlags{mode: "on", certDir: noKey}, "tcp://127.0.0.1:1", []string{tlsKeyFile, "no such file"}},
-		{"unreadable certificate", tlsFlags{mode: "on", certDir: unreadable}, "tcp://127.0.0.1:1", []string{tlsCertFile, "is a directory"}},
-		{"key of another certificate", tlsFlags{mode: "require", certDir: mismatch}, "tcp://127.0.0.1:1", []string{tlsKeyFile, "does not match"}},
-		{"expired", tlsFlags{mode: "require", certDir: expired}, "tcp://127.0.0.1:1", []string{tlsCertFile, "expired"}},
-		{"not yet valid", tlsFlags{mode: "require", certDir: future}, "tcp://127.0.0.1:1", []string{tlsCertFile, "not valid before"}},
-		{"verify-peer without CA", tlsFlags{mode: "require", certDir: noCA, verifyPeer: true}, "tcp://127.0.0.1:1", []string{tlsCAFile, "no such file"}},
-		{"verify-peer with a bad CA file", tlsFlags{mode: "require", certDir: badCA, verifyPeer: true}, "tcp://127.0.0.1:1", []string{tlsCAFile, "no PEM certificate"}},
-		{"RSA-PSS server key", tlsFlags{mode: "require", certDir: pssServer}, "tcp://127.0.0.1:1", []string{tlsCertFile, "RSA-PSS key", "make an RSA key"}},
-		{"RSA-PSS CA key", tlsFlags{mode: "require", certDir: pssCA, verifyPeer: true}, "tcp://127.0.0.1:1", []string{tlsCAFile, `"CN=test-ca`, "RSA-PSS key"}},
+		{"non-loopback without --tls", nbdtls.Options{Listen: "tcp://0.0.0.0:10809"}, []string{"--tls require", "--tls off"}},
+		{"all addresses without --tls", nbdtls.Options{Listen: "tcp://:10809"}, []string{"reachable from other hosts"}},
+		{"IPv6 any without --tls", nbdtls.Options{Listen: "tcp://[::]:10809"}, []string{"reachable from other hosts"}},
+		{"bad mode", nbdtls.Options{Mode: "yes", Listen: "tcp://127.0.0.1:1"}, []string{`--tls "yes"`}},
+		{"no directory", nbdtls.Options{Mode: "require", Listen: "tcp://127.0.0.1:1"}, []string{"--tls-certificates DIR"}},
+		{"certificates without TLS", nbdtls.Options{CertDir: good, Listen: "tcp://127.0.0.1:1"}, []string{"need --tls on"}},
+		{"missing key", nbdtls.Options{Mode: "on", CertDir: noKey, Listen: "tcp://127.0.0.1:1"}, []string{nbdtls.KeyFile, "no such file"}},
+		{"unreadable certificate", nbdtls.Options{Mode: "on", CertDir: unreadable, Listen: "tcp://127.0.0.1:1"}, []string{nbdtls.CertFile, "is a directory"}},
+		{"key of another certificate", nbdtls.Options{Mode: "require", CertDir: mismatch, Listen: "tcp://127.0.0.1:1"}, []string{nbdtls.KeyFile, "does not match"}},
+		{"expired", nbdtls.Options{Mode: "require", CertDir: expired, Listen: "tcp://127.0.0.1:1"}, []string{nbdtls.CertFile, "expired"}},
+		{"not yet valid", nbdtls.Options{Mode: "require", CertDir: future, Listen: "tcp://127.0.0.1:1"}, []string{nbdtls.CertFile, "not valid before"}},
+		{"verify-peer without CA", nbdtls.Options{Mode: "require", CertDir: noCA, VerifyPeer: true, Listen: "tcp://127.0.0.1:1"}, []string{nbdtls.CAFile, "no such file"}},
+		{"verify-peer with a bad CA file", nbdtls.Options{Mode: "require", CertDir: badCA, VerifyPeer: true, Listen: "tcp://127.0.0.1:1"}, []string{nbdtls.CAFile, "no PEM certificate"}},
+		{"RSA-PSS server key", nbdtls.Options{Mode: "require", CertDir: pssServer, Listen: "tcp://127.0.0.1:1"}, []string{nbdtls.CertFile, "RSA-PSS key", "make an RSA key"}},
+		{"RSA-PSS CA key", nbdtls.Options{Mode: "require", CertDir: pssCA, VerifyPeer: true, Listen: "tcp://127.0.0.1:1"}, []string{nbdtls.CAFile, `"CN=test-ca`, "RSA-PSS key"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := tc.f.serverTLS(context.Background(), tc.listen, zap.NewNop())
-			var ue *usageError
-			if !errors.As(err, &ue) || exitCode(err) != exitUsage {
-				t.Fatalf("got %v, %v; want a usage error", p, err)
+			p, err := nbdtls.Server(context.Background(), tc.o)
+			if err == nil {
+				t.Fatalf("got %v; want an error", p)
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(err.Error(), w) {
@@ -148,67 +146,108 @@ func TestTLSStartupErrors(t *testing.T) {
 // non-loopback address starts with a warning.
 func TestTLSPlaintextListeners(t *testing.T) {
 	for _, tc := range []struct {
-		f      tlsFlags
-		listen string
-		warn   string
+		o    nbdtls.Options
+		warn string
 	}{
-		{tlsFlags{}, "tcp://127.0.0.1:10809", "no authentication or encryption"},
-		{tlsFlags{}, "tcp://localhost:10809", "no authentication or encryption"},
-		{tlsFlags{}, "tcp://[::1]:10809", "no authentication or encryption"},
-		{tlsFlags{}, "unix:///run/x.sock", ""},
-		{tlsFlags{mode: "off"}, "tcp://0.0.0.0:10809", "non-loopback address (--tls off)"},
+		{nbdtls.Options{Listen: "tcp://127.0.0.1:10809"}, "no authentication or encryption"},
+		{nbdtls.Options{Listen: "tcp://localhost:10809"}, "no authentication or encryption"},
+		{nbdtls.Options{Listen: "tcp://[::1]:10809"}, "no authentication or encryption"},
+		{nbdtls.Options{Listen: "unix:///run/x.sock"}, ""},
+		{nbdtls.Options{Mode: "off", Listen: "tcp://0.0.0.0:10809"}, "non-loopback address (--tls off)"},
 	} {
 		core, logs := observer.New(zap.WarnLevel)
-		p, err := tc.f.serverTLS(context.Background(), tc.listen, zap.New(core))
+		tc.o.Log = zap.New(core)
+		p, err := nbdtls.Server(context.Background(), tc.o)
 		if err != nil || p != nil {
-			t.Errorf("%s %+v: %v %v", tc.listen, tc.f, p, err)
+			t.Errorf("%s %+v: %v %v", tc.o.Listen, tc.o, p, err)
 		}
 		n := len(logs.FilterMessageSnippet(tc.warn).All())
 		if tc.warn == "" && logs.Len() != 0 || tc.warn != "" && n != 1 {
-			t.Errorf("%s %+v: warnings %v", tc.listen, tc.f, logs.All())
+			t.Errorf("%s %+v: warnings %v", tc.o.Listen, tc.o, logs.All())
 		}
 	}
 }
 
 // TestTLSReload: a reload serves the new certificate to new handshakes; a reload that fails
-// (a key of another certificate) keeps the old one and logs why.
+// (a key of another certificate) keeps the old one and says why.
 func TestTLSReload(t *testing.T) {
 	dir, _ := certDir(t, time.Time{}, time.Time{})
-	f := tlsFlags{mode: "require", certDir: dir}
+	certs, err := nbdtls.Load(dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial := func() string { return certs.Config().Certificates[0].Leaf.SerialNumber.String() }
+	first := serial()
+
+	next, _ := certDir(t, time.Time{}, time.Time{})
+	for _, name := range []string{nbdtls.CertFile, nbdtls.KeyFile} {
+		copyFile(t, filepath.Join(next, name), filepath.Join(dir, name))
+	}
+	if err := certs.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	second := serial()
+	if second == first {
+		t.Fatalf("reload kept serial %s", first)
+	}
+	other, _ := certDir(t, time.Time{}, time.Time{})
+	copyFile(t, filepath.Join(other, nbdtls.KeyFile), filepath.Join(dir, nbdtls.KeyFile))
+	if err := certs.Reload(); err == nil || !strings.Contains(err.Error(), "does not match") {
+		t.Fatalf("reload with a key of another certificate: %v", err)
+	}
+	if serial() != second {
+		t.Fatal("a failed reload replaced the certificate")
+	}
+}
+
+// TestTLSReloadOnSIGHUP: the server's policy serves the certificates a SIGHUP re-read to new
+// handshakes and logs the reload; a SIGHUP whose reload fails keeps them and logs why.
+func TestTLSReloadOnSIGHUP(t *testing.T) {
+	dir, _ := certDir(t, time.Time{}, time.Time{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	p, err := f.serverTLS(ctx, "tcp://0.0.0.0:1", zap.NewNop())
+	core, logs := observer.New(zap.InfoLevel)
+	p, err := nbdtls.Server(ctx, nbdtls.Options{Mode: "require", CertDir: dir, Listen: "tcp://0.0.0.0:1", Log: zap.New(core)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !p.Require || p.Config.MinVersion != tls.VersionTLS12 {
 		t.Fatalf("policy %+v", p)
 	}
-	serial := func(cur *atomic.Pointer[tls.Config]) string {
-		return cur.Load().Certificates[0].Leaf.SerialNumber.String()
+	serial := func() string {
+		cfg, err := p.Config.GetConfigForClient(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg.Certificates[0].Leaf.SerialNumber.String()
 	}
-	var cur atomic.Pointer[tls.Config]
-	cfg, err := p.Config.GetConfigForClient(nil)
-	if err != nil {
-		t.Fatal(err)
+	// hup sends SIGHUP and waits for the log line the reload ends with.
+	hup := func(msg string) {
+		t.Helper()
+		n := logs.FilterMessage(msg).Len()
+		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); logs.FilterMessage(msg).Len() == n; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q after SIGHUP (logs %v)", msg, logs.All())
+			}
+		}
 	}
-	cur.Store(cfg)
-	first := serial(&cur)
-
+	first := serial()
 	next, _ := certDir(t, time.Time{}, time.Time{})
-	for _, name := range []string{tlsCertFile, tlsKeyFile} {
+	for _, name := range []string{nbdtls.CertFile, nbdtls.KeyFile} {
 		copyFile(t, filepath.Join(next, name), filepath.Join(dir, name))
 	}
-	core, logs := observer.New(zap.InfoLevel)
-	f.reload(&cur, zap.New(core))
-	second := serial(&cur)
-	if second == first || logs.FilterMessage("TLS certificates reloaded").Len() != 1 {
-		t.Fatalf("reload kept serial %s (logs %v)", first, logs.All())
+	hup("TLS certificates reloaded")
+	second := serial()
+	if second == first {
+		t.Fatalf("reload kept serial %s", first)
 	}
 	other, _ := certDir(t, time.Time{}, time.Time{})
-	copyFile(t, filepath.Join(other, tlsKeyFile), filepath.Join(dir, tlsKeyFile))
-	f.reload(&cur, zap.New(core))
-	if serial(&cur) != second {
+	copyFile(t, filepath.Join(other, nbdtls.KeyFile), filepath.Join(dir, nbdtls.KeyFile))
+	hup("TLS certificate reload failed; keeping the old certificates")
+	if serial() != second {
 		t.Fatal("a failed reload replaced the certificate")
 	}
 	failed := logs.FilterMessage("TLS certificate reload failed; keeping the old certificates").All()
@@ -219,11 +258,11 @@ func TestTLSReload(t *testing.T) {
 
 func TestTLSURI(t *testing.T) {
 	for mode, want := range map[string]string{"": "nbd://127.0.0.1:1/", "off": "nbd://127.0.0.1:1/", "on": "nbds://127.0.0.1:1/", "require": "nbds://127.0.0.1:1/"} {
-		if got := (&tlsFlags{mode: mode}).uri("nbd://127.0.0.1:1/"); got != want {
+		if got := (nbdtls.Options{Mode: mode}).URI("nbd://127.0.0.1:1/"); got != want {
 			t.Errorf("--tls %q: %s, want %s", mode, got, want)
 		}
 	}
-	if got := (&tlsFlags{mode: "on"}).uri("nbd+unix:///?socket=/s"); got != "nbds+unix:///?socket=/s" {
+	if got := (nbdtls.Options{Mode: "on"}).URI("nbd+unix:///?socket=/s"); got != "nbds+unix:///?socket=/s" {
 		t.Errorf("unix: %s", got)
 	}
 }
@@ -340,11 +379,11 @@ func verifyPeerServer(t *testing.T, ca *testcerts.CA, k testcerts.Key) *tls.Conf
 	if err := testcerts.WriteDir(dir, ca, "server", sp); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := (&tlsFlags{mode: "require", certDir: dir, verifyPeer: true}).load()
+	certs, err := nbdtls.Load(dir, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cfg
+	return certs.Config()
 }
 
 func clientConfig(t *testing.T, ca *testcerts.CA, vers uint16, p testcerts.Pair, saw func(*tls.CertificateRequestInfo)) *tls.Config {
