@@ -1,15 +1,17 @@
 // Command iser-blk makes a remote iSCSI LUN (over iSER or TCP) a local block device: an NBD export
 // on a socket, a kernel /dev/nbdX, or a ublk /dev/ublkbN.
 //
-// Each subcommand lives in its own file and registers itself from init(); main only dispatches,
-// sets up logging and turns SIGINT/SIGTERM into context cancellation. Shared pieces: target.go
-// (the target flags and their iser.Options), flagset.go (parsing, usage), exitcodes.go (the
-// error-to-exit-code mapping), exportflags.go and stack.go (the device stack serve and attach
-// build), shutdown.go (closeDevice: the one shutdown flush).
+// This package is wiring: flags to options, options to the packages that do the work. Each
+// subcommand registers itself from init() (related ones share a file: manage.go, handover.go);
+// main only dispatches and turns SIGINT/SIGTERM into context cancellation. Shared pieces:
+// target.go (the target flags and their iser.Options), flagset.go (parsing, usage), exitcodes.go
+// (the error-to-exit-code mapping), exportflags.go and stack.go (the device stack serve and attach
+// build), gateway.go (the flags of internal/gateway and internal/takeover). How a serving process
+// ends — detach, restart, stop --keep, a signal, the final flush — is internal/gateway's.
 //
 // Invariants: secrets never come from argv or a URL and are never logged; every command returns
 // one of the documented exit codes; a serving command exits 0 only when everything acknowledged
-// was flushed to the target (closeDevice).
+// was flushed to the target (gateway.CloseDevice), or handed over clean to a successor.
 package main
 
 import (
