@@ -28,7 +28,7 @@ func (g *Gateway) Detach(ctx context.Context, req control.Request) (control.Deta
 			Message: "the gateway is still starting: it serves no device yet"}
 	}
 	before := writtenBack(dev)
-	wbCtx, err := g.beginOp(ctx)
+	wbCtx, err := g.beginOp(ctx, true)
 	if err != nil {
 		return control.DetachResult{}, err
 	}
@@ -55,14 +55,17 @@ func (g *Gateway) Detach(ctx context.Context, req control.Request) (control.Deta
 
 // beginOp registers a control operation's write-back, refusing it once the shutdown began or a
 // hand-over committed, and returns the context it runs under: ctx, also cancelled if a shutdown
-// begins meanwhile. Control operations come one at a time (internal/control's exclusive lock).
-func (g *Gateway) beginOp(ctx context.Context) (context.Context, error) {
+// begins meanwhile. A detach is marked as waiting for the shutdown's outcome from here on, so a
+// shutdown that overtakes it answers it however the two interleave; commitDetach unmarks a
+// detach that failed. Control operations come one at a time (internal/control's exclusive lock).
+func (g *Gateway) beginOp(ctx context.Context, detach bool) (context.Context, error) {
 	g.stopMu.Lock()
 	defer g.stopMu.Unlock()
 	if err := g.endingLocked(); err != nil {
 		return nil, err
 	}
 	ctx, g.cancelOp = context.WithCancel(ctx)
+	g.detachWaits = detach
 	return ctx, nil
 }
 
@@ -95,14 +98,14 @@ func (g *Gateway) commitDetach(err error) bool {
 	defer g.stopMu.Unlock()
 	g.endOpLocked()
 	if g.phase == shuttingDown {
-		g.detachWaits = true
 		return true
 	}
 	if err != nil {
+		g.detachWaits = false
 		g.resumeLocked("write-back before detach failed: " + err.Error())
 		return false
 	}
-	g.phase, g.detachWaits = shuttingDown, true
+	g.phase = shuttingDown
 	g.commitTo(lifecycle.Draining, "detach: removing the device")
 	g.opts.StopFrontend()
 	return true

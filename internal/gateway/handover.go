@@ -62,7 +62,7 @@ func (g *Gateway) handOverDevice(ctx context.Context, kind handOverKind) (func()
 	// here for it to give up, then flushes and stops as usual.
 	g.flushMu.Lock()
 	defer g.flushMu.Unlock()
-	if ctx, err = g.beginOp(ctx); err != nil {
+	if ctx, err = g.beginOp(ctx, false); err != nil {
 		return nil, err
 	}
 	if kind == reexec {
