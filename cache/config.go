@@ -9,46 +9,23 @@ import (
 
 	"github.com/dustin/go-humanize"
 
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/pool"
 )
 
-// Mode selects how writes are treated.
-type Mode int
+// Mode selects how writes are treated: the one cache-mode type of the tree (internal/modes),
+// shared with the state file and the status schema.
+type Mode = modes.Cache
 
+// The modes (see modes.Cache).
 const (
-	// WriteBack (the default) acknowledges writes once they are in cache pages; Flush and FUA make
-	// them durable. The cache advertises a volatile write cache.
-	WriteBack Mode = iota
-	// WriteThrough acknowledges a write only after the backend accepted it; reads are cached.
-	WriteThrough
-	// Off removes the cache: Wrap returns the backend itself.
-	Off
+	WriteBack    = modes.WriteBack    // the default: acknowledged once in cache pages; Flush and FUA make durable
+	WriteThrough = modes.WriteThrough // acknowledged once the backend accepted the write; reads are cached
+	Off          = modes.Off          // no cache: Wrap returns the backend itself
 )
 
-func (m Mode) String() string {
-	switch m {
-	case WriteBack:
-		return "writeback"
-	case WriteThrough:
-		return "writethrough"
-	case Off:
-		return "off"
-	}
-	return fmt.Sprintf("Mode(%d)", int(m))
-}
-
 // ParseMode parses the value of --cache.
-func ParseMode(s string) (Mode, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "", "writeback", "wb":
-		return WriteBack, nil
-	case "writethrough", "wt":
-		return WriteThrough, nil
-	case "off", "none":
-		return Off, nil
-	}
-	return 0, fmt.Errorf("cache mode %q: want writeback, writethrough or off", s)
-}
+func ParseMode(s string) (Mode, error) { return modes.ParseCache(s) }
 
 // Defaults for the fields of Config left zero.
 const (

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"os"
 	"path/filepath"
 	"sync"
@@ -21,7 +22,6 @@ import (
 	"github.com/iser-blk/iser-blk/frontend/nbd"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
 	"github.com/iser-blk/iser-blk/internal/gateway"
-	"github.com/iser-blk/iser-blk/internal/statefile"
 	"github.com/iser-blk/iser-blk/internal/status"
 	"github.com/iser-blk/iser-blk/internal/takeover"
 	"github.com/iser-blk/iser-blk/pool"
@@ -121,7 +121,7 @@ func runAttach(ctx context.Context, args []string) int {
 	if af.useUblk {
 		af.uo.Pool = p // registered for RDMA before the target was opened: tag buffers need no bounce
 		af.uo.Counters = at.counters
-		if af.uo.Takeover, err = prepareTakeover(&sf, statefile.KindUblk, ef.target, ef.cache.Mode, dev, log); err != nil {
+		if af.uo.Takeover, err = prepareTakeover(&sf, modes.Ublk, ef.target, ef.cache.Mode, dev, log); err != nil {
 			code = failTakeover(err)
 		} else {
 			at.tk = af.uo.Takeover
@@ -186,11 +186,11 @@ func (af *attachFlags) earlyName(sf *serviceFlags) string {
 	return ""
 }
 
-func (af *attachFlags) kind() string {
+func (af *attachFlags) kind() modes.Frontend {
 	if af.useUblk {
-		return "ublk"
+		return modes.Ublk
 	}
-	return "nbd"
+	return modes.NBD
 }
 
 // announced prints the device path once the device accepts I/O, names the gateway after it if
@@ -293,7 +293,7 @@ func (at *attachment) shutdown(code int) int {
 // the exit code so far; the caller flushes and closes the device.
 func attachNBD(ctx context.Context, at *attachment, p *pool.Pool, mem int64) int {
 	log := at.log
-	tk, err := prepareTakeover(at.sf, statefile.KindNBD, at.ef.target, at.ef.cache.Mode, at.dev, log)
+	tk, err := prepareTakeover(at.sf, modes.NBD, at.ef.target, at.ef.cache.Mode, at.dev, log)
 	if err != nil {
 		return failTakeover(err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -13,7 +14,6 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/lifecycle"
-	"github.com/iser-blk/iser-blk/internal/statefile"
 	"github.com/iser-blk/iser-blk/internal/status"
 )
 
@@ -44,7 +44,7 @@ func named(t *testing.T, at *attachment) {
 
 func withTakeover(t *testing.T, at *attachment, dev block.Device) {
 	t.Helper()
-	tk, err := prepareTakeover(at.sf, statefile.KindUblk, at.ef.target, at.ef.cache.Mode, dev, at.log)
+	tk, err := prepareTakeover(at.sf, modes.Ublk, at.ef.target, at.ef.cache.Mode, dev, at.log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func TestSignalBeforeTheNameKeepsHandOverOff(t *testing.T) {
 		named(t, at)
 		at.tk.SetCanWait(func() error { return nil })
 		at.tk.Serving(at.dev)
-		if err := at.tk.Record(statefile.KindUblk, 3); err != nil {
+		if err := at.tk.Record(modes.Ublk, 3); err != nil {
 			t.Fatal(err)
 		}
 		at.announced("/dev/ublkb3", status.Frontend{Kind: "ublk"})
@@ -117,7 +117,7 @@ func TestTakingOverIsRecovering(t *testing.T) {
 	if s, _ := at.gateway().State(); s != lifecycle.Starting {
 		t.Fatalf("a fresh attach is %s, want starting", s)
 	}
-	if err := at.tk.Record(statefile.KindUblk, 2); err != nil {
+	if err := at.tk.Record(modes.Ublk, 2); err != nil {
 		t.Fatal(err)
 	}
 	withTakeover(t, at, at.dev)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"os"
 	"os/signal"
 	"syscall"
@@ -16,7 +17,6 @@ import (
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/block"
-	"github.com/iser-blk/iser-blk/cache"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/gateway"
 	"github.com/iser-blk/iser-blk/internal/service"
@@ -53,21 +53,22 @@ func startGateway(sf *serviceFlags, id status.Identity, counters *status.IOCount
 }
 
 // identity is what a gateway serving target through frontend kind at path reports.
-func identity(name, kind, path string, ef *exportFlags) status.Identity {
+func identity(name string, kind modes.Frontend, path string, ef *exportFlags) status.Identity {
 	targets := []string{iser.RedactURL(ef.target)}
 	for _, t := range ef.alternates {
 		targets = append(targets, iser.RedactURL(t))
 	}
-	return status.Identity{Name: name, Device: name, FrontendKind: kind, FrontendPath: path, Targets: targets, CacheMode: ef.cache.Mode}
+	mode, _ := modes.ParseCache(ef.cache.Mode) // a bad --cache stops openStack before anything serves
+	return status.Identity{Name: name, Device: name, FrontendKind: kind, FrontendPath: path, Targets: targets, CacheMode: mode}
 }
 
 // prepareTakeover reads attach --name's state file (nil without --name: no state file). A
 // corrupt, foreign or other-kind state stops the attach (exit 7).
-func prepareTakeover(sf *serviceFlags, kind, target, cacheMode string, dev block.Device, log *zap.Logger) (*takeover.Takeover, error) {
+func prepareTakeover(sf *serviceFlags, kind modes.Frontend, target, cacheMode string, dev block.Device, log *zap.Logger) (*takeover.Takeover, error) {
 	if sf.name == "" {
 		return nil, nil
 	}
-	mode, err := cache.ParseMode(cacheMode) // "wb", "none", ...: the state file spells it one way
+	mode, err := modes.ParseCache(cacheMode) // "wb", "none", ...: the state file spells it one way
 	if err != nil {
 		return nil, usagef("%v", err)
 	}
@@ -82,7 +83,7 @@ func prepareTakeover(sf *serviceFlags, kind, target, cacheMode string, dev block
 	// 0x83 name (Identity.DeviceID) is left empty: tgtd derives it from the target id and LUN
 	// number, so it would refuse a legitimate successor when targets come back in another order
 	// and still not tell two LUNs behind one IQN and number apart.
-	return takeover.Prepare(takeover.Options{Dir: dir, Name: sf.name, Kind: kind, CacheMode: mode.String(), Log: log,
+	return takeover.Prepare(takeover.Options{Dir: dir, Name: sf.name, Kind: kind, CacheMode: mode, Log: log,
 		LUN: statefile.Identity{Target: iser.RedactURL(target), Size: dev.Size(), BlockSize: dev.BlockSize()}})
 }
 

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"net"
 	"net/url"
 	"os"
@@ -98,7 +99,7 @@ func runServe(ctx context.Context, args []string) int {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	counters := new(status.IOCounters)
-	g, err := startGateway(&sf, identity(name, "nbd-socket", where, &ef), counters, stop, log)
+	g, err := startGateway(&sf, identity(name, modes.NBDSocket, where, &ef), counters, stop, log)
 	if err != nil {
 		return fail("serve", err)
 	}
@@ -120,7 +121,7 @@ func runServe(ctx context.Context, args []string) int {
 		g.Abandon()
 		return fail("serve", err)
 	}
-	g.Serving(dev, "", status.Frontend{Kind: "nbd-socket", QueueDepth: ef.maxInflight})
+	g.Serving(dev, "", status.Frontend{Kind: modes.NBDSocket, QueueDepth: ef.maxInflight})
 	uri = tlsf.options(listenSpec, log).URI(uri)
 	log.Info("serving NBD", zap.String("uri", uri), zap.String("export", ef.exportName),
 		zap.String("size", humanize.IBytes(uint64(dev.Size()))), zap.Int("block_size", dev.BlockSize()),

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"io"
 	"net"
 	"os"
@@ -46,7 +47,7 @@ func newFakeGateway(name string) *fakeGateway {
 	_ = lm.To(lifecycle.Ready, "")
 	return &fakeGateway{lm: lm, reg: status.NewRegistry(status.Identity{
 		Name: name, Device: name, FrontendKind: "nbd", FrontendPath: "/dev/fake-" + name,
-		Targets: []string{"iscsi://127.0.0.1/iqn.test/0"}, CacheMode: "writeback",
+		Targets: []string{"iscsi://127.0.0.1/iqn.test/0"}, CacheMode: modes.WriteBack,
 	}, lm)}
 }
 

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -73,19 +74,16 @@ type fixture struct {
 }
 
 type fixtureOptions struct {
-	kind      string // frontend kind: ublk (default), nbd, nbd-socket
+	kind      modes.Frontend // ublk (default), nbd, nbd-socket
 	handOver  bool
-	cacheMode string // of the takeover (default writeback)
+	cacheMode modes.Cache // of the takeover (zero: write-back)
 	prev      *statefile.State
 }
 
 func newFixture(t *testing.T, dev block.Device, fo fixtureOptions) *fixture {
 	t.Helper()
 	if fo.kind == "" {
-		fo.kind = "ublk"
-	}
-	if fo.cacheMode == "" {
-		fo.cacheMode = statefile.CacheWriteBack
+		fo.kind = modes.Ublk
 	}
 	dir := t.TempDir()
 	f := &fixture{dev: dev, proc: &fakeProcess{}}
@@ -110,19 +108,19 @@ func newFixture(t *testing.T, dev block.Device, fo fixtureOptions) *fixture {
 	if fo.handOver {
 		if fo.prev != nil {
 			st := *fo.prev
-			st.Version, st.Name, st.Kind = statefile.Version, "gw", statefile.KindUblk
+			st.Version, st.Name, st.Kind = statefile.Version, "gw", modes.Ublk
 			st.LUN = statefile.Identity{Target: "iscsi://192.0.2.1/iqn.2026-01.test:t1/1", Size: dev.Size(), BlockSize: dev.BlockSize()}
 			if err := statefile.Write(statefile.Path(dir, "gw"), st); err != nil {
 				t.Fatal(err)
 			}
 		}
-		tk, err := takeover.Prepare(takeover.Options{Dir: dir, Name: "gw", Kind: statefile.KindUblk, CacheMode: fo.cacheMode,
+		tk, err := takeover.Prepare(takeover.Options{Dir: dir, Name: "gw", Kind: modes.Ublk, CacheMode: fo.cacheMode,
 			LUN: statefile.Identity{Target: "iscsi://192.0.2.1/iqn.2026-01.test:t1/1", Size: dev.Size(), BlockSize: dev.BlockSize()}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		served = tk.Serving(dev)
-		if err := tk.Record(statefile.KindUblk, 3); err != nil {
+		if err := tk.Record(modes.Ublk, 3); err != nil {
 			t.Fatal(err)
 		}
 		tk.SetCanWait(func() error { return nil })

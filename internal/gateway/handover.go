@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/iser-blk/iser-blk/internal/modes"
 
 	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
@@ -133,7 +134,7 @@ func (g *Gateway) handOverReady(kind handOverKind) (*takeover.Takeover, block.De
 	g.mu.Lock()
 	t, dev := g.handOver, g.dev
 	g.mu.Unlock()
-	if g.svc.Status.Identity().FrontendKind == "nbd-socket" {
+	if g.svc.Status.Identity().FrontendKind == modes.NBDSocket {
 		return nil, nil, &control.Error{Code: control.CodeUnsupported,
 			Message: kind.String() + " applies to attach: a serve gateway's clients would lose their connections; stop and start it instead"}
 	}

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,7 +28,7 @@ func TestHandOverRefusals(t *testing.T) {
 			return err
 		}
 		t.Run("serve", func(t *testing.T) {
-			f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{kind: "nbd-socket"})
+			f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{kind: modes.NBDSocket})
 			wantControlError(t, handOver(f), control.CodeUnsupported, "applies to attach")
 		})
 		t.Run("no --name", func(t *testing.T) {
@@ -41,7 +42,7 @@ func TestHandOverRefusals(t *testing.T) {
 		})
 		t.Run("fenced", func(t *testing.T) {
 			f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{handOver: true,
-				prev: &statefile.State{DevID: 3, CacheMode: statefile.CacheWriteBack, Dirty: true, PID: 1}})
+				prev: &statefile.State{DevID: 3, CacheMode: modes.WriteBack, Dirty: true, PID: 1}})
 			wantControlError(t, handOver(f), control.CodeRefused, "fenced")
 		})
 	}

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -29,7 +30,7 @@ func TestOneSourceOfTruth(t *testing.T) {
 	var svc *Service
 	svc, err := Start(Options{
 		RunDir:        runDir,
-		Identity:      status.Identity{Name: "nbd0", Device: "nbd0", FrontendKind: "nbd", FrontendPath: "/dev/nbd0", CacheMode: "off"},
+		Identity:      status.Identity{Name: "nbd0", Device: "nbd0", FrontendKind: "nbd", FrontendPath: "/dev/nbd0", CacheMode: modes.Off},
 		MetricsListen: "127.0.0.1:0",
 		Detach: func(ctx context.Context, req control.Request) (control.DetachResult, error) {
 			lm := svc.Lifecycle

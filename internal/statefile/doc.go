@@ -4,11 +4,13 @@
 // a torn one.
 //
 // Invariants:
-//   - A State with CacheMode "writeback" is written Dirty before the device serves its first
-//     request, and becomes clean only after a shutdown or restart has flushed every dirty byte to
-//     the target (a device the shutdown leaves behind is recorded clean only then). A successor that finds a dirty write-back state must not resume the
-//     device (Resumable says why): writes the predecessor acknowledged may never have reached the
-//     target, and a filesystem that went on would later believe them durable. A successor that
+//   - A State says Dirty exactly while acknowledged writes may be missing from the target: it is
+//     written clean before the device serves its first request (Fresh), Dirty before the first
+//     write after a clean point is acknowledged, and clean again after a flush leaves nothing
+//     dirty or a shutdown, restart or stop --keep has written every dirty byte back
+//     (internal/gate, internal/takeover). A successor that finds a Dirty state must not resume
+//     the device (Resumable says why): writes the predecessor acknowledged may never have reached
+//     the target, and a filesystem that went on would later believe them durable. A successor that
 //     takes such a device over (fenced) records Dirty whatever its own cache mode, and Resumable
 //     refuses any Dirty state: the fence passes on until the device is detached.
 //   - Decoding untrusted bytes never panics; a file that is not a State of this Version, or whose

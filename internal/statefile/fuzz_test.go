@@ -2,6 +2,7 @@ package statefile
 
 import (
 	"encoding/json"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"testing"
 )
 
@@ -9,7 +10,7 @@ import (
 // have written; Decode must never panic, and what it accepts must be a valid State that
 // round-trips.
 func FuzzDecode(f *testing.F) {
-	good, _ := json.Marshal(Fresh("gw", KindUblk, 1, lun, CacheWriteBack, 9))
+	good, _ := json.Marshal(Fresh("gw", modes.Ublk, 1, lun, modes.WriteBack, 9))
 	f.Add(good)
 	f.Add([]byte(`{"version":1}`))
 	f.Add([]byte(`null`))

@@ -1,6 +1,10 @@
 package statefile
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/iser-blk/iser-blk/internal/modes"
+)
 
 // CheckIdentity reports, as ErrForeign, a state file written for another LUN than now: the
 // device it names holds a filesystem of that LUN, and serving another LUN's blocks under it would
@@ -29,7 +33,7 @@ func (s State) CheckIdentity(now Identity) error {
 func (s State) Resumable() (ok bool, why string) {
 	const next = "they may be lost, so the device fails every I/O instead of resuming. Unmount the filesystem, detach (SIGTERM this gateway), attach afresh and run fsck"
 	switch {
-	case s.Dirty && s.CacheMode == CacheWriteBack:
+	case s.Dirty && s.CacheMode == modes.WriteBack:
 		return false, fmt.Sprintf("gateway (pid %d) ended without a planned shutdown while its write-back cache could hold acknowledged writes not yet on the target: %s", s.PID, next)
 	case s.Dirty:
 		return false, fmt.Sprintf("gateway (pid %d, cache %s) served a device already fenced: an earlier gateway's write-back cache could have held acknowledged writes not yet on the target: %s", s.PID, s.CacheMode, next)
@@ -37,9 +41,9 @@ func (s State) Resumable() (ok bool, why string) {
 	return true, ""
 }
 
-// Fresh is the state a gateway records before its device serves its first request: Dirty exactly
-// when the cache is write-back.
-func Fresh(name, kind string, devID int, id Identity, cacheMode string, pid int) State {
-	return State{Version: Version, Name: name, Kind: kind, DevID: devID, LUN: id,
-		CacheMode: cacheMode, Dirty: cacheMode == CacheWriteBack, PID: pid}
+// Fresh is the state a gateway records before its device serves its first request: clean, as
+// nothing is acknowledged yet (internal/gate records Dirty before the first write it lets
+// through to a write-back cache).
+func Fresh(name string, kind modes.Frontend, devID int, id Identity, cacheMode modes.Cache, pid int) State {
+	return State{Version: Version, Name: name, Kind: kind, DevID: devID, LUN: id, CacheMode: cacheMode, PID: pid}
 }

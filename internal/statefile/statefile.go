@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/iser-blk/iser-blk/internal/modes"
 )
 
 // Version is the format of the file this package writes. Read rejects any other.
@@ -19,19 +21,6 @@ var (
 	ErrCorrupt = errors.New("state file is corrupt")
 	ErrVersion = errors.New("state file has an unknown version")
 	ErrForeign = errors.New("state file belongs to another LUN")
-)
-
-// Device kinds.
-const (
-	KindUblk = "ublk"
-	KindNBD  = "nbd"
-)
-
-// Cache modes, as --cache spells them.
-const (
-	CacheOff          = "off"
-	CacheWriteThrough = "writethrough"
-	CacheWriteBack    = "writeback"
 )
 
 // Identity names the LUN behind a device: a successor serving another LUN under the same name
@@ -46,15 +35,15 @@ type Identity struct {
 
 // State is the content of NAME.json.
 type State struct {
-	Version   int       `json:"version"`
-	Name      string    `json:"name"`
-	Kind      string    `json:"kind"`   // KindUblk or KindNBD
-	DevID     int       `json:"dev_id"` // N of /dev/ublkbN or /dev/nbdN
-	LUN       Identity  `json:"lun"`
-	CacheMode string    `json:"cache_mode"`
-	Dirty     bool      `json:"dirty"` // the write-back cache may hold acknowledged writes
-	PID       int       `json:"pid"`   // the gateway that wrote the file
-	Updated   time.Time `json:"updated"`
+	Version   int            `json:"version"`
+	Name      string         `json:"name"`
+	Kind      modes.Frontend `json:"kind"`   // modes.Ublk or modes.NBD
+	DevID     int            `json:"dev_id"` // N of /dev/ublkbN or /dev/nbdN
+	LUN       Identity       `json:"lun"`
+	CacheMode modes.Cache    `json:"cache_mode"`
+	Dirty     bool           `json:"dirty"` // the write-back cache may hold acknowledged writes
+	PID       int            `json:"pid"`   // the gateway that wrote the file
+	Updated   time.Time      `json:"updated"`
 }
 
 // Path is NAME's state file in dir.
@@ -145,17 +134,24 @@ func Decode(data []byte) (State, error) {
 	if s.Version != Version {
 		return State{}, fmt.Errorf("%w: %d (this gateway reads %d)", ErrVersion, s.Version, Version)
 	}
+	// The cache mode's zero value is write-back: a file without the field must not pass for one.
+	var present struct {
+		CacheMode *json.RawMessage `json:"cache_mode"`
+	}
+	if json.Unmarshal(data, &present) != nil || present.CacheMode == nil {
+		return State{}, fmt.Errorf("%w: no cache mode", ErrCorrupt)
+	}
 	return s, s.validate()
 }
 
 func (s State) validate() error {
 	switch {
-	case s.Kind != KindUblk && s.Kind != KindNBD:
+	case !s.Kind.KernelDevice():
 		return fmt.Errorf("%w: device kind %q", ErrCorrupt, s.Kind)
 	case s.DevID < 0:
 		return fmt.Errorf("%w: device id %d", ErrCorrupt, s.DevID)
-	case s.CacheMode != CacheOff && s.CacheMode != CacheWriteThrough && s.CacheMode != CacheWriteBack:
-		return fmt.Errorf("%w: cache mode %q", ErrCorrupt, s.CacheMode)
+	case s.CacheMode != modes.Off && s.CacheMode != modes.WriteThrough && s.CacheMode != modes.WriteBack:
+		return fmt.Errorf("%w: cache mode %v", ErrCorrupt, s.CacheMode)
 	case s.LUN.Size <= 0 || s.LUN.BlockSize <= 0:
 		return fmt.Errorf("%w: LUN size %d, block size %d", ErrCorrupt, s.LUN.Size, s.LUN.BlockSize)
 	}

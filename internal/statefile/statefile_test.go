@@ -2,6 +2,7 @@ package statefile
 
 import (
 	"errors"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -14,7 +15,8 @@ var lun = Identity{Target: "iqn.2026-01.test:t1", LUN: 1, DeviceID: "naa.6001405
 func TestWriteReadRoundTrip(t *testing.T) {
 	dir := t.TempDir()
 	p := Path(dir, "gw1")
-	want := Fresh("gw1", KindUblk, 3, lun, CacheWriteBack, 42)
+	want := Fresh("gw1", modes.Ublk, 3, lun, modes.WriteBack, 42)
+	want.Dirty = true
 	if err := Write(p, want); err != nil {
 		t.Fatal(err)
 	}
@@ -22,7 +24,7 @@ func TestWriteReadRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Name != "gw1" || got.DevID != 3 || got.LUN != lun || !got.Dirty || got.PID != 42 || got.Version != Version {
+	if got.Name != "gw1" || got.Kind != modes.Ublk || got.CacheMode != modes.WriteBack || got.DevID != 3 || got.LUN != lun || !got.Dirty || got.PID != 42 || got.Version != Version {
 		t.Fatalf("read back %+v", got)
 	}
 	fi, err := os.Stat(p)
@@ -38,7 +40,7 @@ func TestWriteReadRoundTrip(t *testing.T) {
 func TestWriteReplacesAtomically(t *testing.T) {
 	dir := t.TempDir()
 	p := Path(dir, "gw")
-	s := Fresh("gw", KindNBD, 0, lun, CacheWriteBack, 1)
+	s := Fresh("gw", modes.NBD, 0, lun, modes.WriteBack, 1)
 	if err := Write(p, s); err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +55,7 @@ func TestWriteReplacesAtomically(t *testing.T) {
 }
 
 func TestWriteFailsInMissingDir(t *testing.T) {
-	if err := Write(filepath.Join(t.TempDir(), "no", "x.json"), Fresh("x", KindUblk, 0, lun, CacheOff, 1)); err == nil {
+	if err := Write(filepath.Join(t.TempDir(), "no", "x.json"), Fresh("x", modes.Ublk, 0, lun, modes.Off, 1)); err == nil {
 		t.Fatal("write into a missing directory succeeded")
 	}
 }
@@ -73,6 +75,7 @@ func TestReadErrors(t *testing.T) {
 		"version":   {`{"version":9,"kind":"ublk"}`, ErrVersion},
 		"kind":      {`{"version":1,"kind":"loop","cache_mode":"off","lun":{"size":1,"block_size":512}}`, ErrCorrupt},
 		"cache":     {`{"version":1,"kind":"ublk","cache_mode":"maybe","lun":{"size":1,"block_size":512}}`, ErrCorrupt},
+		"no cache":  {`{"version":1,"kind":"ublk","lun":{"size":1,"block_size":512}}`, ErrCorrupt},
 		"size":      {`{"version":1,"kind":"ublk","cache_mode":"off","lun":{"size":0,"block_size":512}}`, ErrCorrupt},
 		"devid":     {`{"version":1,"kind":"nbd","dev_id":-1,"cache_mode":"off","lun":{"size":1,"block_size":512}}`, ErrCorrupt},
 		"huge":      {strings.Repeat(" ", maxFileBytes+1), ErrCorrupt},
@@ -89,7 +92,7 @@ func TestReadErrors(t *testing.T) {
 }
 
 func TestCheckIdentity(t *testing.T) {
-	s := Fresh("gw", KindUblk, 0, lun, CacheOff, 1)
+	s := Fresh("gw", modes.Ublk, 0, lun, modes.Off, 1)
 	if err := s.CheckIdentity(lun); err != nil {
 		t.Fatalf("same LUN: %v", err)
 	}
@@ -115,14 +118,14 @@ func TestCheckIdentity(t *testing.T) {
 
 func TestResumable(t *testing.T) {
 	for _, c := range []struct {
-		mode  string
+		mode  modes.Cache
 		dirty bool
 		ok    bool
 	}{
-		{CacheOff, false, true}, {CacheWriteThrough, false, true},
-		{CacheWriteBack, false, true}, {CacheWriteBack, true, false},
+		{modes.Off, false, true}, {modes.WriteThrough, false, true},
+		{modes.WriteBack, false, true}, {modes.WriteBack, true, false},
 		// a fence passed on by a successor with another cache mode stays a fence
-		{CacheOff, true, false}, {CacheWriteThrough, true, false},
+		{modes.Off, true, false}, {modes.WriteThrough, true, false},
 	} {
 		s := State{CacheMode: c.mode, Dirty: c.dirty, PID: 7}
 		ok, why := s.Resumable()
@@ -130,7 +133,7 @@ func TestResumable(t *testing.T) {
 			t.Errorf("%s dirty=%v: ok=%v why=%q", c.mode, c.dirty, ok, why)
 		}
 	}
-	if !Fresh("a", KindUblk, 0, lun, CacheWriteBack, 1).Dirty || Fresh("a", KindUblk, 0, lun, CacheWriteThrough, 1).Dirty {
-		t.Fatal("Fresh must be dirty exactly for write-back")
+	if Fresh("a", modes.Ublk, 0, lun, modes.WriteBack, 1).Dirty || Fresh("a", modes.Ublk, 0, lun, modes.WriteThrough, 1).Dirty {
+		t.Fatal("Fresh must be clean: nothing is acknowledged before the device serves (the gate marks dirty)")
 	}
 }

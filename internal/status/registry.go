@@ -1,6 +1,7 @@
 package status
 
 import (
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,10 +36,10 @@ type Identity struct {
 	// Device is the device label until the frontend path is known; from then on the label is
 	// derived from FrontendKind and FrontendPath (DeviceLabel).
 	Device       string
-	FrontendKind string
+	FrontendKind modes.Frontend
 	FrontendPath string
 	Targets      []string // already redacted by the caller (iser.RedactURL): Registry does not parse URLs
-	CacheMode    string
+	CacheMode    modes.Cache
 	BuildVersion string
 }
 
@@ -143,9 +144,9 @@ func DeviceLabel(id Identity) string {
 		return id.Device
 	}
 	switch id.FrontendKind {
-	case "nbd", "ublk":
+	case modes.NBD, modes.Ublk:
 		return filepath.Base(id.FrontendPath)
-	case "nbd-socket":
+	case modes.NBDSocket:
 		return id.FrontendPath
 	}
 	return id.Device

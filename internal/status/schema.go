@@ -8,7 +8,11 @@
 // re-typed, within one Version.
 package status
 
-import "time"
+import (
+	"time"
+
+	"github.com/iser-blk/iser-blk/internal/modes"
+)
 
 // Version is the schema version every Status carries; it changes only when a field is renamed,
 // re-typed or removed.
@@ -29,19 +33,19 @@ type Status struct {
 
 // Gateway identifies the process and says what it serves. It is what `iser-blk list` prints.
 type Gateway struct {
-	Name          string    `json:"name"`
-	PID           int       `json:"pid"`
-	Device        string    `json:"device"`        // the metrics' device label: nbd0, ublkb3, or the socket (DeviceLabel)
-	FrontendKind  string    `json:"frontend_kind"` // "nbd-socket", "nbd" (kernel) or "ublk"
-	FrontendPath  string    `json:"frontend_path"` // the NBD socket, /dev/nbdX or /dev/ublkbN
-	Targets       []string  `json:"targets"`       // target URLs, never with credentials
-	CacheMode     string    `json:"cache_mode"`    // as --cache: "writeback", "writethrough" or "off"
-	State         string    `json:"state"`         // a lifecycle state
-	StateReason   string    `json:"state_reason,omitempty"`
-	Fenced        bool      `json:"fenced"` // failed because the device is fenced (FencedReason): every I/O fails until detached
-	StartedAt     time.Time `json:"started_at"`
-	UptimeSeconds float64   `json:"uptime_seconds"`
-	BuildVersion  string    `json:"build_version"`
+	Name          string         `json:"name"`
+	PID           int            `json:"pid"`
+	Device        string         `json:"device"`        // the metrics' device label: nbd0, ublkb3, or the socket (DeviceLabel)
+	FrontendKind  modes.Frontend `json:"frontend_kind"` // "nbd-socket", "nbd" (kernel) or "ublk"
+	FrontendPath  string         `json:"frontend_path"` // the NBD socket, /dev/nbdX or /dev/ublkbN
+	Targets       []string       `json:"targets"`       // target URLs, never with credentials
+	CacheMode     modes.Cache    `json:"cache_mode"`    // as --cache: "writeback", "writethrough" or "off"
+	State         string         `json:"state"`         // a lifecycle state
+	StateReason   string         `json:"state_reason,omitempty"`
+	Fenced        bool           `json:"fenced"` // failed because the device is fenced (FencedReason): every I/O fails until detached
+	StartedAt     time.Time      `json:"started_at"`
+	UptimeSeconds float64        `json:"uptime_seconds"`
+	BuildVersion  string         `json:"build_version"`
 }
 
 // Path is one iSCSI session (one portal) to the target.
@@ -114,10 +118,10 @@ type LUN struct {
 
 // Frontend is the client-facing side: NBD connections or ublk queues.
 type Frontend struct {
-	Kind        string `json:"kind"`        // as Gateway.FrontendKind
-	Connections int    `json:"connections"` // NBD: open client connections
-	Queues      int    `json:"queues"`      // ublk: hardware queues; NBD kernel: sockets
-	QueueDepth  int    `json:"queue_depth"`
+	Kind        modes.Frontend `json:"kind"`        // as Gateway.FrontendKind
+	Connections int            `json:"connections"` // NBD: open client connections
+	Queues      int            `json:"queues"`      // ublk: hardware queues; NBD kernel: sockets
+	QueueDepth  int            `json:"queue_depth"`
 }
 
 // Cache is the cache layer's state. Counters are totals since start.

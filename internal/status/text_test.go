@@ -1,6 +1,7 @@
 package status
 
 import (
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"strings"
 	"testing"
 )
@@ -8,7 +9,7 @@ import (
 func TestWriteList(t *testing.T) {
 	var b strings.Builder
 	err := WriteList(&b, []Gateway{{Name: "nbd0", PID: 42, FrontendPath: "/dev/nbd0",
-		Targets: []string{"iscsi://h/iqn/0"}, CacheMode: "writeback", State: "ready", UptimeSeconds: 3725}}, []string{"stuck"})
+		Targets: []string{"iscsi://h/iqn/0"}, CacheMode: modes.WriteBack, State: "ready", UptimeSeconds: 3725}}, []string{"stuck"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"strconv"
 	"strings"
 	"time"
@@ -52,7 +53,7 @@ func (t *Takeover) AttachNBD(k NBDKernel, srv *nbd.Server, opts nbd.AttachOption
 	// The index is known only now when the kernel picked it: the state goes in before the path
 	// is announced, the only moment a filesystem could start writing.
 	idx, _ := strconv.Atoi(strings.TrimPrefix(a.Path(), "/dev/nbd"))
-	if err := t.Record(statefile.KindNBD, idx); err != nil {
+	if err := t.Record(modes.NBD, idx); err != nil {
 		removeAttached(a, srv, t.log)
 		return nil, err
 	}
@@ -67,8 +68,8 @@ func (t *Takeover) reattachNBD(k NBDKernel, srv *nbd.Server, opts nbd.AttachOpti
 	prev := *t.Previous()
 	opts.Device = fmt.Sprintf("/dev/nbd%d", prev.DevID)
 	t.log.Info("taking over the nbd device a previous gateway left", zap.String("dev", opts.Device),
-		zap.Int("previous_pid", prev.PID), zap.String("cache", prev.CacheMode), zap.Bool("dirty", prev.Dirty))
-	if err := t.Record(statefile.KindNBD, prev.DevID); err != nil {
+		zap.Int("previous_pid", prev.PID), zap.Stringer("cache", prev.CacheMode), zap.Bool("dirty", prev.Dirty))
+	if err := t.Record(modes.NBD, prev.DevID); err != nil {
 		return nil, err // nothing served: the device still waits, its state file as it was (atomic write)
 	}
 	a, err := k.Reattach(srv, opts)

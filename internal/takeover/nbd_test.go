@@ -3,6 +3,7 @@ package takeover
 import (
 	"context"
 	"errors"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"os"
 	"strings"
 	"testing"
@@ -46,15 +47,15 @@ func (k *fakeNBD) kernel() NBDKernel {
 
 // nbdSuccessor is a gateway by the name "gw" whose predecessor left prev in dir's state file,
 // prepared as attach prepares it, with its NBD server on what it serves.
-func nbdSuccessor(t *testing.T, dir string, prev statefile.State, cacheMode string) (*Takeover, *nbd.Server, block.Device) {
+func nbdSuccessor(t *testing.T, dir string, prev statefile.State, cacheMode modes.Cache) (*Takeover, *nbd.Server, block.Device) {
 	t.Helper()
 	dev := memDevice(t, 1<<20)
-	prev.Version, prev.Name, prev.Kind = statefile.Version, "gw", statefile.KindNBD
+	prev.Version, prev.Name, prev.Kind = statefile.Version, "gw", modes.NBD
 	prev.LUN = statefile.Identity{Target: testTarget, Size: dev.Size(), BlockSize: dev.BlockSize()}
 	if err := statefile.Write(statefile.Path(dir, "gw"), prev); err != nil {
 		t.Fatal(err)
 	}
-	tk := mustPrepare(t, dir, "gw", statefile.KindNBD, cacheMode, dev)
+	tk := mustPrepare(t, dir, "gw", modes.NBD, cacheMode, dev)
 	if tk.Previous() == nil {
 		t.Fatal("Prepare did not read the predecessor's state")
 	}
@@ -71,7 +72,7 @@ func nbdSuccessor(t *testing.T, dir string, prev statefile.State, cacheMode stri
 // successor's write-back cache acknowledges must be recorded dirty before it is let through.
 func TestReattachRecordsBeforeTheKernelResends(t *testing.T) {
 	dir := t.TempDir()
-	tk, srv, _ := nbdSuccessor(t, dir, statefile.State{DevID: 3, CacheMode: statefile.CacheWriteBack, PID: 1}, statefile.CacheWriteBack)
+	tk, srv, _ := nbdSuccessor(t, dir, statefile.State{DevID: 3, CacheMode: modes.WriteBack, PID: 1}, modes.WriteBack)
 	var atReattach statefile.State
 	k := &fakeNBD{onReattach: func() { atReattach = readState(t, tk) }}
 	if _, err := tk.AttachNBD(k.kernel(), srv, nbd.AttachOptions{}); err != nil {
@@ -80,7 +81,7 @@ func TestReattachRecordsBeforeTheKernelResends(t *testing.T) {
 	if k.reattach != 1 || k.attach != 0 || k.reattachedDevices[0] != "/dev/nbd3" {
 		t.Fatalf("kernel calls: %+v", k)
 	}
-	if atReattach.PID != os.Getpid() || atReattach.DevID != 3 || atReattach.CacheMode != statefile.CacheWriteBack {
+	if atReattach.PID != os.Getpid() || atReattach.DevID != 3 || atReattach.CacheMode != modes.WriteBack {
 		t.Fatalf("state when the kernel got the sockets: %+v, want this pid, device 3", atReattach)
 	}
 	if err := tk.Gate().WriteAt(context.Background(), make([]byte, 4096), 0, 0); err != nil {
@@ -106,7 +107,7 @@ func TestReattachFailurePutsThePredecessorsStateBack(t *testing.T) {
 		"other": {errors.New("netlink: operation not permitted"), false},
 	} {
 		t.Run(name, func(t *testing.T) {
-			tk, srv, _ := nbdSuccessor(t, t.TempDir(), statefile.State{DevID: 3, CacheMode: statefile.CacheWriteBack, PID: 1}, statefile.CacheWriteBack)
+			tk, srv, _ := nbdSuccessor(t, t.TempDir(), statefile.State{DevID: 3, CacheMode: modes.WriteBack, PID: 1}, modes.WriteBack)
 			k := &fakeNBD{reattachErr: c.err}
 			_, err := tk.AttachNBD(k.kernel(), srv, nbd.AttachOptions{})
 			if !errors.Is(err, c.err) || errors.Is(err, ErrNoResume) != c.noResume {
@@ -116,7 +117,7 @@ func TestReattachFailurePutsThePredecessorsStateBack(t *testing.T) {
 				t.Fatalf("state after the failed reattach: %+v (attach calls %d)", st, k.attach)
 			}
 			tk.RecordFlushed() // the shutdown's final flush succeeds: the file is still not ours
-			if st := readState(t, tk); st.PID != 1 || st.CacheMode != statefile.CacheWriteBack {
+			if st := readState(t, tk); st.PID != 1 || st.CacheMode != modes.WriteBack {
 				t.Fatalf("state after the shutdown: %+v; want the predecessor's", st)
 			}
 		})
@@ -126,7 +127,7 @@ func TestReattachFailurePutsThePredecessorsStateBack(t *testing.T) {
 // The device a fenced state named is gone (disconnected while no gateway ran): the new device
 // is served unfenced, by a server built again on what Serving returns now.
 func TestReattachGoneFencedDeviceServesTheNewOneUnfenced(t *testing.T) {
-	tk, srv, dev := nbdSuccessor(t, t.TempDir(), statefile.State{DevID: 3, CacheMode: statefile.CacheWriteBack, Dirty: true, PID: 1}, statefile.CacheWriteBack)
+	tk, srv, dev := nbdSuccessor(t, t.TempDir(), statefile.State{DevID: 3, CacheMode: modes.WriteBack, Dirty: true, PID: 1}, modes.WriteBack)
 	if tk.FenceReason() == "" {
 		t.Fatal("the dirty write-back state is not fenced")
 	}
@@ -162,7 +163,7 @@ func TestReattachGoneFencedDeviceServesTheNewOneUnfenced(t *testing.T) {
 
 // The device a resumable state named is gone: a new one is made in the same call.
 func TestReattachGoneResumableDeviceAttachesAfresh(t *testing.T) {
-	tk, srv, _ := nbdSuccessor(t, t.TempDir(), statefile.State{DevID: 3, CacheMode: statefile.CacheOff, PID: 1}, statefile.CacheOff)
+	tk, srv, _ := nbdSuccessor(t, t.TempDir(), statefile.State{DevID: 3, CacheMode: modes.Off, PID: 1}, modes.Off)
 	k := &fakeNBD{reattachErr: nbd.ErrNoDevice}
 	if _, err := tk.AttachNBD(k.kernel(), srv, nbd.AttachOptions{}); err != nil || k.attach != 1 {
 		t.Fatalf("%v (kernel calls %+v)", err, k)
@@ -175,7 +176,7 @@ func TestReattachGoneResumableDeviceAttachesAfresh(t *testing.T) {
 // The control goroutine reads the fence reason (a restart's refusal, status) while the attach
 // drops a gone device's predecessor state: -race flags the two if the drop is not locked.
 func TestFenceReasonWhileThePredecessorIsDropped(t *testing.T) {
-	tk, srv, _ := nbdSuccessor(t, t.TempDir(), statefile.State{DevID: 3, CacheMode: statefile.CacheOff, PID: 1}, statefile.CacheOff)
+	tk, srv, _ := nbdSuccessor(t, t.TempDir(), statefile.State{DevID: 3, CacheMode: modes.Off, PID: 1}, modes.Off)
 	k := &fakeNBD{reattachErr: nbd.ErrNoDevice}
 	done := make(chan struct{})
 	go func() {

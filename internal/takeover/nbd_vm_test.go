@@ -3,6 +3,7 @@
 package takeover
 
 import (
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -34,8 +35,8 @@ func TestVMNBDStateUnrecordableRemovesDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The state file's directory does not exist: statefile.Write cannot create its temporary file.
-	tk, err := Prepare(Options{Dir: filepath.Join(t.TempDir(), "gone"), Name: "unrecordable", Kind: statefile.KindNBD,
-		CacheMode: statefile.CacheOff, Log: zaptest.NewLogger(t),
+	tk, err := Prepare(Options{Dir: filepath.Join(t.TempDir(), "gone"), Name: "unrecordable", Kind: modes.NBD,
+		CacheMode: modes.Off, Log: zaptest.NewLogger(t),
 		LUN: statefile.Identity{Target: "mem://64MiB", Size: mem.Size(), BlockSize: mem.BlockSize()}})
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ package takeover
 import (
 	"errors"
 	"fmt"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"io/fs"
 	"os"
 	"sync"
@@ -38,12 +39,12 @@ var ErrNoResume = errors.New("cannot take the device over")
 
 // Options describe the gateway that prepares a takeover.
 type Options struct {
-	Dir  string // the run directory (control.RunDir)
-	Name string // the gateway's --name, already validated
-	Kind string // statefile.KindUblk or statefile.KindNBD
+	Dir  string         // the run directory (control.RunDir)
+	Name string         // the gateway's --name, already validated
+	Kind modes.Frontend // modes.Ublk or modes.NBD
 	// LUN is the identity a predecessor's state must match (credentials already redacted).
 	LUN       statefile.Identity
-	CacheMode string // statefile.CacheOff, CacheWriteThrough or CacheWriteBack
+	CacheMode modes.Cache
 	Log       *zap.Logger
 }
 
@@ -52,12 +53,12 @@ type Takeover struct {
 	path      string
 	name      string
 	lun       statefile.Identity
-	cacheMode string
+	cacheMode modes.Cache
 	log       *zap.Logger
 
 	mu        sync.Mutex // guards everything below
 	prev      *statefile.State
-	kind      string // "" until record; again "" after forgetRecord
+	kind      modes.Frontend // "" until Record; again "" after forgetRecord
 	devID     int
 	dirty     bool // what the file says now (this gateway's dirty mark)
 	forgotten bool // the device is gone and the file with it
@@ -100,7 +101,7 @@ func (t *Takeover) Name() string { return t.name }
 func (t *Takeover) Target() string { return t.lun.Target }
 
 // CacheMode is the cache mode this gateway records.
-func (t *Takeover) CacheMode() string { return t.cacheMode }
+func (t *Takeover) CacheMode() modes.Cache { return t.cacheMode }
 
 // Previous is the state a predecessor left (nil: none, or the device it named is gone).
 func (t *Takeover) Previous() *statefile.State {
@@ -150,7 +151,7 @@ func (t *Takeover) Serving(dev block.Device) *gate.Gate {
 		dev = fence.New(dev, why)
 	}
 	opts := gate.Options{Dirty: inherited}
-	if t.cacheMode == statefile.CacheWriteBack {
+	if t.cacheMode == modes.WriteBack {
 		opts.Recorder = t
 	}
 	g := gate.New(dev, opts)
@@ -170,7 +171,7 @@ func (t *Takeover) Gate() *gate.Gate {
 // Record writes the state of a device this gateway now serves, before the device takes its
 // first request: clean (nothing is acknowledged yet), unless the predecessor's was dirty (a
 // fenced device stays fenced for the next successor too).
-func (t *Takeover) Record(kind string, devID int) error {
+func (t *Takeover) Record(kind modes.Frontend, devID int) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	st := t.stateLocked(kind, devID)
@@ -181,7 +182,7 @@ func (t *Takeover) Record(kind string, devID int) error {
 	return nil
 }
 
-func (t *Takeover) stateLocked(kind string, devID int) statefile.State {
+func (t *Takeover) stateLocked(kind modes.Frontend, devID int) statefile.State {
 	st := statefile.Fresh(t.name, kind, devID, t.lun, t.cacheMode, os.Getpid())
 	st.Dirty = t.dirty || (t.prev != nil && t.prev.Dirty)
 	return st

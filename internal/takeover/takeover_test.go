@@ -3,6 +3,7 @@ package takeover
 import (
 	"context"
 	"errors"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"os"
 	"strings"
 	"syscall"
@@ -18,13 +19,13 @@ func memDevice(t *testing.T, size int64) block.Device { return memdevtest.New(t,
 const testTarget = "iscsi://192.0.2.1/iqn.2026-01.test:t1/1"
 
 // prepare is Prepare as attach --name calls it for gateway name in dir serving dev.
-func prepare(t *testing.T, dir, name, kind, cacheMode string, dev block.Device) (*Takeover, error) {
+func prepare(t *testing.T, dir, name string, kind modes.Frontend, cacheMode modes.Cache, dev block.Device) (*Takeover, error) {
 	t.Helper()
 	return Prepare(Options{Dir: dir, Name: name, Kind: kind, CacheMode: cacheMode,
 		LUN: statefile.Identity{Target: testTarget, Size: dev.Size(), BlockSize: dev.BlockSize()}})
 }
 
-func mustPrepare(t *testing.T, dir, name, kind, cacheMode string, dev block.Device) *Takeover {
+func mustPrepare(t *testing.T, dir, name string, kind modes.Frontend, cacheMode modes.Cache, dev block.Device) *Takeover {
 	t.Helper()
 	tk, err := prepare(t, dir, name, kind, cacheMode, dev)
 	if err != nil {
@@ -45,14 +46,14 @@ func readState(t *testing.T, tk *Takeover) statefile.State {
 func TestPrepareFreshThenResume(t *testing.T) {
 	dir := t.TempDir()
 	dev := memDevice(t, 1<<20)
-	tk := mustPrepare(t, dir, "gw1", statefile.KindUblk, statefile.CacheWriteThrough, dev)
+	tk := mustPrepare(t, dir, "gw1", modes.Ublk, modes.WriteThrough, dev)
 	if tk.Previous() != nil {
 		t.Fatal("a fresh takeover has a predecessor")
 	}
-	if err := tk.Record(statefile.KindUblk, 5); err != nil {
+	if err := tk.Record(modes.Ublk, 5); err != nil {
 		t.Fatal(err)
 	}
-	again := mustPrepare(t, dir, "gw1", statefile.KindUblk, statefile.CacheWriteThrough, dev)
+	again := mustPrepare(t, dir, "gw1", modes.Ublk, modes.WriteThrough, dev)
 	if p := again.Previous(); p == nil || p.DevID != 5 || p.Dirty {
 		t.Fatalf("successor's predecessor: %+v", p)
 	}
@@ -68,24 +69,24 @@ func TestPrepareFreshThenResume(t *testing.T) {
 func TestPrepareRefuses(t *testing.T) {
 	dir := t.TempDir()
 	dev := memDevice(t, 1<<20)
-	if err := mustPrepare(t, dir, "gw", statefile.KindUblk, statefile.CacheOff, dev).Record(statefile.KindUblk, 0); err != nil {
+	if err := mustPrepare(t, dir, "gw", modes.Ublk, modes.Off, dev).Record(modes.Ublk, 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := prepare(t, dir, "gw", statefile.KindNBD, statefile.CacheOff, dev); !errors.Is(err, ErrNoResume) {
+	if _, err := prepare(t, dir, "gw", modes.NBD, modes.Off, dev); !errors.Is(err, ErrNoResume) {
 		t.Errorf("other kind: %v", err)
 	}
-	other := Options{Dir: dir, Name: "gw", Kind: statefile.KindUblk, CacheMode: statefile.CacheOff,
+	other := Options{Dir: dir, Name: "gw", Kind: modes.Ublk, CacheMode: modes.Off,
 		LUN: statefile.Identity{Target: "iscsi://192.0.2.1/iqn.other/1", Size: dev.Size(), BlockSize: dev.BlockSize()}}
 	if _, err := Prepare(other); !errors.Is(err, ErrNoResume) || !errors.Is(err, statefile.ErrForeign) {
 		t.Errorf("other LUN: %v", err)
 	}
-	if _, err := prepare(t, dir, "gw", statefile.KindUblk, statefile.CacheOff, memDevice(t, 2<<20)); !errors.Is(err, statefile.ErrForeign) {
+	if _, err := prepare(t, dir, "gw", modes.Ublk, modes.Off, memDevice(t, 2<<20)); !errors.Is(err, statefile.ErrForeign) {
 		t.Errorf("other size: %v", err)
 	}
 	if err := os.WriteFile(statefile.Path(dir, "gw"), []byte("{torn"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := prepare(t, dir, "gw", statefile.KindUblk, statefile.CacheOff, dev); !errors.Is(err, ErrNoResume) || !errors.Is(err, statefile.ErrCorrupt) {
+	if _, err := prepare(t, dir, "gw", modes.Ublk, modes.Off, dev); !errors.Is(err, ErrNoResume) || !errors.Is(err, statefile.ErrCorrupt) {
 		t.Errorf("corrupt: %v", err)
 	}
 }
@@ -95,16 +96,16 @@ func TestPrepareRefuses(t *testing.T) {
 func TestWriteBackStateFollowsTheDirtyMark(t *testing.T) {
 	dir := t.TempDir()
 	dev := memDevice(t, 1<<20)
-	tk := mustPrepare(t, dir, "wb", statefile.KindUblk, statefile.CacheWriteBack, dev)
+	tk := mustPrepare(t, dir, "wb", modes.Ublk, modes.WriteBack, dev)
 	g := tk.Serving(dev)
-	if err := tk.Record(statefile.KindUblk, 2); err != nil {
+	if err := tk.Record(modes.Ublk, 2); err != nil {
 		t.Fatal(err)
 	}
 	if readState(t, tk).Dirty {
 		t.Fatal("a write-back device that took no write is recorded dirty")
 	}
 	// an idle crash: the successor resumes
-	if why := mustPrepare(t, dir, "wb", statefile.KindUblk, statefile.CacheWriteBack, dev).FenceReason(); why != "" {
+	if why := mustPrepare(t, dir, "wb", modes.Ublk, modes.WriteBack, dev).FenceReason(); why != "" {
 		t.Fatalf("idle crash fenced: %s", why)
 	}
 	if err := g.WriteAt(context.Background(), make([]byte, 4096), 0, 0); err != nil {
@@ -113,7 +114,7 @@ func TestWriteBackStateFollowsTheDirtyMark(t *testing.T) {
 	if !readState(t, tk).Dirty {
 		t.Fatal("a write was acknowledged with the state clean")
 	}
-	if why := mustPrepare(t, dir, "wb", statefile.KindUblk, statefile.CacheWriteBack, dev).FenceReason(); why == "" {
+	if why := mustPrepare(t, dir, "wb", modes.Ublk, modes.WriteBack, dev).FenceReason(); why == "" {
 		t.Fatal("a crash after an unflushed write is not fenced")
 	}
 	if err := g.Flush(context.Background()); err != nil {
@@ -127,16 +128,16 @@ func TestWriteBackStateFollowsTheDirtyMark(t *testing.T) {
 func TestDirtyWriteBackIsFencedAndStaysFenced(t *testing.T) {
 	dir := t.TempDir()
 	dev := memDevice(t, 1<<20)
-	first := mustPrepare(t, dir, "wb", statefile.KindUblk, statefile.CacheWriteBack, dev)
+	first := mustPrepare(t, dir, "wb", modes.Ublk, modes.WriteBack, dev)
 	g := first.Serving(dev)
-	if err := first.Record(statefile.KindUblk, 2); err != nil {
+	if err := first.Record(modes.Ublk, 2); err != nil {
 		t.Fatal(err)
 	}
 	if err := g.WriteAt(context.Background(), make([]byte, 4096), 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	// The gateway dies here with a dirty page; its successor runs with the cache off.
-	next := mustPrepare(t, dir, "wb", statefile.KindUblk, statefile.CacheOff, dev)
+	next := mustPrepare(t, dir, "wb", modes.Ublk, modes.Off, dev)
 	fenced := next.Serving(dev)
 	ctx := context.Background()
 	buf := make([]byte, 4096)
@@ -151,7 +152,7 @@ func TestDirtyWriteBackIsFencedAndStaysFenced(t *testing.T) {
 			t.Errorf("%s on a fenced device: %v", name, err)
 		}
 	}
-	if err := next.Record(statefile.KindUblk, 2); err != nil {
+	if err := next.Record(modes.Ublk, 2); err != nil {
 		t.Fatal(err)
 	}
 	next.RecordFlushed()
@@ -159,7 +160,7 @@ func TestDirtyWriteBackIsFencedAndStaysFenced(t *testing.T) {
 		t.Fatal("a fenced device's state became clean: the next successor would resume it")
 	}
 	// The third (write-through) must still fence: the writes the first may have lost are lost.
-	third := mustPrepare(t, dir, "wb", statefile.KindUblk, statefile.CacheWriteThrough, dev)
+	third := mustPrepare(t, dir, "wb", modes.Ublk, modes.WriteThrough, dev)
 	if third.FenceReason() == "" {
 		t.Fatalf("the third gateway resumes a device fenced since the first died (%+v)", third.Previous())
 	}
@@ -170,9 +171,9 @@ func TestDirtyWriteBackIsFencedAndStaysFenced(t *testing.T) {
 func TestRecordFlushed(t *testing.T) {
 	dev := memDevice(t, 1<<20)
 	dirtyGateway := func(t *testing.T) *Takeover {
-		tk := mustPrepare(t, t.TempDir(), "wb", statefile.KindUblk, statefile.CacheWriteBack, dev)
+		tk := mustPrepare(t, t.TempDir(), "wb", modes.Ublk, modes.WriteBack, dev)
 		g := tk.Serving(dev)
-		if err := tk.Record(statefile.KindUblk, 4); err != nil {
+		if err := tk.Record(modes.Ublk, 4); err != nil {
 			t.Fatal(err)
 		}
 		if err := g.WriteAt(context.Background(), make([]byte, 4096), 0, 0); err != nil {
@@ -196,7 +197,7 @@ func TestRecordFlushed(t *testing.T) {
 		}
 	})
 	t.Run("never recorded", func(t *testing.T) {
-		tk := mustPrepare(t, t.TempDir(), "wb", statefile.KindUblk, statefile.CacheWriteBack, dev)
+		tk := mustPrepare(t, t.TempDir(), "wb", modes.Ublk, modes.WriteBack, dev)
 		tk.RecordFlushed()
 		if _, err := os.Stat(tk.Path()); !os.IsNotExist(err) {
 			t.Fatalf("a state file appeared: %v", err)

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/iser-blk/iser-blk/internal/modes"
 
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
-	"github.com/iser-blk/iser-blk/internal/statefile"
 )
 
 // UblkKernel is the kernel calls of RunUblk: frontend/ublk's in production.
@@ -33,12 +33,12 @@ func (t *Takeover) RunUblk(ctx context.Context, k UblkKernel, dev block.Device, 
 	uopts.Recovery = ublk.RecoveryReissue
 	uopts.OnCreated = func(id uint32) error {
 		t.SetCanWait(func() error { return ublkCanWait(k, id) })
-		return t.Record(statefile.KindUblk, int(id))
+		return t.Record(modes.Ublk, int(id))
 	}
 	if prev := t.Previous(); prev != nil {
 		id := uint32(prev.DevID)
 		t.log.Info("taking over the ublk device a previous gateway left", zap.String("dev", fmt.Sprintf("/dev/ublkb%d", id)),
-			zap.Int("previous_pid", prev.PID), zap.String("cache", prev.CacheMode), zap.Bool("dirty", prev.Dirty))
+			zap.Int("previous_pid", prev.PID), zap.Stringer("cache", prev.CacheMode), zap.Bool("dirty", prev.Dirty))
 		err := k.RunRecover(ctx, t.Serving(dev), id, uopts, announce)
 		switch {
 		case errors.Is(err, ublk.ErrNoDevice):

@@ -66,7 +66,7 @@ func checkLifecycle(t *testing.T, runDir, name string, g *vmtest.Gateway, kind s
 		t.Fatalf("status %s: exit %d: %s", name, code, out)
 	}
 	if st.Gateway.Name != name || st.Gateway.FrontendPath != g.Device || st.Frontend == nil ||
-		st.Frontend.Kind != kind || st.Frontend.Queues < 1 || st.Frontend.QueueDepth < 1 {
+		string(st.Frontend.Kind) != kind || st.Frontend.Queues < 1 || st.Frontend.QueueDepth < 1 {
 		t.Fatalf("status %s: gateway %+v frontend %+v, want %s %s with queues", name, st.Gateway, st.Frontend, kind, g.Device)
 	}
 	if _, code := run(t, "mkfs.ext4", "-q", "-F", g.Device); code != 0 {
