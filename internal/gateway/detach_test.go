@@ -1,6 +1,10 @@
 package gateway
 
 import (
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
 	"context"
 	"strings"
 	"testing"
@@ -125,4 +129,17 @@ func TestDetachAndTheShutdown(t *testing.T) {
 		t.Fatal("a final flush that failed exited 0")
 	}
 	wantControlError(t, <-answered, control.CodeFailed, "final flush failed")
+}
+
+// A transition the lifecycle refuses is a sequencing defect (or a shutdown that overtook an
+// operation): it is logged at error level, not hidden at debug.
+func TestRefusedTransitionIsAnError(t *testing.T) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{})
+	f.g.log = zap.New(core)
+	f.g.to(lifecycle.Starting, "back to the start") // ready → starting is not in the table
+	entries := logs.FilterMessage("lifecycle transition refused").All()
+	if len(entries) != 1 || entries[0].Level != zapcore.ErrorLevel {
+		t.Fatalf("refused transition logged as %+v, want one error", entries)
+	}
 }
