@@ -82,7 +82,14 @@ func (g *Gateway) handOverDevice(ctx context.Context, kind handOverKind) (func()
 	// tear the kernel device down under the next image, so they are ignored until it installs
 	// its handlers (os/signal's Notify does, even for a signal inherited as ignored).
 	g.opts.Process.IgnoreStopSignals()
-	g.log.Info("the device is handed over", zap.Stringer("by", kind),
+	// The dirty bytes the hand-over began with are what it wrote back (nothing is dirty now), the
+	// figure the client prints; the write-back counter's delta is what went to the target
+	// meanwhile, which can differ (a page written back twice, one already in flight).
+	msg := "re-executing for a planned restart"
+	if kind == exitKept {
+		msg = "stopping: the device is kept for a successor started with the same command"
+	}
+	g.log.Info(msg, zap.String("binary", g.opts.Process.Executable),
 		zap.String("dirty_written_back", humanize.IBytes(uint64(written.dirtyBefore))),
 		zap.Int64("dirty_written_back_bytes", written.dirtyBefore),
 		zap.Uint64("write_back_sent_bytes", written.bytes))
@@ -102,7 +109,6 @@ func (g *Gateway) handOverDevice(ctx context.Context, kind handOverKind) (func()
 func (g *Gateway) reexec() error {
 	defer close(g.handOverEnded)
 	path := g.opts.Process.Executable
-	g.log.Info("re-executing for a planned restart", zap.String("binary", path))
 	_ = g.log.Sync()
 	err := g.opts.Process.Exec(path)
 	g.log.Error("RE-EXEC FAILED: the device is flushed and waits for a server; run the same attach command again",
@@ -115,7 +121,6 @@ func (g *Gateway) reexec() error {
 // exitKept is a committed stop --keep's last step.
 func (g *Gateway) exitKept() error {
 	defer close(g.handOverEnded)
-	g.log.Info("exiting: the device waits for a successor started with the same command")
 	_ = g.log.Sync()
 	g.opts.Process.Exit(ExitOK)
 	return nil
