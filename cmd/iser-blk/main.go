@@ -29,8 +29,9 @@ import (
 	"github.com/iser-blk/iser-blk/internal/profiling"
 )
 
-// newRootCmd is `iser-blk` with every subcommand.
-func newRootCmd() *cobra.Command {
+// newRootCmd is `iser-blk` with every subcommand, writing its results to stdout and its errors
+// and usage to stderr (the completion scripts go to stdout).
+func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "iser-blk COMMAND [flags]",
 		Short: "a remote iSCSI LUN (iSCSI/TCP or iSER) as a local disk: NBD socket, /dev/nbdX or ublk",
@@ -49,6 +50,8 @@ func newRootCmd() *cobra.Command {
 		// The root's completion is the subcommands only.
 		ValidArgsFunction: cobra.NoFileCompletions,
 	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
 	root.SetVersionTemplate("iser-blk {{.Version}}\n")
 	root.SetUsageFunc(printUsage)
 	root.SetHelpFunc(func(c *cobra.Command, _ []string) { _ = printUsage(c) })
@@ -113,10 +116,7 @@ func execute(ctx context.Context, root *cobra.Command, args []string) int {
 
 // run is execute with the root's output on stdout and errors (and usage) on stderr.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	root := newRootCmd()
-	root.SetOut(stdout)
-	root.SetErr(stderr)
-	return execute(ctx, root, args)
+	return execute(ctx, newRootCmd(stdout, stderr), args)
 }
 
 func main() {

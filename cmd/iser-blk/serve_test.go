@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -47,7 +48,7 @@ func TestListenUsageErrors(t *testing.T) {
 func TestUsagePrintedOnce(t *testing.T) {
 	var out bytes.Buffer
 	var names []string
-	for _, c := range newRootCmd().Commands() {
+	for _, c := range newRootCmd(io.Discard, io.Discard).Commands() {
 		if c.Name() == "help" || c.Name() == "completion" {
 			continue
 		}

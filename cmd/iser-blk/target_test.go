@@ -48,10 +48,8 @@ func TestParseArgsInterspersed(t *testing.T) {
 		}}
 		group(cmd, groupTarget, func(fs *pflag.FlagSet) { tf.register(fs, true) })
 		tf.registerDebug(cmd.Flags())
-		root := newRootCmd()
+		root := newRootCmd(io.Discard, io.Discard)
 		root.AddCommand(cmd)
-		root.SetOut(io.Discard)
-		root.SetErr(io.Discard)
 		code := execute(context.Background(), root, append([]string{"x"}, tt.args...))
 		if code != tt.code || ran != (tt.pos != nil) {
 			t.Errorf("%v: exit %d (ran %v), want %d", tt.args, code, ran, tt.code)
