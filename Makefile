@@ -63,7 +63,8 @@ test-fuzz:
 test-e2e: build
 	@set -o pipefail; $(GO) test $(RACE) -count=1 -timeout 20m -tags e2e -json ./... | $(SUMMARY) -tier e2e -tally $(TALLY)
 
-# test-vm is defined in mk/vm.mk; dist, test-dist and test-rules in mk/release.mk.
+# test-vm is defined in mk/vm.mk; dist, test-dist and test-rules in mk/release.mk; man and
+# completions in mk/cli.mk.
 -include mk/*.mk
 
 # tally: every tier appends "tier P F S" to $(TALLY), and "FAILED tier what" per failure. The

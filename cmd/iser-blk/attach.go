@@ -8,28 +8,25 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"github.com/iser-blk/iser-blk/internal/modes"
 	"os"
 	"path/filepath"
 	"sync"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
 	"github.com/iser-blk/iser-blk/internal/gateway"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/status"
 	"github.com/iser-blk/iser-blk/internal/takeover"
 	"github.com/iser-blk/iser-blk/pool"
 )
-
-func init() {
-	register(&command{name: "attach", summary: "attach the LUN as /dev/nbdX (or /dev/ublkbN with --ublk)", run: runAttach})
-}
 
 // attachFlags are attach's own flags: the kernel device and how it is driven.
 type attachFlags struct {
@@ -42,12 +39,17 @@ type attachFlags struct {
 	uo              ublkOptions
 }
 
-func (af *attachFlags) register(fs *flag.FlagSet) {
+// registerNBD adds the kernel NBD frontend's flags.
+func (af *attachFlags) registerNBD(fs *pflag.FlagSet) {
 	fs.StringVar(&af.nbdDev, "nbd", "", "nbd device node, e.g. /dev/nbd0 (\"auto\": the kernel picks a free one)")
 	fs.IntVar(&af.connections, "connections", 4, "nbd: sockets between the kernel and the server")
 	fs.DurationVar(&af.timeout, "timeout", 0, "nbd: kernel per-request timeout (0: none; the backend's own timeout fails stuck I/O)")
 	fs.DurationVar(&af.deadConnTimeout, "dead-conn-timeout", 30*time.Second, "nbd: how long the kernel queues I/O while every connection is dead")
 	fs.BoolVar(&af.forceIoctl, "nbd-ioctl", false, "nbd: configure with ioctls instead of netlink")
+}
+
+// registerUblk adds the ublk frontend's flags.
+func (af *attachFlags) registerUblk(fs *pflag.FlagSet) {
 	fs.BoolVar(&af.useUblk, "ublk", false, "attach as a ublk device instead of nbd")
 	fs.IntVar(&af.uo.Queues, "queues", 0, "ublk: hardware queues (0: CPUs, at most 4)")
 	fs.IntVar(&af.uo.Depth, "depth", 0, "ublk: requests in flight per queue (0: 64)")
@@ -65,23 +67,38 @@ func (af *attachFlags) check() error {
 	return nil
 }
 
-func runAttach(ctx context.Context, args []string) int {
+// newAttachCmd is `iser-blk attach`.
+func newAttachCmd() *cobra.Command {
 	var tf targetFlags
 	var ef exportFlags
 	var af attachFlags
 	var sf serviceFlags
-	fs := newFlagSet("attach", "--target URL (--nbd /dev/nbdN [--connections N] | --ublk) [flags]",
+	cmd := leaf("attach --target URL (--nbd /dev/nbdN [--connections N] | --ublk) [flags]",
+		"attach the LUN as /dev/nbdX (or /dev/ublkbN with --ublk)",
 		"Attach the LUN as a kernel block device and serve it until SIGINT/SIGTERM or `iser-blk detach`.\n"+
 			"Prints the device path on stdout once it exists. With --nbd the kernel's nbd driver gets N sockets\n"+
 			"(generic netlink; the ioctl path is the fallback) and the write cache, FUA, discard and\n"+
-			"write-zeroes capabilities of the LUN.")
-	tf.register(fs, true)
-	ef.register(fs)
-	af.register(fs)
-	sf.register(fs, "the device's base name, e.g. nbd0 or ublkb3")
-	if _, code, done := parseOrExit(fs, args, 0); done {
-		return code
-	}
+			"write-zeroes capabilities of the LUN.", 0,
+		func(cmd *cobra.Command, _ []string) int { return runAttach(cmd.Context(), &tf, &ef, &af, &sf) })
+	group(cmd, groupTarget, func(fs *pflag.FlagSet) {
+		ef.registerTarget(fs)
+		tf.register(fs, true)
+	})
+	group(cmd, groupReliability, tf.registerReliability)
+	group(cmd, groupNBD, af.registerNBD)
+	group(cmd, groupUblk, af.registerUblk)
+	group(cmd, groupExport, ef.registerExport)
+	group(cmd, groupCache, ef.cache.register)
+	group(cmd, groupService, func(fs *pflag.FlagSet) { sf.register(fs, "the device's base name, e.g. nbd0 or ublkb3") })
+	tf.registerDebug(cmd.Flags())
+	hide(cmd, "export-name") // the kernel asks for no export by name (it only names the nbd backend id)
+	completeFiles(cmd, "chap-secret-file", "target-secret-file", "nbd")
+	completeDirs(cmd, "run-dir")
+	ef.cache.complete(cmd)
+	return cmd
+}
+
+func runAttach(ctx context.Context, tf *targetFlags, ef *exportFlags, af *attachFlags, sf *serviceFlags) int {
 	if err := af.check(); err != nil {
 		return fail("attach", err)
 	}
@@ -98,19 +115,19 @@ func runAttach(ctx context.Context, args []string) int {
 	signals := ctx
 	ctx, stop := context.WithCancel(context.WithoutCancel(signals))
 	defer stop()
-	at := &attachment{sf: &sf, ef: &ef, af: &af, stop: stop, log: log, counters: new(status.IOCounters)}
+	at := &attachment{sf: sf, ef: ef, af: af, stop: stop, log: log, counters: new(status.IOCounters)}
 	go at.stopOnSignal(signals, ctx.Done())
 	// A name known before the device exists is claimed before logging in: a second gateway by
 	// that name costs no session. Otherwise the kernel's device name is the gateway's.
-	if name := af.earlyName(&sf); name != "" {
+	if name := af.earlyName(sf); name != "" {
 		var err error
-		g, err := startGateway(&sf, identity(name, af.kind(), "", &ef), at.counters, stop, log)
+		g, err := startGateway(sf, identity(name, af.kind(), "", ef), at.counters, stop, log)
 		if err != nil {
 			return fail("attach", err)
 		}
 		at.setGateway(g)
 	}
-	dev, p, mem, err := openStack(ctx, &tf, &ef, log)
+	dev, p, mem, err := openStack(ctx, tf, ef, log)
 	if err != nil {
 		at.abandon()
 		return fail("attach", err)
@@ -121,7 +138,7 @@ func runAttach(ctx context.Context, args []string) int {
 	if af.useUblk {
 		af.uo.Pool = p // registered for RDMA before the target was opened: tag buffers need no bounce
 		af.uo.Counters = at.counters
-		if af.uo.Takeover, err = prepareTakeover(&sf, modes.Ublk, ef.target, ef.cache.Mode, dev, log); err != nil {
+		if af.uo.Takeover, err = prepareTakeover(sf, modes.Ublk, ef.target, ef.cache.Mode, dev, log); err != nil {
 			code = failTakeover(err)
 		} else {
 			at.tk = af.uo.Takeover

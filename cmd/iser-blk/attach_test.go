@@ -2,7 +2,7 @@ package main
 
 import (
 	"context"
-	"github.com/iser-blk/iser-blk/internal/modes"
+	"io"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -14,6 +14,7 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/lifecycle"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/status"
 )
 
@@ -138,19 +139,20 @@ func TestStatusCheckExitCode(t *testing.T) {
 	named(t, at)
 	g := at.gateway()
 	g.Serving(at.dev, "", status.Frontend{Kind: "ublk"})
-	args := []string{"--check", "--run-dir", at.sf.runDir, "gw"}
-	if code := runStatus(context.Background(), args); code != exitFailure {
+	args := []string{"status", "--check", "--run-dir", at.sf.runDir, "gw"}
+	runStatus := func(args []string) int { return run(context.Background(), args, io.Discard, io.Discard) }
+	if code := runStatus(args); code != exitFailure {
 		t.Fatalf("status --check of a starting gateway: exit %d, want %d", code, exitFailure)
 	}
 	g.Ready()
-	if code := runStatus(context.Background(), args); code != exitOK {
+	if code := runStatus(args); code != exitOK {
 		t.Fatalf("status --check of a ready gateway: exit %d", code)
 	}
 	g.Fenced("gateway (pid 7) died with dirty pages")
-	if code := runStatus(context.Background(), args); code != exitFailure {
+	if code := runStatus(args); code != exitFailure {
 		t.Fatalf("status --check of a fenced gateway: exit %d, want %d", code, exitFailure)
 	}
-	if code := runStatus(context.Background(), append([]string{"--json"}, args...)); code != exitFailure {
+	if code := runStatus(append([]string{"status", "--json"}, args[1:]...)); code != exitFailure {
 		t.Fatalf("status --json --check of a fenced gateway: exit %d, want %d", code, exitFailure)
 	}
 }

@@ -1,9 +1,10 @@
 package main
 
 import (
-	"flag"
 	"io"
 	"testing"
+
+	"github.com/spf13/pflag"
 
 	"github.com/iser-blk/iser-blk/cache"
 )
@@ -13,7 +14,7 @@ import (
 func TestCacheFlags(t *testing.T) {
 	parse := func(args ...string) (cache.Config, error) {
 		var cf cacheFlags
-		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		cf.register(fs)
 		if err := fs.Parse(args); err != nil {

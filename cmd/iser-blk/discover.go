@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/spf13/cobra"
+
 	"github.com/iser-blk/iser-blk/backend/iser"
 )
-
-func init() {
-	register(&command{name: "discover", summary: "list the targets and portals a portal offers (SendTargets)", run: runDiscover})
-}
 
 // discoveryPortal is iser.ParsePortal; every error is a usage error.
 func discoveryPortal(arg string) (scheme, portal string, err error) {
@@ -20,17 +18,19 @@ func discoveryPortal(arg string) (scheme, portal string, err error) {
 	return scheme, portal, nil
 }
 
-func runDiscover(ctx context.Context, args []string) int {
+// newDiscoverCmd is `iser-blk discover PORTAL`.
+func newDiscoverCmd() *cobra.Command {
 	var tf targetFlags
-	fs := newFlagSet("discover", "[flags] HOST[:PORT]",
+	cmd := leaf("discover [flags] HOST[:PORT]", "list the targets and portals a portal offers (SendTargets)",
 		"Run a SendTargets discovery session against the portal and print one line per target\n"+
-			"portal: PORTAL,TPGT TARGET-NAME (the format of iscsiadm -m discovery).")
-	tf.register(fs, false)
-	pos, code, done := parseOrExit(fs, args, 1)
-	if done {
-		return code
-	}
-	scheme, portal, err := discoveryPortal(pos[0])
+			"portal: PORTAL,TPGT TARGET-NAME (the format of iscsiadm -m discovery).", 1,
+		func(cmd *cobra.Command, pos []string) int { return runDiscover(cmd.Context(), &tf, pos[0]) })
+	tf.addTo(cmd)
+	return cmd
+}
+
+func runDiscover(ctx context.Context, tf *targetFlags, arg string) int {
+	scheme, portal, err := discoveryPortal(arg)
 	if err != nil {
 		return fail("discover", err)
 	}

@@ -3,9 +3,10 @@ package main
 // The flags serve and attach share that shape the device stack and its NBD export.
 
 import (
-	"flag"
 	"fmt"
 	"strings"
+
+	"github.com/spf13/pflag"
 )
 
 // exportFlags are the flags shared by serve and attach that shape the device and its NBD export.
@@ -20,9 +21,15 @@ type exportFlags struct {
 	cache        cacheFlags
 }
 
-func (ef *exportFlags) register(fs *flag.FlagSet) {
-	fs.Var((*targetList)(ef), "target", "target URL: iscsi://[user@]host[:port]/IQN/LUN, iser://..., or mem://SIZE (test-only in-memory device);\n"+
-		"repeat it with the same IQN/LUN on other portals for multipath (failover and fail-back)")
+// registerTarget adds --target (the Target group).
+func (ef *exportFlags) registerTarget(fs *pflag.FlagSet) {
+	fs.Var((*targetList)(ef), "target", "target URL: iscsi://[user@]host[:port]/IQN/LUN or iser://...; repeat it with the same\n"+
+		"IQN/LUN on other portals for multipath (failover and fail-back)")
+}
+
+// registerExport adds the flags that shape the device and its NBD export (attach hides
+// --export-name: the kernel's NBD client never names an export).
+func (ef *exportFlags) registerExport(fs *pflag.FlagSet) {
 	fs.StringVar(&ef.exportName, "export-name", "iser-blk", "NBD export name (the empty default name also selects it)")
 	fs.BoolVar(&ef.readOnly, "read-only", false, "export read-only")
 	fs.IntVar(&ef.maxInflight, "max-inflight", 128, "requests executing concurrently per connection")
@@ -30,7 +37,6 @@ func (ef *exportFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&ef.splice, "splice", false, "splice large READ payloads from the iSCSI socket to the NBD socket instead of\n"+
 		"copying them through memory (cache off, iSCSI/TCP only); saves the gateway's CPU,\n"+
 		"but a target on the same host may spend more than that (see docs/bench)")
-	ef.cache.register(fs)
 }
 
 // targetList is --target: the first names the LUN, later ones the same LUN on other portals.
@@ -42,6 +48,9 @@ func (l *targetList) String() string {
 	}
 	return strings.Join(append([]string{l.target}, l.alternates...), ",")
 }
+
+// Type is the value's name in help: --target URL.
+func (l *targetList) Type() string { return "URL" }
 
 func (l *targetList) Set(v string) error {
 	if l.target == "" {

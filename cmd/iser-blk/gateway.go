@@ -6,19 +6,19 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"github.com/iser-blk/iser-blk/internal/modes"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/gateway"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/service"
 	"github.com/iser-blk/iser-blk/internal/statefile"
 	"github.com/iser-blk/iser-blk/internal/status"
@@ -30,7 +30,7 @@ type serviceFlags struct {
 	name, runDir, metricsListen string
 }
 
-func (sf *serviceFlags) register(fs *flag.FlagSet, nameDefault string) {
+func (sf *serviceFlags) register(fs *pflag.FlagSet, nameDefault string) {
 	fs.StringVar(&sf.name, "name", "", "the gateway's name, unique on the host (default: "+nameDefault+")")
 	fs.StringVar(&sf.runDir, "run-dir", "", "directory of the control sockets (default: $"+control.RunDirEnv+" or "+control.DefaultRunDir+")")
 	fs.StringVar(&sf.metricsListen, "metrics-listen", "", "serve Prometheus /metrics on this HOST:PORT (default: off)")

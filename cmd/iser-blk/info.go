@@ -4,28 +4,30 @@ import (
 	"context"
 	"os"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 )
 
-func init() {
-	register(&command{name: "info", summary: "show a LUN's identity, capacity and limits", run: runInfo})
-}
-
-func runInfo(ctx context.Context, args []string) int {
+// newInfoCmd is `iser-blk info URL`.
+func newInfoCmd() *cobra.Command {
 	var tf targetFlags
 	var asJSON bool
-	fs := newFlagSet("info", "[flags] iscsi://[user@]host[:port]/IQN/LUN",
+	cmd := leaf("info [flags] iscsi://[user@]host[:port]/IQN/LUN", "show a LUN's identity, capacity and limits",
 		"Log in to the target, probe the LUN (INQUIRY and VPD pages, READ CAPACITY, MODE SENSE)\n"+
-			"and print its identity, capacity and limits. iser:// URLs use the RDMA transport.")
-	tf.register(fs, false)
-	fs.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
-	pos, code, done := parseOrExit(fs, args, 1)
-	if done {
-		return code
-	}
-	t, err := iser.ParseURL(pos[0])
+			"and print its identity, capacity and limits. iser:// URLs use the RDMA transport.", 1,
+		func(cmd *cobra.Command, pos []string) int { return runInfo(cmd.Context(), &tf, asJSON, pos[0]) })
+	tf.addTo(cmd)
+	group(cmd, groupOutput, func(fs *pflag.FlagSet) {
+		fs.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+	})
+	return cmd
+}
+
+func runInfo(ctx context.Context, tf *targetFlags, asJSON bool, url string) int {
+	t, err := iser.ParseURL(url)
 	if err != nil {
 		return fail("info", err)
 	}
@@ -36,7 +38,7 @@ func runInfo(ctx context.Context, args []string) int {
 		return fail("info", err)
 	}
 	opts.ReadOnly = true // info never writes
-	d, err := iser.Open(ctx, pos[0], opts)
+	d, err := iser.Open(ctx, url, opts)
 	if err != nil {
 		return fail("info", err)
 	}

@@ -1,13 +1,15 @@
 // Command iser-blk makes a remote iSCSI LUN (over iSER or TCP) a local block device: an NBD export
 // on a socket, a kernel /dev/nbdX, or a ublk /dev/ublkbN.
 //
-// This package is wiring: flags to options, options to the packages that do the work. Each
-// subcommand registers itself from init() (related ones share a file: manage.go, handover.go);
-// main only dispatches and turns SIGINT/SIGTERM into context cancellation. Shared pieces:
-// target.go (the target flags and their iser.Options), flagset.go (parsing, usage), exitcodes.go
-// (the error-to-exit-code mapping), exportflags.go and stack.go (the device stack serve and attach
-// build), gateway.go (the flags of internal/gateway and internal/takeover). How a serving process
-// ends — detach, restart, stop --keep, a signal, the final flush — is internal/gateway's.
+// This package is wiring: flags to options, options to the packages that do the work. The CLI is
+// spf13/cobra: newRootCmd builds the root and every subcommand from its constructor (newAttachCmd,
+// newServeCmd, ...; related ones share a file: manage.go, handover.go); execute runs it and maps
+// its outcome to the exit code; main only turns SIGINT/SIGTERM into context cancellation. Shared
+// pieces: target.go (the target flags and their iser.Options), flagset.go (flag groups, help,
+// the single-dash normaliser), exitcodes.go (the error-to-exit-code mapping), exportflags.go and
+// stack.go (the device stack serve and attach build), gateway.go (the flags of internal/gateway
+// and internal/takeover), docs.go (man pages). How a serving process ends — detach, restart,
+// stop --keep, a signal, the final flush — is internal/gateway's.
 //
 // Invariants: secrets never come from argv or a URL and are never logged; every command returns
 // one of the documented exit codes; a serving command exits 0 only when everything acknowledged
@@ -16,64 +18,112 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
-	"sort"
 
+	"github.com/spf13/cobra"
+
+	"github.com/iser-blk/iser-blk/internal/buildinfo"
 	"github.com/iser-blk/iser-blk/internal/profiling"
 )
 
-// command is one subcommand. run returns the process exit code (see exitcodes.go).
-type command struct {
-	name    string
-	summary string
-	run     func(ctx context.Context, args []string) int
+// newRootCmd is `iser-blk` with every subcommand, writing its results to stdout and its errors
+// and usage to stderr (the completion scripts go to stdout).
+func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "iser-blk COMMAND [flags]",
+		Short: "a remote iSCSI LUN (iSCSI/TCP or iSER) as a local disk: NBD socket, /dev/nbdX or ublk",
+		Long: "iser-blk makes a remote iSCSI LUN (over iSER or TCP) a local block device: an NBD export\n" +
+			"on a socket (serve), a kernel /dev/nbdX or a ublk /dev/ublkbN (attach).",
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("no command given")
+			}
+			return usagef("unknown command %q", args[0])
+		},
+		RunE:          func(*cobra.Command, []string) error { return nil }, // Args refuses every call
+		Version:       buildinfo.Get().String(),
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		// The root's completion is the subcommands only.
+		ValidArgsFunction: cobra.NoFileCompletions,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetVersionTemplate("iser-blk {{.Version}}\n")
+	root.SetUsageFunc(printUsage)
+	root.SetHelpFunc(func(c *cobra.Command, _ []string) { _ = printUsage(c) })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usagef("%v", err) })
+	root.Flags().Bool("version", false, "print the version and exit (as the version command does)") // no -v
+	root.Flags().BoolP("help", "h", false, "print this help")
+	root.AddCommand(
+		newAttachCmd(),
+		newServeCmd(),
+		newInfoCmd(),
+		newDiscoverCmd(),
+		newListCmd(),
+		newStatusCmd(),
+		newDetachCmd(),
+		newRestartCmd(),
+		newStopCmd(),
+		newVersionCmd(),
+		newGenManCmd(),
+	)
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		switch c.Name() {
+		case "help":
+			c.Short = "print a command's help: iser-blk help COMMAND"
+		case "completion":
+			c.Short = "print a shell completion script: iser-blk completion bash|zsh|fish"
+			c.Args = cobra.ArbitraryArgs
+			c.RunE = func(_ *cobra.Command, args []string) error { // no shell or an unknown one: exit 2
+				if len(args) == 0 {
+					return usagef("name a shell: bash, zsh, fish or powershell")
+				}
+				return usagef("unknown shell %q: bash, zsh, fish or powershell", args[0])
+			}
+		}
+	}
+	return root
 }
 
-var commands = map[string]*command{}
-
-func register(c *command) {
-	if _, dup := commands[c.name]; dup {
-		panic("iser-blk: duplicate subcommand " + c.name)
+// execute runs root with args (without the program name) under ctx and returns the exit code:
+// the command's own, 0 for --help and help, 2 for a usage error (a bad flag or argument, an
+// unknown command), which it reports with the command's usage.
+func execute(ctx context.Context, root *cobra.Command, args []string) int {
+	root.SetArgs(normaliseArgs(root, args))
+	cmd, err := root.ExecuteContextC(ctx)
+	var ce *exitCodeError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &ce):
+		return ce.code
 	}
-	commands[c.name] = c
+	if cmd == nil {
+		cmd = root
+	}
+	// Everything else cobra returns is a usage error: flags, arguments, an unknown command.
+	w := cmd.ErrOrStderr()
+	fmt.Fprintf(w, "%s: %v\n\n", cmd.CommandPath(), err)
+	_ = printUsage(cmd)
+	return exitUsage
 }
 
-func usage() {
-	fmt.Fprintf(os.Stderr, "usage: iser-blk <command> [flags]\n\ncommands:\n")
-	names := make([]string, 0, len(commands))
-	for n := range commands {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(os.Stderr, "  %-10s %s\n", n, commands[n].summary)
-	}
-	fmt.Fprintf(os.Stderr, "\nRun 'iser-blk <command> --help' for a command's flags.\n")
+// run is execute with the root's output on stdout and errors (and usage) on stderr.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return execute(ctx, newRootCmd(stdout, stderr), args)
 }
 
 func main() {
-	if len(os.Args) < 2 {
-		usage()
-		os.Exit(exitUsage)
-	}
-	name := os.Args[1]
-	if name == "--version" {
-		name = "version"
-	}
-	if name == "-h" || name == "--help" || name == "help" {
-		usage()
-		os.Exit(exitOK)
-	}
-	c, ok := commands[name]
-	if !ok {
-		fmt.Fprintf(os.Stderr, "iser-blk: unknown command %q\n", name)
-		usage()
-		os.Exit(exitUsage)
-	}
 	smallHostProcs()
 	profiling.FromEnv(os.Stderr)
 	ctx, stop := signalContext()
-	defer stop()
-	os.Exit(c.run(ctx, os.Args[2:]))
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }

@@ -7,39 +7,44 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"os"
 	"time"
 
 	"github.com/dustin/go-humanize"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/status"
 )
 
-func init() {
-	register(&command{name: "list", summary: "list the gateways running on this host", run: runList})
-	register(&command{name: "status", summary: "show a running gateway's paths, LUN, cache and I/O", run: runStatus})
-	register(&command{name: "detach", summary: "stop a gateway: drain, write back, remove its device", run: runDetach})
-}
-
 // queryTimeout bounds list and status.
 const queryTimeout = 10 * time.Second
 
-func registerRunDir(fs *flag.FlagSet, runDir *string) {
-	fs.StringVar(runDir, "run-dir", "", "directory of the control sockets (default: $"+control.RunDirEnv+" or "+control.DefaultRunDir+")")
+// addRunDir adds --run-dir, the Service group of the commands that talk to a running gateway.
+func addRunDir(cmd *cobra.Command, runDir *string) {
+	group(cmd, groupService, func(fs *pflag.FlagSet) {
+		fs.StringVar(runDir, "run-dir", "", "directory of the control sockets (default: $"+control.RunDirEnv+" or "+control.DefaultRunDir+")")
+	})
+	completeDirs(cmd, "run-dir")
 }
 
-func runList(ctx context.Context, args []string) int {
+// newListCmd is `iser-blk list`.
+func newListCmd() *cobra.Command {
 	var runDir string
 	var asJSON bool
-	fs := newFlagSet("list", "[--json]", "One line per gateway running on this host. A dead gateway leaves no line.")
-	registerRunDir(fs, &runDir)
-	fs.BoolVar(&asJSON, "json", false, "print a JSON array of the gateways (status schema version 1, gateway part)")
-	if _, code, done := parseOrExit(fs, args, 0); done {
-		return code
-	}
+	cmd := leaf("list [--json]", "list the gateways running on this host",
+		"One line per gateway running on this host. A dead gateway leaves no line.", 0,
+		func(cmd *cobra.Command, _ []string) int { return runList(cmd.Context(), runDir, asJSON) })
+	addRunDir(cmd, &runDir)
+	group(cmd, groupOutput, func(fs *pflag.FlagSet) {
+		fs.BoolVar(&asJSON, "json", false, "print a JSON array of the gateways (status schema version 1, gateway part)")
+	})
+	return cmd
+}
+
+func runList(ctx context.Context, runDir string, asJSON bool) int {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	entries, err := control.List(ctx, control.RunDir(runDir), 0)
@@ -64,22 +69,29 @@ func runList(ctx context.Context, args []string) int {
 	return exitOK
 }
 
-func runStatus(ctx context.Context, args []string) int {
+// newStatusCmd is `iser-blk status NAME`.
+func newStatusCmd() *cobra.Command {
 	var runDir string
 	var asJSON, check bool
-	fs := newFlagSet("status", "NAME|DEVICE [--json] [--check]", "Show a running gateway's state, paths, LUN, frontend, cache and I/O counters.\n"+
-		"With --check the exit code says whether it is healthy: 0 serving with every path up, 1 fenced,\n"+
-		"failed, not serving or degraded (a path down), with the reason on stderr.")
-	registerRunDir(fs, &runDir)
-	fs.BoolVar(&asJSON, "json", false, "print the status as JSON (schema version 1, docs/operations.md)")
-	fs.BoolVar(&check, "check", false, "exit 1 unless the gateway serves with every path up (for monitoring and scripts)")
-	pos, code, done := parseOrExit(fs, args, 1)
-	if done {
-		return code
-	}
+	cmd := leaf("status NAME|DEVICE [--json] [--check]", "show a running gateway's paths, LUN, cache and I/O",
+		"Show a running gateway's state, paths, LUN, frontend, cache and I/O counters.\n"+
+			"With --check the exit code says whether it is healthy: 0 serving with every path up, 1 fenced,\n"+
+			"failed, not serving or degraded (a path down), with the reason on stderr.", 1,
+		func(cmd *cobra.Command, pos []string) int {
+			return runStatus(cmd.Context(), runDir, pos[0], asJSON, check)
+		})
+	addRunDir(cmd, &runDir)
+	group(cmd, groupOutput, func(fs *pflag.FlagSet) {
+		fs.BoolVar(&asJSON, "json", false, "print the status as JSON (schema version 1, docs/operations.md)")
+		fs.BoolVar(&check, "check", false, "exit 1 unless the gateway serves with every path up (for monitoring and scripts)")
+	})
+	return cmd
+}
+
+func runStatus(ctx context.Context, runDir, name string, asJSON, check bool) int {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	c, err := control.Dial(ctx, control.RunDir(runDir), pos[0])
+	c, err := control.Dial(ctx, control.RunDir(runDir), name)
 	if err != nil {
 		return manageFail("status", err)
 	}
@@ -87,7 +99,7 @@ func runStatus(ctx context.Context, args []string) int {
 	if err != nil {
 		return manageFail("status", err)
 	}
-	code = exitOK
+	code := exitOK
 	if asJSON {
 		code = printJSON("status", st)
 	} else if err := status.WriteText(os.Stdout, st); err != nil {
@@ -100,22 +112,26 @@ func runStatus(ctx context.Context, args []string) int {
 	return code
 }
 
-func runDetach(ctx context.Context, args []string) int {
+// newDetachCmd is `iser-blk detach NAME`.
+func newDetachCmd() *cobra.Command {
 	var runDir string
 	var opts control.DetachOptions
-	fs := newFlagSet("detach", "NAME|DEVICE [--force] [--timeout D]",
+	cmd := leaf("detach NAME|DEVICE [--force] [--timeout D]", "stop a gateway: drain, write back, remove its device",
 		"Stop a gateway the way SIGTERM does: stop taking I/O, drain, write back every dirty byte\n"+
 			"(progress is shown here), log out, remove the device. Returns once the process is gone.\n"+
 			"A mounted or open device is refused unless --force; a failed write-back keeps the gateway\n"+
-			"running with its data and exits 1.")
-	registerRunDir(fs, &runDir)
-	fs.BoolVar(&opts.Force, "force", false, "detach even if the device is mounted or held open")
-	fs.DurationVar(&opts.Timeout, "timeout", 0, "give up after this long (0: wait for the write-back however long it takes)")
-	pos, code, done := parseOrExit(fs, args, 1)
-	if done {
-		return code
-	}
-	c, err := control.Dial(ctx, control.RunDir(runDir), pos[0])
+			"running with its data and exits 1.", 1,
+		func(cmd *cobra.Command, pos []string) int { return runDetach(cmd.Context(), runDir, pos[0], opts) })
+	addRunDir(cmd, &runDir)
+	group(cmd, groupService, func(fs *pflag.FlagSet) {
+		fs.BoolVar(&opts.Force, "force", false, "detach even if the device is mounted or held open")
+		fs.DurationVar(&opts.Timeout, "timeout", 0, "give up after this long (0: wait for the write-back however long it takes)")
+	})
+	return cmd
+}
+
+func runDetach(ctx context.Context, runDir, name string, opts control.DetachOptions) int {
+	c, err := control.Dial(ctx, control.RunDir(runDir), name)
 	if err != nil {
 		return manageFail("detach", err)
 	}

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"io"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 )
@@ -37,10 +40,12 @@ func TestRecoveryFlags(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var tf targetFlags
 			var ef exportFlags
-			fs := newFlagSet("serve", "", "")
+			fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			ef.registerTarget(fs)
 			tf.register(fs, true)
-			ef.register(fs)
-			_, err := parseArgs(fs, tt.args)
+			tf.registerReliability(fs)
+			err := fs.Parse(tt.args)
 			var opts iser.Options
 			if err == nil {
 				opts, err = tf.options("", nil)
@@ -71,8 +76,8 @@ func TestRecoveryFlags(t *testing.T) {
 // (recovery.go's unstick, docs/reliability.md), not only the final drop.
 func TestCommandTimeoutHelp(t *testing.T) {
 	var tf targetFlags
-	fs := newFlagSet("serve", "", "")
-	tf.register(fs, true)
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	tf.registerReliability(fs)
 	usage := fs.Lookup("command-timeout").Usage
 	for _, step := range []string{"ABORT TASK", "LOGICAL UNIT RESET", "drop", "re-issued"} {
 		if !strings.Contains(usage, step) {

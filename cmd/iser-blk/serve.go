@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/iser-blk/iser-blk/internal/modes"
 	"net"
 	"net/url"
 	"os"
@@ -17,18 +16,17 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/status"
 	"github.com/iser-blk/iser-blk/pool"
 )
-
-func init() {
-	register(&command{name: "serve", summary: "serve the LUN as an NBD export on a socket", run: runServe})
-}
 
 // newExportServer builds the NBD server for dev, its payloads in p (of mem bytes).
 func newExportServer(dev block.Device, ef *exportFlags, p *pool.Pool, mem int64, counters *status.IOCounters, log *zap.Logger) (*nbd.Server, error) {
@@ -65,26 +63,50 @@ func listen(spec string) (net.Listener, string, error) {
 	return l, uri, err
 }
 
-func runServe(ctx context.Context, args []string) int {
-	var tf targetFlags
-	var ef exportFlags
-	var listenSpec string
-	var drain time.Duration
-	var tlsf tlsFlags
-	var sf serviceFlags
-	fs := newFlagSet("serve", "--target URL [--listen unix:///PATH|tcp://HOST:PORT] [flags]",
+// serveFlags are serve's flags.
+type serveFlags struct {
+	tf         targetFlags
+	ef         exportFlags
+	listenSpec string
+	drain      time.Duration
+	tlsf       tlsFlags
+	sf         serviceFlags
+}
+
+// newServeCmd is `iser-blk serve`.
+func newServeCmd() *cobra.Command {
+	var f serveFlags
+	cmd := leaf("serve --target URL [--listen unix:///PATH|tcp://HOST:PORT] [flags]",
+		"serve the LUN as an NBD export on a socket",
 		"Serve the LUN as an NBD export (fixed newstyle, structured replies, FLUSH/FUA/TRIM/\n"+
 			"WRITE_ZEROES, multi-conn) until SIGINT/SIGTERM. Prints the NBD URI on stdout once listening.\n"+
-			"Connect with e.g. nbdinfo, nbdcopy, qemu-img or fio --ioengine=nbd.")
-	tf.register(fs, true)
-	ef.register(fs)
-	tlsf.register(fs)
-	fs.StringVar(&listenSpec, "listen", "unix:///run/iser-blk.sock", "where to listen: unix:///PATH (mode 0600) or tcp://HOST:PORT")
-	fs.DurationVar(&drain, "drain-timeout", time.Minute, "at shutdown, how long in-flight requests may take before connections are cut")
-	sf.register(fs, "the --listen socket's base name without extension, or nbd-tcp-PORT")
-	if _, code, done := parseOrExit(fs, args, 0); done {
-		return code
-	}
+			"Connect with e.g. nbdinfo, nbdcopy, qemu-img or fio --ioengine=nbd.", 0,
+		func(cmd *cobra.Command, _ []string) int { return runServe(cmd.Context(), &f) })
+	group(cmd, groupTarget, func(fs *pflag.FlagSet) {
+		f.ef.registerTarget(fs)
+		f.tf.register(fs, true)
+	})
+	group(cmd, groupReliability, f.tf.registerReliability)
+	group(cmd, groupServer, func(fs *pflag.FlagSet) {
+		fs.StringVar(&f.listenSpec, "listen", "unix:///run/iser-blk.sock", "where to listen: unix:///PATH (mode 0600) or tcp://HOST:PORT")
+		fs.DurationVar(&f.drain, "drain-timeout", time.Minute, "at shutdown, how long in-flight requests may take before connections are cut")
+	})
+	group(cmd, groupExport, f.ef.registerExport)
+	group(cmd, groupTLS, f.tlsf.register)
+	group(cmd, groupCache, f.ef.cache.register)
+	group(cmd, groupService, func(fs *pflag.FlagSet) {
+		f.sf.register(fs, "the --listen socket's base name without extension, or nbd-tcp-PORT")
+	})
+	f.tf.registerDebug(cmd.Flags())
+	completeFiles(cmd, "chap-secret-file", "target-secret-file")
+	completeDirs(cmd, "run-dir", "tls-certificates")
+	completeWords(cmd, "tls", "off", "on", "require")
+	f.ef.cache.complete(cmd)
+	return cmd
+}
+
+func runServe(ctx context.Context, f *serveFlags) int {
+	tf, ef, listenSpec, drain, tlsf, sf := &f.tf, &f.ef, f.listenSpec, f.drain, &f.tlsf, &f.sf
 	log := newLogger(tf.debug)
 	defer log.Sync() //nolint:errcheck
 	tlsPolicy, err := tlsf.serverTLS(ctx, listenSpec, log)
@@ -99,17 +121,17 @@ func runServe(ctx context.Context, args []string) int {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	counters := new(status.IOCounters)
-	g, err := startGateway(&sf, identity(name, modes.NBDSocket, where, &ef), counters, stop, log)
+	g, err := startGateway(sf, identity(name, modes.NBDSocket, where, ef), counters, stop, log)
 	if err != nil {
 		return fail("serve", err)
 	}
-	dev, p, mem, err := openStack(ctx, &tf, &ef, log)
+	dev, p, mem, err := openStack(ctx, tf, ef, log)
 	if err != nil {
 		g.Abandon()
 		return fail("serve", err)
 	}
 	defer p.Close()
-	srv, err := newExportServer(dev, &ef, p, mem, counters, log)
+	srv, err := newExportServer(dev, ef, p, mem, counters, log)
 	if err != nil {
 		dev.Close()
 		g.Abandon()

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -41,19 +43,24 @@ func TestListenUsageErrors(t *testing.T) {
 }
 
 // TestUsagePrintedOnce: serve --help (and every other subcommand's) prints its usage once (the
-// flag package calls Usage itself on -h, and parseOrExit used to print it again), and so does a
+// flag package used to call Usage itself on -h, and the caller printed it again), and so does a
 // bad flag, after the error.
 func TestUsagePrintedOnce(t *testing.T) {
 	var out bytes.Buffer
-	usageOutput = &out
-	defer func() { usageOutput = os.Stderr }()
-	for name, c := range commands {
+	var names []string
+	for _, c := range newRootCmd(io.Discard, io.Discard).Commands() {
+		if c.Name() == "help" || c.Name() == "completion" {
+			continue
+		}
+		names = append(names, c.Name())
+	}
+	for _, name := range names {
 		for _, tt := range []struct {
 			args []string
 			code int
 		}{{[]string{"--help"}, exitOK}, {[]string{"-h"}, exitOK}, {[]string{"--no-such-flag"}, exitUsage}} {
 			out.Reset()
-			if code := c.run(context.Background(), tt.args); code != tt.code {
+			if code := run(context.Background(), append([]string{name}, tt.args...), &out, &out); code != tt.code {
 				t.Errorf("%s %v: exit %d, want %d", name, tt.args, code, tt.code)
 			}
 			if n := strings.Count(out.String(), "usage: iser-blk "+name+" "); n != 1 {
@@ -61,7 +68,7 @@ func TestUsagePrintedOnce(t *testing.T) {
 			}
 		}
 	}
-	if _, ok := commands["serve"]; !ok {
+	if !slices.Contains(names, "serve") {
 		t.Fatal("serve is not registered")
 	}
 }

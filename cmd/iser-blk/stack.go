@@ -6,11 +6,12 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"strings"
 
 	"github.com/dustin/go-humanize"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
@@ -96,7 +97,7 @@ func newBufferPool(ef *exportFlags) (*pool.Pool, int64, error) {
 // --cache-read-around; Config parses them.
 type cacheFlags struct{ cache.Flags }
 
-func (cf *cacheFlags) register(fs *flag.FlagSet) {
+func (cf *cacheFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&cf.Mode, "cache", "writeback", "cache mode: writeback (a volatile write cache; clients' FLUSH/FUA make data durable), writethrough or off")
 	fs.StringVar(&cf.Size, "cache-size", humanize.IBytes(uint64(cache.SizeFor(cache.HostMemory()))),
 		"memory for cached pages; the default is a sixteenth of this host's memory, between 64 MiB and 1 GiB")
@@ -106,6 +107,11 @@ func (cf *cacheFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&cf.ReadAround, "cache-read-around", "256KiB", "reads this large, cached or not (a quarter of it for a miss continuing a sequential\n"+
 		"stream), are read straight from the target with dirty pages copied over, and not cached;\n"+
 		"0 caches every read")
+}
+
+// complete offers --cache's modes in shell completion.
+func (cf *cacheFlags) complete(cmd *cobra.Command) {
+	completeWords(cmd, "cache", "writeback", "writethrough", "off")
 }
 
 // wrap puts the cache in front of dev. Staging buffers for write-back and read misses come from

@@ -2,15 +2,16 @@ package main
 
 // The flags every subcommand that talks to a target shares (discover, info, serve, attach) and
 // how they become iser.Options: initiator name, CHAP credentials, session count, recovery.
-// Opening the target with them is stack.go's (openTarget); parsing is flagset.go's.
+// Opening the target with them is stack.go's (openTarget); groups and help are flagset.go's.
 //
 // CHAP secrets never come from argv nor from the URL (internal/chapcreds), and are never logged.
 
 import (
-	"flag"
 	"fmt"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
@@ -32,28 +33,43 @@ type targetFlags struct {
 	discoverPortals  bool
 }
 
-// register adds the shared flags to fs. withSessions adds --sessions (not for discover).
-func (tf *targetFlags) register(fs *flag.FlagSet, withSessions bool) {
+// register adds the login flags to fs (the Target group). serving adds --sessions and
+// --portals-from-discovery (serve and attach, not info and discover).
+func (tf *targetFlags) register(fs *pflag.FlagSet, serving bool) {
 	fs.StringVar(&tf.initiatorName, "initiator-name", "", "our iSCSI initiator name (IQN) (default: open-iscsi's /etc/iscsi/initiatorname.iscsi, else one generated once and kept in "+initiatorname.OwnFile+")")
 	fs.StringVar(&tf.chapUser, "chap-user", "", "CHAP user name (also settable as user@ in the URL)")
 	fs.StringVar(&tf.chapSecretFile, "chap-secret-file", "", "file holding the CHAP secret (default: $"+chapcreds.EnvSecret+")")
 	fs.StringVar(&tf.targetUser, "target-user", "", "mutual CHAP: the user name the target must present (optional)")
 	fs.StringVar(&tf.targetSecretFile, "target-secret-file", "", "mutual CHAP: file holding the target's secret (default: $"+chapcreds.EnvSecretMutual+")")
 	fs.DurationVar(&tf.loginTimeout, "login-timeout", 15*time.Second, "bound on connecting and logging in")
-	fs.BoolVar(&tf.debug, "debug", false, "debug logging")
-	if withSessions {
+	if serving {
 		fs.IntVar(&tf.sessions, "sessions", 1, "number of iSCSI sessions to the target (1-32)")
-		// Reliability (open-iscsi's defaults): keepalive, stuck commands, how long I/O waits
-		// for a lost session.
-		def := iser.DefaultRecovery()
-		tf.recovery = def
-		fs.DurationVar(&tf.recovery.NOPInterval, "noop-interval", def.NOPInterval, "NOP-Out ping on a connection idle this long (0: no keepalive)")
-		fs.DurationVar(&tf.recovery.NOPTimeout, "noop-timeout", def.NOPTimeout, "a ping unanswered this long drops the connection")
-		fs.DurationVar(&tf.recovery.CommandTimeout, "command-timeout", def.CommandTimeout, "commands outstanding with none completing this long: ABORT TASK, then LOGICAL UNIT RESET, then drop\n"+
-			"the connection, one step per further timeout; ended commands are re-issued (0: never)")
 		fs.BoolVar(&tf.discoverPortals, "portals-from-discovery", false, "ask the target's portal for its other portals (SendTargets) and use them all (multipath)")
-		fs.DurationVar(&tf.recovery.ReplacementTimeout, "replacement-timeout", def.ReplacementTimeout, "how long I/O waits for a lost session before failing with EIO (0: at once; negative: forever); reconnecting goes on")
 	}
+}
+
+// registerReliability adds the Reliability group (open-iscsi's defaults): keepalive, stuck
+// commands, how long I/O waits for a lost session.
+func (tf *targetFlags) registerReliability(fs *pflag.FlagSet) {
+	def := iser.DefaultRecovery()
+	tf.recovery = def
+	fs.DurationVar(&tf.recovery.NOPInterval, "noop-interval", def.NOPInterval, "NOP-Out ping on a connection idle this long (0: no keepalive)")
+	fs.DurationVar(&tf.recovery.NOPTimeout, "noop-timeout", def.NOPTimeout, "a ping unanswered this long drops the connection")
+	fs.DurationVar(&tf.recovery.CommandTimeout, "command-timeout", def.CommandTimeout, "commands outstanding with none completing this long: ABORT TASK, then LOGICAL UNIT RESET, then drop\n"+
+		"the connection, one step per further timeout; ended commands are re-issued (0: never)")
+	fs.DurationVar(&tf.recovery.ReplacementTimeout, "replacement-timeout", def.ReplacementTimeout, "how long I/O waits for a lost session before failing with EIO (0: at once; negative: forever); reconnecting goes on")
+}
+
+// registerDebug adds --debug (the General group).
+func (tf *targetFlags) registerDebug(fs *pflag.FlagSet) {
+	fs.BoolVar(&tf.debug, "debug", false, "debug logging")
+}
+
+// addTo adds the flags of a command that only logs in (info, discover) to cmd, in their groups.
+func (tf *targetFlags) addTo(cmd *cobra.Command) {
+	group(cmd, groupTarget, func(fs *pflag.FlagSet) { tf.register(fs, false) })
+	tf.registerDebug(cmd.Flags())
+	completeFiles(cmd, "chap-secret-file", "target-secret-file")
 }
 
 // chap builds the CHAP credentials (internal/chapcreds): nil when no user is named (by flag or

@@ -1,9 +1,9 @@
 package main
 
 import (
-	"errors"
-	"flag"
+	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -11,45 +11,52 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 	"github.com/iser-blk/iser-blk/internal/chapcreds"
 )
 
+// TestParseArgsInterspersed: flags may come before, between or after the positional arguments;
+// "--" ends the flags; an unknown flag is a usage error (exit 2) and -h is help (exit 0), both
+// before the command runs.
 func TestParseArgsInterspersed(t *testing.T) {
 	tests := []struct {
-		args    []string
-		pos     []string
-		debug   bool
-		wantErr bool
-		help    bool
+		args  []string
+		pos   []string
+		debug bool
+		code  int
 	}{
-		{[]string{"URL"}, []string{"URL"}, false, false, false},
-		{[]string{"--debug", "URL"}, []string{"URL"}, true, false, false},
-		{[]string{"URL", "--debug"}, []string{"URL"}, true, false, false},
-		{[]string{"A", "--debug", "B"}, []string{"A", "B"}, true, false, false},
-		{[]string{"--", "--debug"}, []string{"--debug"}, false, false, false},
-		{[]string{"--nope", "URL"}, nil, false, true, false},
-		{[]string{"URL", "-h"}, nil, false, false, true},
+		{[]string{"URL"}, []string{"URL"}, false, exitOK},
+		{[]string{"--debug", "URL"}, []string{"URL"}, true, exitOK},
+		{[]string{"URL", "--debug"}, []string{"URL"}, true, exitOK},
+		{[]string{"A", "--debug", "B"}, []string{"A", "B"}, true, exitOK},
+		{[]string{"--", "--debug"}, []string{"--debug"}, false, exitOK},
+		{[]string{"-debug", "URL"}, []string{"URL"}, true, exitOK}, // Go's flag package's spelling
+		{[]string{"--nope", "URL"}, nil, false, exitUsage},
+		{[]string{"URL", "-h"}, nil, false, exitOK},
 	}
 	for _, tt := range tests {
 		var tf targetFlags
-		fs := newFlagSet("x", "", "")
-		tf.register(fs, true)
-		pos, err := parseArgs(fs, tt.args)
-		switch {
-		case tt.help:
-			if !errors.Is(err, flag.ErrHelp) {
-				t.Errorf("%v: err %v, want help", tt.args, err)
-			}
-		case tt.wantErr:
-			if exitCode(err) != exitUsage {
-				t.Errorf("%v: err %v, want a usage error", tt.args, err)
-			}
-		default:
-			if err != nil || !reflect.DeepEqual(pos, tt.pos) || tf.debug != tt.debug {
-				t.Errorf("%v: pos %v debug %v err %v", tt.args, pos, tf.debug, err)
-			}
+		var pos []string
+		ran := false
+		cmd := &cobra.Command{Use: "x", Args: cobra.ArbitraryArgs, RunE: func(_ *cobra.Command, args []string) error {
+			ran, pos = true, args
+			return nil
+		}}
+		group(cmd, groupTarget, func(fs *pflag.FlagSet) { tf.register(fs, true) })
+		tf.registerDebug(cmd.Flags())
+		root := newRootCmd(io.Discard, io.Discard)
+		root.AddCommand(cmd)
+		code := execute(context.Background(), root, append([]string{"x"}, tt.args...))
+		if code != tt.code || ran != (tt.pos != nil) {
+			t.Errorf("%v: exit %d (ran %v), want %d", tt.args, code, ran, tt.code)
+			continue
+		}
+		if tt.pos != nil && (!reflect.DeepEqual(pos, tt.pos) || tf.debug != tt.debug) {
+			t.Errorf("%v: pos %v debug %v", tt.args, pos, tf.debug)
 		}
 	}
 }

@@ -2,9 +2,9 @@ package main
 
 import (
 	"context"
-	"flag"
 	"net"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/frontend/nbd"
@@ -21,7 +21,7 @@ type tlsFlags struct {
 	verifyPeer bool
 }
 
-func (f *tlsFlags) register(fs *flag.FlagSet) {
+func (f *tlsFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.mode, "tls", "", "TLS for NBD clients (NBD_OPT_STARTTLS): off, on (offered; plaintext clients are served too) or\n"+
 		"require (every client must use TLS). Needed on a tcp:// listener other hosts can reach (--tls off to serve plaintext anyway)")
 	fs.StringVar(&f.certDir, "tls-certificates", "", "with --tls on|require: the directory of "+nbdtls.CAFile+", "+nbdtls.CertFile+" and "+nbdtls.KeyFile+

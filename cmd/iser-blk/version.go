@@ -1,36 +1,35 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/iser-blk/iser-blk/internal/buildinfo"
 )
 
-func init() {
-	register(&command{name: "version", summary: "print the version", run: runVersion})
-}
-
-// runVersion is `iser-blk version [--json]` (and `iser-blk --version`): the semantic version,
-// VCS revision, modified flag, Go version and build features (internal/buildinfo says where
-// each comes from).
-func runVersion(_ context.Context, args []string) int {
+// newVersionCmd is `iser-blk version [--json]` (`iser-blk --version` prints the same line): the
+// semantic version, VCS revision, modified flag, Go version and build features
+// (internal/buildinfo says where each comes from).
+func newVersionCmd() *cobra.Command {
 	var asJSON bool
-	fs := newFlagSet("version", "[--json]",
+	cmd := leaf("version [--json]", "print the version",
 		"Print iser-blk's version: the semantic version, the VCS revision it was built from (and\n"+
 			"whether the tree was modified), the Go toolchain and the build's features (rdma: iser://\n"+
-			"targets work; a build without it serves iscsi:// targets only).")
-	fs.BoolVar(&asJSON, "json", false, "print JSON: version, revision, modified, go, features")
-	if _, code, done := parseOrExit(fs, args, 0); done {
-		return code
-	}
-	if err := writeVersion(os.Stdout, buildinfo.Get(), asJSON); err != nil {
-		return fail("version", err)
-	}
-	return exitOK
+			"targets work; a build without it serves iscsi:// targets only).", 0,
+		func(cmd *cobra.Command, _ []string) int {
+			if err := writeVersion(cmd.OutOrStdout(), buildinfo.Get(), asJSON); err != nil {
+				return fail("version", err)
+			}
+			return exitOK
+		})
+	group(cmd, groupOutput, func(fs *pflag.FlagSet) {
+		fs.BoolVar(&asJSON, "json", false, "print JSON: version, revision, modified, go, features")
+	})
+	return cmd
 }
 
 func writeVersion(w io.Writer, info buildinfo.Info, asJSON bool) error {

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"os"
+	"io"
 	"strings"
 	"testing"
 
@@ -44,14 +44,12 @@ func TestWriteVersion(t *testing.T) {
 // TestVersionUsage: version takes --json and --help and refuses arguments with exit 2.
 func TestVersionUsage(t *testing.T) {
 	var out bytes.Buffer
-	usageOutput = &out
-	defer func() { usageOutput = os.Stderr }()
 	for _, tt := range []struct {
 		args []string
 		code int
 	}{{[]string{"--help"}, exitOK}, {[]string{"extra"}, exitUsage}, {[]string{"--bogus"}, exitUsage}} {
 		out.Reset()
-		if code := runVersion(context.Background(), tt.args); code != tt.code {
+		if code := run(context.Background(), append([]string{"version"}, tt.args...), io.Discard, &out); code != tt.code {
 			t.Errorf("version %v: exit %d, want %d", tt.args, code, tt.code)
 		}
 		if n := strings.Count(out.String(), "usage: iser-blk version "); n != 1 {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/iser-blk/iser-blk/internal/modes"
 	"io"
 	"net"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/iser-blk/iser-blk/internal/lifecycle"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/status"
 )
 

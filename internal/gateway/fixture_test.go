@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"github.com/iser-blk/iser-blk/internal/modes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/lifecycle"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/service"
 	"github.com/iser-blk/iser-blk/internal/statefile"
 	"github.com/iser-blk/iser-blk/internal/status"

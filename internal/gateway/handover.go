@@ -14,7 +14,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/iser-blk/iser-blk/internal/modes"
 
 	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
@@ -22,6 +21,7 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/lifecycle"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/takeover"
 )
 

@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"github.com/iser-blk/iser-blk/internal/modes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/lifecycle"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/statefile"
 )
 

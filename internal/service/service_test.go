@@ -3,7 +3,6 @@ package service
 import (
 	"context"
 	"errors"
-	"github.com/iser-blk/iser-blk/internal/modes"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/lifecycle"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/sdnotify/sdnotifytest"
 	"github.com/iser-blk/iser-blk/internal/status"
 )

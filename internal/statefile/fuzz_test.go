@@ -2,8 +2,9 @@ package statefile
 
 import (
 	"encoding/json"
-	"github.com/iser-blk/iser-blk/internal/modes"
 	"testing"
+
+	"github.com/iser-blk/iser-blk/internal/modes"
 )
 
 // FuzzDecode: a state file is bytes from disk that anyone with access to the run directory may

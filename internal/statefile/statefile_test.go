@@ -2,12 +2,13 @@ package statefile
 
 import (
 	"errors"
-	"github.com/iser-blk/iser-blk/internal/modes"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/iser-blk/iser-blk/internal/modes"
 )
 
 var lun = Identity{Target: "iqn.2026-01.test:t1", LUN: 1, DeviceID: "naa.600140512345", Size: 1 << 30, BlockSize: 512}

@@ -1,7 +1,6 @@
 package status
 
 import (
-	"github.com/iser-blk/iser-blk/internal/modes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +8,7 @@ import (
 	"time"
 
 	"github.com/iser-blk/iser-blk/internal/lifecycle"
+	"github.com/iser-blk/iser-blk/internal/modes"
 )
 
 // The Providers: each layer implements the one for its part with a small method that reads its

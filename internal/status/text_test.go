@@ -1,9 +1,10 @@
 package status
 
 import (
-	"github.com/iser-blk/iser-blk/internal/modes"
 	"strings"
 	"testing"
+
+	"github.com/iser-blk/iser-blk/internal/modes"
 )
 
 func TestWriteList(t *testing.T) {

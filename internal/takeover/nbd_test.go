@@ -3,7 +3,6 @@ package takeover
 import (
 	"context"
 	"errors"
-	"github.com/iser-blk/iser-blk/internal/modes"
 	"os"
 	"strings"
 	"testing"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/statefile"
 )
 

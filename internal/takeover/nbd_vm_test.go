@@ -3,7 +3,6 @@
 package takeover
 
 import (
-	"github.com/iser-blk/iser-blk/internal/modes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/backend/memdev"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/statefile"
 	"github.com/iser-blk/iser-blk/test/vm/vmtest"
 )

@@ -19,7 +19,6 @@ package takeover
 import (
 	"errors"
 	"fmt"
-	"github.com/iser-blk/iser-blk/internal/modes"
 	"io/fs"
 	"os"
 	"sync"
@@ -29,6 +28,7 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/fence"
 	"github.com/iser-blk/iser-blk/internal/gate"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/statefile"
 )
 

@@ -3,7 +3,6 @@ package takeover
 import (
 	"context"
 	"errors"
-	"github.com/iser-blk/iser-blk/internal/modes"
 	"os"
 	"strings"
 	"syscall"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/backend/memdev/memdevtest"
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/statefile"
 )
 

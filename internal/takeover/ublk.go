@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/iser-blk/iser-blk/internal/modes"
 
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
+	"github.com/iser-blk/iser-blk/internal/modes"
 )
 
 // UblkKernel is the kernel calls of RunUblk: frontend/ublk's in production.
