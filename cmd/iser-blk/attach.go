@@ -21,6 +21,7 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
+	"github.com/iser-blk/iser-blk/internal/cli"
 	"github.com/iser-blk/iser-blk/internal/gateway"
 	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/status"
@@ -73,27 +74,27 @@ func newAttachCmd() *cobra.Command {
 	var ef exportFlags
 	var af attachFlags
 	var sf serviceFlags
-	cmd := leaf("attach --target URL (--nbd /dev/nbdN [--connections N] | --ublk) [flags]",
+	cmd := cli.Leaf("attach --target URL (--nbd /dev/nbdN [--connections N] | --ublk) [flags]",
 		"attach the LUN as /dev/nbdX (or /dev/ublkbN with --ublk)",
 		"Attach the LUN as a kernel block device and serve it until SIGINT/SIGTERM or `iser-blk detach`.\n"+
 			"Prints the device path on stdout once it exists. With --nbd the kernel's nbd driver gets N sockets\n"+
 			"(generic netlink; the ioctl path is the fallback) and the write cache, FUA, discard and\n"+
 			"write-zeroes capabilities of the LUN.", 0,
 		func(cmd *cobra.Command, _ []string) int { return runAttach(cmd.Context(), &tf, &ef, &af, &sf) })
-	group(cmd, groupTarget, func(fs *pflag.FlagSet) {
+	cli.Group(cmd, groupTarget, func(fs *pflag.FlagSet) {
 		ef.registerTarget(fs)
 		tf.register(fs, true)
 	})
-	group(cmd, groupReliability, tf.registerReliability)
-	group(cmd, groupNBD, af.registerNBD)
-	group(cmd, groupUblk, af.registerUblk)
-	group(cmd, groupExport, ef.registerExport)
-	group(cmd, groupCache, ef.cache.register)
-	group(cmd, groupService, func(fs *pflag.FlagSet) { sf.register(fs, "the device's base name, e.g. nbd0 or ublkb3") })
+	cli.Group(cmd, groupReliability, tf.registerReliability)
+	cli.Group(cmd, groupNBD, af.registerNBD)
+	cli.Group(cmd, groupUblk, af.registerUblk)
+	cli.Group(cmd, groupExport, ef.registerExport)
+	cli.Group(cmd, groupCache, ef.cache.register)
+	cli.Group(cmd, groupService, func(fs *pflag.FlagSet) { sf.register(fs, "the device's base name, e.g. nbd0 or ublkb3") })
 	tf.registerDebug(cmd.Flags())
-	hide(cmd, "export-name") // the kernel asks for no export by name (it only names the nbd backend id)
-	completeFiles(cmd, "chap-secret-file", "target-secret-file", "nbd")
-	completeDirs(cmd, "run-dir")
+	cli.Hide(cmd, "export-name") // the kernel asks for no export by name (it only names the nbd backend id)
+	cli.CompleteFiles(cmd, "chap-secret-file", "target-secret-file", "nbd")
+	cli.CompleteDirs(cmd, "run-dir")
 	ef.cache.complete(cmd)
 	return cmd
 }

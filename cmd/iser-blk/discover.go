@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
+	"github.com/iser-blk/iser-blk/internal/cli"
 )
 
 // discoveryPortal is iser.ParsePortal; every error is a usage error.
@@ -21,7 +22,7 @@ func discoveryPortal(arg string) (scheme, portal string, err error) {
 // newDiscoverCmd is `iser-blk discover PORTAL`.
 func newDiscoverCmd() *cobra.Command {
 	var tf targetFlags
-	cmd := leaf("discover [flags] HOST[:PORT]", "list the targets and portals a portal offers (SendTargets)",
+	cmd := cli.Leaf("discover [flags] HOST[:PORT]", "list the targets and portals a portal offers (SendTargets)",
 		"Run a SendTargets discovery session against the portal and print one line per target\n"+
 			"portal: PORTAL,TPGT TARGET-NAME (the format of iscsiadm -m discovery).", 1,
 		func(cmd *cobra.Command, pos []string) int { return runDiscover(cmd.Context(), &tf, pos[0]) })

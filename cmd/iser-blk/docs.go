@@ -5,13 +5,11 @@ package main
 // cobra's `iser-blk completion bash|zsh|fish` (make completions writes bin/completions).
 
 import (
-	"fmt"
-	"os"
-
 	"github.com/spf13/cobra"
 	"github.com/spf13/cobra/doc"
 
 	"github.com/iser-blk/iser-blk/internal/buildinfo"
+	"github.com/iser-blk/iser-blk/internal/cli"
 )
 
 // manSection is the man pages' section: system administration (the commands need root).
@@ -20,11 +18,12 @@ const manSection = "8"
 // newGenManCmd is the hidden `iser-blk gen-man DIR`: one page per command, iser-blk.8 and
 // iser-blk-COMMAND.8. The date is $SOURCE_DATE_EPOCH's when set (reproducible builds).
 func newGenManCmd() *cobra.Command {
-	cmd := leaf("gen-man DIR", "write the man pages (section 8) into DIR",
+	cmd := cli.Leaf("gen-man DIR", "write the man pages (section 8) into DIR",
 		"Write one man page per command into DIR (created if need be): iser-blk.8 and\n"+
 			"iser-blk-COMMAND.8. make man runs it.", 1,
 		func(cmd *cobra.Command, pos []string) int {
-			if err := genMan(cmd.Root(), pos[0]); err != nil {
+			header := &doc.GenManHeader{Section: manSection, Source: "iser-blk " + buildinfo.Version(), Manual: "iser-blk manual"}
+			if err := cli.GenMan(cmd.Root(), pos[0], header); err != nil {
 				return fail("gen-man", err)
 			}
 			return exitOK
@@ -32,17 +31,4 @@ func newGenManCmd() *cobra.Command {
 	cmd.Hidden = true
 	cmd.ValidArgsFunction = nil // DIR completes as a file name
 	return cmd
-}
-
-// genMan writes root's man pages into dir.
-func genMan(root *cobra.Command, dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	root.DisableAutoGenTag = true
-	header := &doc.GenManHeader{Section: manSection, Source: "iser-blk " + buildinfo.Version(), Manual: "iser-blk manual"}
-	if err := doc.GenManTree(root, header, dir); err != nil {
-		return fmt.Errorf("writing man pages into %s: %w", dir, err)
-	}
-	return nil
 }

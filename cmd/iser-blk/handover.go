@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/iser-blk/iser-blk/internal/cli"
 	"github.com/iser-blk/iser-blk/internal/control"
 )
 
@@ -26,7 +27,7 @@ const restartTimeout = 5 * time.Minute
 func newRestartCmd() *cobra.Command {
 	var runDir string
 	var opts control.RestartOptions
-	cmd := leaf("restart NAME [--timeout D] [--run-dir DIR]",
+	cmd := cli.Leaf("restart NAME [--timeout D] [--run-dir DIR]",
 		"planned restart of a running gateway: write back, re-exec, keep the device",
 		"Restart the attach gateway NAME in place: it stops taking requests, finishes those in flight,\n"+
 			"writes back every dirty byte (progress is shown here), records a clean state and re-executes\n"+
@@ -40,7 +41,7 @@ func newRestartCmd() *cobra.Command {
 			}, "is re-executing")
 		})
 	addRunDir(cmd, &runDir)
-	group(cmd, groupService, func(fs *pflag.FlagSet) {
+	cli.Group(cmd, groupService, func(fs *pflag.FlagSet) {
 		fs.DurationVar(&opts.Timeout, "timeout", restartTimeout, "give up after this long, leaving the gateway serving (0: wait however long the write-back takes)")
 	})
 	return cmd
@@ -55,7 +56,7 @@ func newStopCmd() *cobra.Command {
 	var runDir string
 	var keep bool
 	var opts control.RestartOptions
-	cmd := leaf("stop --keep NAME [--timeout D] [--run-dir DIR]",
+	cmd := cli.Leaf("stop --keep NAME [--timeout D] [--run-dir DIR]",
 		"stop a gateway and keep its device for a successor (--keep)",
 		"Stop the attach gateway NAME and keep its kernel device: it stops taking requests, finishes\n"+
 			"those in flight, writes back every dirty byte (progress is shown here), records a clean state\n"+
@@ -72,7 +73,7 @@ func newStopCmd() *cobra.Command {
 			}, "stopped, its device kept for a successor")
 		})
 	addRunDir(cmd, &runDir)
-	group(cmd, groupService, func(fs *pflag.FlagSet) {
+	cli.Group(cmd, groupService, func(fs *pflag.FlagSet) {
 		fs.BoolVar(&keep, "keep", false, "keep the kernel device for a successor (required: stop without it is detach)")
 		fs.DurationVar(&opts.Timeout, "timeout", restartTimeout, "give up after this long, leaving the gateway serving (0: wait however long the write-back takes)")
 	})

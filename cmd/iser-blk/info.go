@@ -9,18 +9,19 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
+	"github.com/iser-blk/iser-blk/internal/cli"
 )
 
 // newInfoCmd is `iser-blk info URL`.
 func newInfoCmd() *cobra.Command {
 	var tf targetFlags
 	var asJSON bool
-	cmd := leaf("info [flags] iscsi://[user@]host[:port]/IQN/LUN", "show a LUN's identity, capacity and limits",
+	cmd := cli.Leaf("info [flags] iscsi://[user@]host[:port]/IQN/LUN", "show a LUN's identity, capacity and limits",
 		"Log in to the target, probe the LUN (INQUIRY and VPD pages, READ CAPACITY, MODE SENSE)\n"+
 			"and print its identity, capacity and limits. iser:// URLs use the RDMA transport.", 1,
 		func(cmd *cobra.Command, pos []string) int { return runInfo(cmd.Context(), &tf, asJSON, pos[0]) })
 	tf.addTo(cmd)
-	group(cmd, groupOutput, func(fs *pflag.FlagSet) {
+	cli.Group(cmd, groupOutput, func(fs *pflag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	})
 	return cmd

@@ -3,10 +3,10 @@
 //
 // This package is wiring: flags to options, options to the packages that do the work. The CLI is
 // spf13/cobra: newRootCmd builds the root and every subcommand from its constructor (newAttachCmd,
-// newServeCmd, ...; related ones share a file: manage.go, handover.go); execute runs it and maps
-// its outcome to the exit code; main only turns SIGINT/SIGTERM into context cancellation. Shared
-// pieces: target.go (the target flags and their iser.Options), flagset.go (flag groups, help,
-// the single-dash normaliser), exitcodes.go (the error-to-exit-code mapping), exportflags.go and
+// newServeCmd, ...; related ones share a file: manage.go, handover.go); cli.Execute runs it and
+// maps its outcome to the exit code; main only turns SIGINT/SIGTERM into context cancellation. Shared
+// pieces: target.go (the target flags and their iser.Options), flagset.go (the flag groups of
+// help; the conventions are internal/cli's), exitcodes.go (the error-to-exit-code mapping), exportflags.go and
 // stack.go (the device stack serve and attach build), gateway.go (the flags of internal/gateway
 // and internal/takeover), docs.go (man pages). How a serving process ends — detach, restart,
 // stop --keep, a signal, the final flush — is internal/gateway's.
@@ -18,14 +18,13 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"io"
 	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/iser-blk/iser-blk/internal/buildinfo"
+	"github.com/iser-blk/iser-blk/internal/cli"
 	"github.com/iser-blk/iser-blk/internal/profiling"
 )
 
@@ -53,8 +52,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetVersionTemplate("iser-blk {{.Version}}\n")
-	root.SetUsageFunc(printUsage)
-	root.SetHelpFunc(func(c *cobra.Command, _ []string) { _ = printUsage(c) })
+	cli.SetUsage(root, usageFooter)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usagef("%v", err) })
 	root.Flags().Bool("version", false, "print the version and exit (as the version command does)") // no -v
 	root.Flags().BoolP("help", "h", false, "print this help")
@@ -91,32 +89,10 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	return root
 }
 
-// execute runs root with args (without the program name) under ctx and returns the exit code:
-// the command's own, 0 for --help and help, 2 for a usage error (a bad flag or argument, an
-// unknown command), which it reports with the command's usage.
-func execute(ctx context.Context, root *cobra.Command, args []string) int {
-	root.SetArgs(normaliseArgs(root, args))
-	cmd, err := root.ExecuteContextC(ctx)
-	var ce *exitCodeError
-	switch {
-	case err == nil:
-		return exitOK
-	case errors.As(err, &ce):
-		return ce.code
-	}
-	if cmd == nil {
-		cmd = root
-	}
-	// Everything else cobra returns is a usage error: flags, arguments, an unknown command.
-	w := cmd.ErrOrStderr()
-	fmt.Fprintf(w, "%s: %v\n\n", cmd.CommandPath(), err)
-	_ = printUsage(cmd)
-	return exitUsage
-}
-
-// run is execute with the root's output on stdout and errors (and usage) on stderr.
+// run runs the CLI (cli.Execute: the command's exit code, 2 with the usage for a usage error)
+// with the root's output on stdout and errors (and usage) on stderr.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return execute(ctx, newRootCmd(stdout, stderr), args)
+	return cli.Execute(ctx, newRootCmd(stdout, stderr), args)
 }
 
 func main() {

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/iser-blk/iser-blk/internal/cli"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/status"
 )
@@ -24,21 +25,21 @@ const queryTimeout = 10 * time.Second
 
 // addRunDir adds --run-dir, the Service group of the commands that talk to a running gateway.
 func addRunDir(cmd *cobra.Command, runDir *string) {
-	group(cmd, groupService, func(fs *pflag.FlagSet) {
+	cli.Group(cmd, groupService, func(fs *pflag.FlagSet) {
 		fs.StringVar(runDir, "run-dir", "", "directory of the control sockets (default: $"+control.RunDirEnv+" or "+control.DefaultRunDir+")")
 	})
-	completeDirs(cmd, "run-dir")
+	cli.CompleteDirs(cmd, "run-dir")
 }
 
 // newListCmd is `iser-blk list`.
 func newListCmd() *cobra.Command {
 	var runDir string
 	var asJSON bool
-	cmd := leaf("list [--json]", "list the gateways running on this host",
+	cmd := cli.Leaf("list [--json]", "list the gateways running on this host",
 		"One line per gateway running on this host. A dead gateway leaves no line.", 0,
 		func(cmd *cobra.Command, _ []string) int { return runList(cmd.Context(), runDir, asJSON) })
 	addRunDir(cmd, &runDir)
-	group(cmd, groupOutput, func(fs *pflag.FlagSet) {
+	cli.Group(cmd, groupOutput, func(fs *pflag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print a JSON array of the gateways (status schema version 1, gateway part)")
 	})
 	return cmd
@@ -73,7 +74,7 @@ func runList(ctx context.Context, runDir string, asJSON bool) int {
 func newStatusCmd() *cobra.Command {
 	var runDir string
 	var asJSON, check bool
-	cmd := leaf("status NAME|DEVICE [--json] [--check]", "show a running gateway's paths, LUN, cache and I/O",
+	cmd := cli.Leaf("status NAME|DEVICE [--json] [--check]", "show a running gateway's paths, LUN, cache and I/O",
 		"Show a running gateway's state, paths, LUN, frontend, cache and I/O counters.\n"+
 			"With --check the exit code says whether it is healthy: 0 serving with every path up, 1 fenced,\n"+
 			"failed, not serving or degraded (a path down), with the reason on stderr.", 1,
@@ -81,7 +82,7 @@ func newStatusCmd() *cobra.Command {
 			return runStatus(cmd.Context(), runDir, pos[0], asJSON, check)
 		})
 	addRunDir(cmd, &runDir)
-	group(cmd, groupOutput, func(fs *pflag.FlagSet) {
+	cli.Group(cmd, groupOutput, func(fs *pflag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print the status as JSON (schema version 1, docs/operations.md)")
 		fs.BoolVar(&check, "check", false, "exit 1 unless the gateway serves with every path up (for monitoring and scripts)")
 	})
@@ -116,14 +117,14 @@ func runStatus(ctx context.Context, runDir, name string, asJSON, check bool) int
 func newDetachCmd() *cobra.Command {
 	var runDir string
 	var opts control.DetachOptions
-	cmd := leaf("detach NAME|DEVICE [--force] [--timeout D]", "stop a gateway: drain, write back, remove its device",
+	cmd := cli.Leaf("detach NAME|DEVICE [--force] [--timeout D]", "stop a gateway: drain, write back, remove its device",
 		"Stop a gateway the way SIGTERM does: stop taking I/O, drain, write back every dirty byte\n"+
 			"(progress is shown here), log out, remove the device. Returns once the process is gone.\n"+
 			"A mounted or open device is refused unless --force; a failed write-back keeps the gateway\n"+
 			"running with its data and exits 1.", 1,
 		func(cmd *cobra.Command, pos []string) int { return runDetach(cmd.Context(), runDir, pos[0], opts) })
 	addRunDir(cmd, &runDir)
-	group(cmd, groupService, func(fs *pflag.FlagSet) {
+	cli.Group(cmd, groupService, func(fs *pflag.FlagSet) {
 		fs.BoolVar(&opts.Force, "force", false, "detach even if the device is mounted or held open")
 		fs.DurationVar(&opts.Timeout, "timeout", 0, "give up after this long (0: wait for the write-back however long it takes)")
 	})

@@ -23,6 +23,7 @@ import (
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
+	"github.com/iser-blk/iser-blk/internal/cli"
 	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/status"
 	"github.com/iser-blk/iser-blk/pool"
@@ -76,31 +77,31 @@ type serveFlags struct {
 // newServeCmd is `iser-blk serve`.
 func newServeCmd() *cobra.Command {
 	var f serveFlags
-	cmd := leaf("serve --target URL [--listen unix:///PATH|tcp://HOST:PORT] [flags]",
+	cmd := cli.Leaf("serve --target URL [--listen unix:///PATH|tcp://HOST:PORT] [flags]",
 		"serve the LUN as an NBD export on a socket",
 		"Serve the LUN as an NBD export (fixed newstyle, structured replies, FLUSH/FUA/TRIM/\n"+
 			"WRITE_ZEROES, multi-conn) until SIGINT/SIGTERM. Prints the NBD URI on stdout once listening.\n"+
 			"Connect with e.g. nbdinfo, nbdcopy, qemu-img or fio --ioengine=nbd.", 0,
 		func(cmd *cobra.Command, _ []string) int { return runServe(cmd.Context(), &f) })
-	group(cmd, groupTarget, func(fs *pflag.FlagSet) {
+	cli.Group(cmd, groupTarget, func(fs *pflag.FlagSet) {
 		f.ef.registerTarget(fs)
 		f.tf.register(fs, true)
 	})
-	group(cmd, groupReliability, f.tf.registerReliability)
-	group(cmd, groupServer, func(fs *pflag.FlagSet) {
+	cli.Group(cmd, groupReliability, f.tf.registerReliability)
+	cli.Group(cmd, groupServer, func(fs *pflag.FlagSet) {
 		fs.StringVar(&f.listenSpec, "listen", "unix:///run/iser-blk.sock", "where to listen: unix:///PATH (mode 0600) or tcp://HOST:PORT")
 		fs.DurationVar(&f.drain, "drain-timeout", time.Minute, "at shutdown, how long in-flight requests may take before connections are cut")
 	})
-	group(cmd, groupExport, f.ef.registerExport)
-	group(cmd, groupTLS, f.tlsf.register)
-	group(cmd, groupCache, f.ef.cache.register)
-	group(cmd, groupService, func(fs *pflag.FlagSet) {
+	cli.Group(cmd, groupExport, f.ef.registerExport)
+	cli.Group(cmd, groupTLS, f.tlsf.register)
+	cli.Group(cmd, groupCache, f.ef.cache.register)
+	cli.Group(cmd, groupService, func(fs *pflag.FlagSet) {
 		f.sf.register(fs, "the --listen socket's base name without extension, or nbd-tcp-PORT")
 	})
 	f.tf.registerDebug(cmd.Flags())
-	completeFiles(cmd, "chap-secret-file", "target-secret-file")
-	completeDirs(cmd, "run-dir", "tls-certificates")
-	completeWords(cmd, "tls", "off", "on", "require")
+	cli.CompleteFiles(cmd, "chap-secret-file", "target-secret-file")
+	cli.CompleteDirs(cmd, "run-dir", "tls-certificates")
+	cli.CompleteWords(cmd, "tls", "off", "on", "require")
 	f.ef.cache.complete(cmd)
 	return cmd
 }

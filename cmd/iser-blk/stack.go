@@ -19,6 +19,7 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/cache"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
+	"github.com/iser-blk/iser-blk/internal/cli"
 	"github.com/iser-blk/iser-blk/pool"
 )
 
@@ -111,7 +112,7 @@ func (cf *cacheFlags) register(fs *pflag.FlagSet) {
 
 // complete offers --cache's modes in shell completion.
 func (cf *cacheFlags) complete(cmd *cobra.Command) {
-	completeWords(cmd, "cache", "writeback", "writethrough", "off")
+	cli.CompleteWords(cmd, "cache", "writeback", "writethrough", "off")
 }
 
 // wrap puts the cache in front of dev. Staging buffers for write-back and read misses come from

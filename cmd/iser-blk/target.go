@@ -16,6 +16,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/internal/chapcreds"
+	"github.com/iser-blk/iser-blk/internal/cli"
 	"github.com/iser-blk/iser-blk/internal/initiatorname"
 )
 
@@ -67,9 +68,9 @@ func (tf *targetFlags) registerDebug(fs *pflag.FlagSet) {
 
 // addTo adds the flags of a command that only logs in (info, discover) to cmd, in their groups.
 func (tf *targetFlags) addTo(cmd *cobra.Command) {
-	group(cmd, groupTarget, func(fs *pflag.FlagSet) { tf.register(fs, false) })
+	cli.Group(cmd, groupTarget, func(fs *pflag.FlagSet) { tf.register(fs, false) })
 	tf.registerDebug(cmd.Flags())
-	completeFiles(cmd, "chap-secret-file", "target-secret-file")
+	cli.CompleteFiles(cmd, "chap-secret-file", "target-secret-file")
 }
 
 // chap builds the CHAP credentials (internal/chapcreds): nil when no user is named (by flag or

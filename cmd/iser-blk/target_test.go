@@ -17,6 +17,7 @@ import (
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 	"github.com/iser-blk/iser-blk/internal/chapcreds"
+	"github.com/iser-blk/iser-blk/internal/cli"
 )
 
 // TestParseArgsInterspersed: flags may come before, between or after the positional arguments;
@@ -46,11 +47,11 @@ func TestParseArgsInterspersed(t *testing.T) {
 			ran, pos = true, args
 			return nil
 		}}
-		group(cmd, groupTarget, func(fs *pflag.FlagSet) { tf.register(fs, true) })
+		cli.Group(cmd, groupTarget, func(fs *pflag.FlagSet) { tf.register(fs, true) })
 		tf.registerDebug(cmd.Flags())
 		root := newRootCmd(io.Discard, io.Discard)
 		root.AddCommand(cmd)
-		code := execute(context.Background(), root, append([]string{"x"}, tt.args...))
+		code := cli.Execute(context.Background(), root, append([]string{"x"}, tt.args...))
 		if code != tt.code || ran != (tt.pos != nil) {
 			t.Errorf("%v: exit %d (ran %v), want %d", tt.args, code, ran, tt.code)
 			continue

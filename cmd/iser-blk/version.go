@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/iser-blk/iser-blk/internal/buildinfo"
+	"github.com/iser-blk/iser-blk/internal/cli"
 )
 
 // newVersionCmd is `iser-blk version [--json]` (`iser-blk --version` prints the same line): the
@@ -16,7 +17,7 @@ import (
 // (internal/buildinfo says where each comes from).
 func newVersionCmd() *cobra.Command {
 	var asJSON bool
-	cmd := leaf("version [--json]", "print the version",
+	cmd := cli.Leaf("version [--json]", "print the version",
 		"Print iser-blk's version: the semantic version, the VCS revision it was built from (and\n"+
 			"whether the tree was modified), the Go toolchain and the build's features (rdma: iser://\n"+
 			"targets work; a build without it serves iscsi:// targets only).", 0,
@@ -26,7 +27,7 @@ func newVersionCmd() *cobra.Command {
 			}
 			return exitOK
 		})
-	group(cmd, groupOutput, func(fs *pflag.FlagSet) {
+	cli.Group(cmd, groupOutput, func(fs *pflag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print JSON: version, revision, modified, go, features")
 	})
 	return cmd
