@@ -354,11 +354,13 @@ func attachNBD(ctx context.Context, at *attachment, p *pool.Pool, mem int64) int
 		return failTakeover(err)
 	}
 	at.announced(a.Path(), status.Frontend{Kind: "nbd", Queues: connections, QueueDepth: at.ef.maxInflight})
-	code := waitAndDetach(ctx, a, srv, log)
-	if code == exitOK && tk != nil {
+	if err := a.ServeUntil(ctx); err != nil { // logged
+		return exitFailure
+	}
+	if tk != nil {
 		tk.Forget()
 	}
-	return code
+	return exitOK
 }
 
 // served is what the frontend serves: the stack, behind attach --name's gate (and fence).
@@ -375,29 +377,4 @@ func (at *attachment) attachOrReattach(srv *nbd.Server, opts nbd.AttachOptions) 
 		return nbd.Attach(srv, opts)
 	}
 	return at.tk.AttachNBD(takeover.KernelNBD, srv, opts)
-}
-
-// waitAndDetach waits for ctx to end or for the kernel to drop every connection, then detaches
-// the nbd device and lets the server's requests drain. It returns the exit code so far.
-func waitAndDetach(ctx context.Context, a *nbd.Attachment, srv *nbd.Server, log *zap.Logger) int {
-	code := exitOK
-	select {
-	case <-ctx.Done():
-		log.Info("detaching", zap.String("device", a.Path()))
-	case <-a.Done():
-		log.Error("the kernel dropped every connection", zap.String("device", a.Path()))
-		code = exitFailure
-	}
-	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	if err := a.Detach(dctx); err != nil {
-		log.Error("detach failed", zap.Error(err))
-		code = exitFailure
-	}
-	cancel()
-	sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	if err := srv.Shutdown(sctx); err != nil {
-		log.Warn("connections cut before their requests finished", zap.Error(err))
-	}
-	cancel()
-	return code
 }
