@@ -152,21 +152,10 @@ func runServe(ctx context.Context, f *serveFlags) int {
 	fmt.Println(uri)
 	g.Ready()
 
-	served := make(chan error, 1)
-	go func() { served <- serveNBD(srv, l, tlsPolicy) }()
 	code := exitOK
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down: draining in-flight requests")
-	case err := <-served:
-		log.Error("NBD listener failed", zap.Error(err))
+	if err := srv.ServeUntil(ctx, l, tlsPolicy, drain); err != nil { // logged
 		code = exitFailure
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), drain)
-	if err := srv.Shutdown(sctx); err != nil {
-		log.Warn("connections cut before their requests finished", zap.Error(err))
-	}
-	cancel()
 	return g.Shutdown(code, nil)
 }
 

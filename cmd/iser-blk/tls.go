@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net"
 
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
@@ -41,12 +40,4 @@ func (f *tlsFlags) serverTLS(ctx context.Context, listenSpec string, log *zap.Lo
 		return nil, usagef("%v", err)
 	}
 	return t, nil
-}
-
-// serveNBD serves l with the TLS policy t (nil: plaintext).
-func serveNBD(srv *nbd.Server, l net.Listener, t *nbd.TLS) error {
-	if t == nil {
-		return srv.Serve(l)
-	}
-	return srv.ServeTLS(l, t)
 }
