@@ -23,6 +23,7 @@ import (
 	"github.com/iser-blk/iser-blk/frontend/ublk"
 	"github.com/iser-blk/iser-blk/internal/cli"
 	"github.com/iser-blk/iser-blk/internal/gateway"
+	"github.com/iser-blk/iser-blk/internal/logging"
 	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/status"
 	"github.com/iser-blk/iser-blk/internal/takeover"
@@ -109,7 +110,7 @@ func runAttach(ctx context.Context, tf *targetFlags, ef *exportFlags, af *attach
 			return exitNoKernel
 		}
 	}
-	log := newLogger(tf.debug)
+	log := logging.Process(tf.debug)
 	defer log.Sync() //nolint:errcheck
 	// The first SIGINT or SIGTERM (signals) stops the serving context through stopOnSignal,
 	// which lets a hand-over in progress give up first.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/internal/cli"
+	"github.com/iser-blk/iser-blk/internal/logging"
 )
 
 // discoveryPortal is iser.ParsePortal; every error is a usage error.
@@ -35,7 +36,7 @@ func runDiscover(ctx context.Context, tf *targetFlags, arg string) int {
 	if err != nil {
 		return fail("discover", err)
 	}
-	log := commandLogger(tf.debug)
+	log := logging.Command(tf.debug)
 	defer log.Sync() //nolint:errcheck
 	opts, err := tf.options("", log)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/internal/cli"
+	"github.com/iser-blk/iser-blk/internal/logging"
 )
 
 // newInfoCmd is `iser-blk info URL`.
@@ -32,7 +33,7 @@ func runInfo(ctx context.Context, tf *targetFlags, asJSON bool, url string) int 
 	if err != nil {
 		return fail("info", err)
 	}
-	log := commandLogger(tf.debug)
+	log := logging.Command(tf.debug)
 	defer log.Sync() //nolint:errcheck
 	opts, err := tf.options(t.User, log)
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
 	"github.com/iser-blk/iser-blk/internal/cli"
+	"github.com/iser-blk/iser-blk/internal/logging"
 	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/status"
 	"github.com/iser-blk/iser-blk/pool"
@@ -108,7 +109,7 @@ func newServeCmd() *cobra.Command {
 
 func runServe(ctx context.Context, f *serveFlags) int {
 	tf, ef, listenSpec, drain, tlsf, sf := &f.tf, &f.ef, f.listenSpec, f.drain, &f.tlsf, &f.sf
-	log := newLogger(tf.debug)
+	log := logging.Process(tf.debug)
 	defer log.Sync() //nolint:errcheck
 	tlsPolicy, err := tlsf.serverTLS(ctx, listenSpec, log)
 	if err != nil {

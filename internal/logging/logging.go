@@ -124,3 +124,15 @@ func (e journalEncoder) EncodeEntry(ent zapcore.Entry, fields []zapcore.Field) (
 	}
 	return out, nil
 }
+
+// Process is the process logger: New with FromEnv's options, to stderr.
+func Process(debug bool) *zap.Logger { return New(FromEnv(debug), os.Stderr) }
+
+// Command is the logger of a one-shot command (info, discover): Process at warning level and
+// above unless debug, so that the command's output is not buried in session chatter.
+func Command(debug bool) *zap.Logger {
+	if debug {
+		return Process(true)
+	}
+	return Process(false).WithOptions(zap.IncreaseLevel(zap.WarnLevel))
+}

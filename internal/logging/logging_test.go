@@ -160,3 +160,21 @@ func message(line string, json bool) (string, bool) {
 	}
 	return f[2], true
 }
+
+// TestCommandLevels: a one-shot command logs warnings and up unless debug; the process logger
+// logs info and up, or debug.
+func TestCommandLevels(t *testing.T) {
+	for _, tt := range []struct {
+		log  *zap.Logger
+		want zapcore.Level
+	}{
+		{Process(false), zapcore.InfoLevel},
+		{Process(true), zapcore.DebugLevel},
+		{Command(false), zapcore.WarnLevel},
+		{Command(true), zapcore.DebugLevel},
+	} {
+		if got := zapcore.LevelOf(tt.log.Core()); got != tt.want {
+			t.Errorf("level %v, want %v", got, tt.want)
+		}
+	}
+}
