@@ -146,17 +146,7 @@ func runDetach(ctx context.Context, runDir, name string, opts control.DetachOpti
 
 // printProgress shows a detach's progress on the caller's terminal (stderr: stdout is the
 // result).
-func printProgress(p control.Progress) {
-	switch {
-	case p.DirtyBytes > 0 || p.WrittenBackBytes > 0:
-		fmt.Fprintf(os.Stderr, "%s: %s written back, %s to go\n", p.State,
-			humanize.IBytes(p.WrittenBackBytes), humanize.IBytes(p.DirtyBytes))
-	case p.Reason != "":
-		fmt.Fprintf(os.Stderr, "%s: %s\n", p.State, p.Reason)
-	default:
-		fmt.Fprintf(os.Stderr, "%s\n", p.State)
-	}
-}
+func printProgress(p control.Progress) { fmt.Fprintln(os.Stderr, p) }
 
 // manageFail prints err and returns the control client's exit code (4 for an unknown gateway).
 func manageFail(name string, err error) int {

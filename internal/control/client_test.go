@@ -190,3 +190,20 @@ func TestDetachTimeout(t *testing.T) {
 		t.Fatalf("stalled detach with a timeout: %v", err)
 	}
 }
+
+// TestProgressString: how detach, restart and stop --keep show a gateway's progress.
+func TestProgressString(t *testing.T) {
+	for _, tt := range []struct {
+		p    Progress
+		want string
+	}{
+		{Progress{State: "flushing", DirtyBytes: 3 << 20, WrittenBackBytes: 1 << 10}, "flushing: 1.0 KiB written back, 3.0 MiB to go"},
+		{Progress{State: "flushing", WrittenBackBytes: 1 << 20}, "flushing: 1.0 MiB written back, 0 B to go"},
+		{Progress{State: "draining", Reason: "detach"}, "draining: detach"},
+		{Progress{State: "stopped"}, "stopped"},
+	} {
+		if got := tt.p.String(); got != tt.want {
+			t.Errorf("%+v: %q, want %q", tt.p, got, tt.want)
+		}
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"io"
 	"time"
 
+	"github.com/dustin/go-humanize"
+
 	"github.com/iser-blk/iser-blk/internal/status"
 )
 
@@ -71,6 +73,18 @@ type Progress struct {
 	Reason           string `json:"reason,omitempty"`
 	DirtyBytes       uint64 `json:"dirty_bytes"`
 	WrittenBackBytes uint64 `json:"written_back_bytes"`
+}
+
+// String is the progress as the CLI shows it: "STATE: W written back, D to go" during the
+// write-back, else the state and its reason if any.
+func (p Progress) String() string {
+	switch {
+	case p.DirtyBytes > 0 || p.WrittenBackBytes > 0:
+		return fmt.Sprintf("%s: %s written back, %s to go", p.State, humanize.IBytes(p.WrittenBackBytes), humanize.IBytes(p.DirtyBytes))
+	case p.Reason != "":
+		return p.State + ": " + p.Reason
+	}
+	return p.State
 }
 
 // DetachResult is what a finished detach reports.
