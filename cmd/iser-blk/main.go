@@ -25,6 +25,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/internal/buildinfo"
 	"github.com/iser-blk/iser-blk/internal/cli"
+	"github.com/iser-blk/iser-blk/internal/procs"
 	"github.com/iser-blk/iser-blk/internal/profiling"
 )
 
@@ -96,7 +97,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func main() {
-	smallHostProcs()
+	procs.SmallHost()
 	profiling.FromEnv(os.Stderr)
 	ctx, stop := signalContext()
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
