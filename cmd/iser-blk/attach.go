@@ -38,7 +38,7 @@ type attachFlags struct {
 	deadConnTimeout time.Duration
 	forceIoctl      bool
 	useUblk         bool
-	uo              ublkOptions
+	uo              ublk.Options // --queues, --depth, --max-io
 }
 
 // registerNBD adds the kernel NBD frontend's flags.
@@ -138,14 +138,13 @@ func runAttach(ctx context.Context, tf *targetFlags, ef *exportFlags, af *attach
 	at.dev = dev
 	code := exitOK
 	if af.useUblk {
-		af.uo.Pool = p // registered for RDMA before the target was opened: tag buffers need no bounce
-		af.uo.Counters = at.counters
-		if af.uo.Takeover, err = prepareTakeover(sf, modes.Ublk, ef.target, ef.cache.Mode, dev, log); err != nil {
+		af.uo.Counters, af.uo.Logger = at.counters, log
+		if tk, err := prepareTakeover(sf, modes.Ublk, ef.target, ef.cache.Mode, dev, log); err != nil {
 			code = failTakeover(err)
 		} else {
-			at.tk = af.uo.Takeover
+			at.tk = tk
 			at.takingOver()
-			code = attachUblk(ctx, dev, af.uo, at.announceUblk, log)
+			code = attachUblk(ctx, dev, af.uo, p, tk, at.announceUblk)
 		}
 	} else {
 		code = attachNBD(ctx, at, p, mem)

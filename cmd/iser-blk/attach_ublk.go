@@ -11,53 +11,41 @@ import (
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
-	"github.com/iser-blk/iser-blk/internal/status"
 	"github.com/iser-blk/iser-blk/internal/takeover"
 	"github.com/iser-blk/iser-blk/pool"
 )
-
-// ublkOptions are the attach flags that concern ublk (--queues, --depth, --max-io), and the pool.
-type ublkOptions struct {
-	Queues int // --queues: hardware queues (0: CPUs, at most 4)
-	Depth  int // --depth: requests in flight per queue (0: 64)
-	MaxIO  int // largest request in bytes (0: 512 KiB, capped by the device)
-	// Pool is the stack's buffer pool (openStack), which was handed to the RDMA layer before the
-	// target was opened: every tag's buffer comes from it, so the kernel's copy of a request lands
-	// in registered memory and iSER moves it without a bounce. nil: anonymous memory.
-	Pool *pool.Pool
-	// Takeover is attach --name's state (internal/takeover); nil without --name.
-	Takeover *takeover.Takeover
-	// Counters counts the requests for status and metrics (nil: not counted).
-	Counters *status.IOCounters
-}
 
 // ublkPoolShare is the part of the stack's pool the per-tag buffers may hold for the device's
 // lifetime; the rest stays for the cache's staging buffers and iSER's bounce buffers.
 const ublkPoolShare = 2 // one half
 
-// attachUblk serves dev as /dev/ublkbN until ctx is cancelled (SIGINT/SIGTERM or a detach),
-// calling announce with the device path once it exists; then it stops the disk (in-flight requests drain) and
-// deletes the device. It neither flushes nor closes dev: the gateway's shutdown does, with
-// progress reports and the second-signal abort. It returns the process exit code.
-func attachUblk(ctx context.Context, dev block.Device, opts ublkOptions, announce func(path string), log *zap.Logger) int {
-	uopts := ublk.Options{Queues: opts.Queues, Depth: opts.Depth, MaxIO: opts.MaxIO, Logger: log, Counters: opts.Counters}
-	if opts.Pool != nil {
-		uopts.Pool = opts.Pool // not a nil *pool.Pool in a non-nil interface
+// attachUblk serves dev as /dev/ublkbN (uopts: --queues, --depth, --max-io, the logger and
+// counters; tag buffers from p, which was registered for RDMA before the target was opened, so
+// iSER moves them without a bounce; nil: anonymous memory) until ctx is cancelled
+// (SIGINT/SIGTERM or a detach), through attach --name's takeover tk (nil without --name),
+// calling announce with the device path once it exists; then it stops the disk (in-flight
+// requests drain) and deletes the device. It neither flushes nor closes dev: the gateway's
+// shutdown does, with progress reports and the second-signal abort. It returns the process
+// exit code.
+func attachUblk(ctx context.Context, dev block.Device, uopts ublk.Options, p *pool.Pool, tk *takeover.Takeover, announce func(path string)) int {
+	log := uopts.Logger
+	if p != nil {
+		uopts.Pool = p // not a nil *pool.Pool in a non-nil interface
 	}
-	maxIO, err := ublkMaxIO(uopts, opts.Pool)
+	maxIO, err := ublkMaxIO(uopts, p)
 	if err != nil {
 		log.Error("ublk attach failed", zap.Error(err))
 		return exitUsage
 	}
-	if maxIO != opts.MaxIO {
+	if maxIO != uopts.MaxIO {
 		log.Info("ublk requests capped so that the per-tag buffers fit in half the buffer pool",
 			zap.String("max_io", humanize.IBytes(uint64(maxIO))))
 	}
 	uopts.MaxIO = maxIO
-	if opts.Takeover == nil {
+	if tk == nil {
 		err = ublk.Run(ctx, dev, uopts, announce)
 	} else {
-		err = opts.Takeover.RunUblk(ctx, takeover.KernelUblk, dev, uopts, announce)
+		err = tk.RunUblk(ctx, takeover.KernelUblk, dev, uopts, announce)
 	}
 	switch {
 	case err == nil:
