@@ -16,6 +16,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/buildinfo"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/gateway"
 	"github.com/iser-blk/iser-blk/internal/modes"
@@ -43,7 +44,7 @@ func startGateway(sf *serviceFlags, id status.Identity, counters *status.IOCount
 	if sf.name != "" {
 		id.Name, id.Device = sf.name, sf.name
 	}
-	id.BuildVersion = buildVersion()
+	id.BuildVersion = buildinfo.Version()
 	return gateway.Start(gateway.Options{
 		Service:      service.Options{RunDir: sf.runDir, Identity: id, MetricsListen: sf.metricsListen},
 		Counters:     counters,

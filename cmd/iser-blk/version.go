@@ -1,10 +1,6 @@
 package main
 
 import (
-	"encoding/json"
-	"fmt"
-	"io"
-
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -22,7 +18,7 @@ func newVersionCmd() *cobra.Command {
 			"whether the tree was modified), the Go toolchain and the build's features (rdma: iser://\n"+
 			"targets work; a build without it serves iscsi:// targets only).", 0,
 		func(cmd *cobra.Command, _ []string) int {
-			if err := writeVersion(cmd.OutOrStdout(), buildinfo.Get(), asJSON); err != nil {
+			if err := buildinfo.Get().Write(cmd.OutOrStdout(), asJSON); err != nil {
 				return fail("version", err)
 			}
 			return exitOK
@@ -32,17 +28,3 @@ func newVersionCmd() *cobra.Command {
 	})
 	return cmd
 }
-
-func writeVersion(w io.Writer, info buildinfo.Info, asJSON bool) error {
-	if asJSON {
-		e := json.NewEncoder(w)
-		e.SetIndent("", "  ")
-		return e.Encode(info)
-	}
-	_, err := fmt.Fprintln(w, "iser-blk", info)
-	return err
-}
-
-// buildVersion is the binary's semantic version (buildinfo.Version); status reports it as
-// build_version and the metrics as their version label.
-func buildVersion() string { return buildinfo.Version() }

@@ -19,6 +19,9 @@
 package buildinfo
 
 import (
+	"encoding/json"
+	"fmt"
+	"io"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -89,6 +92,18 @@ func (i Info) String() string {
 	}
 	b.WriteString(")")
 	return b.String()
+}
+
+// Write writes i as `iser-blk version` prints it: "iser-blk " and String on one line, or with
+// asJSON the Info as indented JSON (`version --json`).
+func (i Info) Write(w io.Writer, asJSON bool) error {
+	if asJSON {
+		e := json.NewEncoder(w)
+		e.SetIndent("", "  ")
+		return e.Encode(i)
+	}
+	_, err := fmt.Fprintln(w, "iser-blk", i)
+	return err
 }
 
 // linked is what -ldflags -X set.

@@ -1,6 +1,7 @@
 package buildinfo
 
 import (
+	"bytes"
 	"encoding/json"
 	"runtime"
 	"runtime/debug"
@@ -104,5 +105,36 @@ func TestString(t *testing.T) {
 		if got := tt.i.String(); got != tt.want {
 			t.Errorf("got %q, want %q", got, tt.want)
 		}
+	}
+}
+
+// TestWrite: the version line and the --json schema.
+func TestWrite(t *testing.T) {
+	info := Info{Version: "0.9.0", Revision: "0123456789abcdef", Modified: true, Go: "go1.26.8", Features: []string{"rdma"}}
+	var b bytes.Buffer
+	if err := info.Write(&b, false); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := b.String(), "iser-blk 0.9.0 (rev 0123456789ab, modified; go1.26.8; rdma)\n"; got != want {
+		t.Errorf("plain: %q, want %q", got, want)
+	}
+	b.Reset()
+	if err := info.Write(&b, true); err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(b.Bytes(), &got); err != nil {
+		t.Fatalf("--json output %q: %v", b.String(), err)
+	}
+	for k, v := range map[string]any{"version": "0.9.0", "revision": "0123456789abcdef", "modified": true, "go": "go1.26.8"} {
+		if got[k] != v {
+			t.Errorf("--json %s = %v, want %v", k, got[k], v)
+		}
+	}
+	if f, ok := got["features"].([]any); !ok || len(f) != 1 || f[0] != "rdma" {
+		t.Errorf("--json features = %v", got["features"])
+	}
+	if len(got) != 5 {
+		t.Errorf("--json has %d fields, want 5: %v", len(got), got)
 	}
 }
