@@ -32,7 +32,7 @@ import (
 
 // newExportServer builds the NBD server for dev, its payloads in p (of mem bytes).
 func newExportServer(dev block.Device, ef *exportFlags, p *pool.Pool, mem int64, counters *status.IOCounters, log *zap.Logger) (*nbd.Server, error) {
-	srv, err := nbd.NewServer(dev, nbd.Options{
+	return nbd.NewServer(dev, nbd.Options{
 		Counters:      counters,
 		ExportName:    ef.exportName,
 		Description:   "iser-blk " + iser.RedactURL(ef.target),
@@ -45,10 +45,6 @@ func newExportServer(dev block.Device, ef *exportFlags, p *pool.Pool, mem int64,
 		// without buffers.
 		PayloadBudget: mem * 3 / 4,
 	})
-	if err != nil {
-		return nil, err
-	}
-	return srv, nil
 }
 
 // listen opens the --listen address (nbd.Listen): unix:///path (default) or tcp://host:port. A
