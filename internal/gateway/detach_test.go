@@ -19,14 +19,14 @@ import (
 // ready; a failure with another reason is not undone.
 func TestAvailabilityDrivesFailed(t *testing.T) {
 	f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{})
-	f.g.availabilityChanged(false, "no path")
+	f.paths(false, "no path")
 	wantState(t, f.g, lifecycle.Failed, "no path")
-	f.g.availabilityChanged(true, "")
+	f.paths(true, "")
 	wantState(t, f.g, lifecycle.Ready, "a path to the target is back")
 
 	f.g.Fenced("dirty predecessor")
-	f.g.availabilityChanged(false, "no path")
-	f.g.availabilityChanged(true, "")
+	f.paths(false, "no path")
+	f.paths(true, "")
 	wantState(t, f.g, lifecycle.Failed, "fenced")
 }
 
@@ -42,7 +42,7 @@ func TestDetachCommitsAndIsAnsweredByTheFinalFlush(t *testing.T) {
 		answered <- err
 	}()
 	<-frontendStopped // the command's frontend ends, and it shuts down
-	if !f.g.svc.Lifecycle.Committed() {
+	if !f.g.Service().Lifecycle.Committed() {
 		t.Fatal("the frontend was stopped before the shutdown was committed")
 	}
 	if code := f.g.Shutdown(ExitOK, nil); code != ExitOK {
@@ -94,7 +94,7 @@ func TestNoStoppingUntilTheShutdownCommits(t *testing.T) {
 func TestFailedDetachWriteBackWithoutPath(t *testing.T) {
 	var f *fixture
 	f = newFixture(t, flushHook{Device: memDevice(t, 1<<20), hook: func(context.Context) error {
-		f.g.availabilityChanged(false, "no path")
+		f.paths(false, "no path")
 		if s, _ := f.g.State(); s != lifecycle.Flushing {
 			t.Errorf("a path outage during the write-back moved the gateway to %s", s)
 		}
@@ -103,7 +103,7 @@ func TestFailedDetachWriteBackWithoutPath(t *testing.T) {
 	_, err := f.g.Detach(context.Background(), control.Request{})
 	wantControlError(t, err, control.CodeFailed, "keeps serving")
 	wantState(t, f.g, lifecycle.Failed, "no path")
-	f.g.availabilityChanged(true, "")
+	f.paths(true, "")
 	wantState(t, f.g, lifecycle.Ready, "a path to the target is back")
 	if f.stops.Load() != 0 {
 		t.Fatal("a failed detach stopped the frontend")
@@ -135,9 +135,9 @@ func TestDetachAndTheShutdown(t *testing.T) {
 // operation): it is logged at error level, not hidden at debug.
 func TestRefusedTransitionIsAnError(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
-	f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{})
-	f.g.log = zap.New(core)
-	f.g.to(lifecycle.Starting, "back to the start") // ready → starting is not in the table
+	f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{log: zap.New(core)})
+	f.g.Shutdown(ExitOK, nil)
+	f.g.Ready() // stopped → ready is not in the table
 	entries := logs.FilterMessage("lifecycle transition refused").All()
 	if len(entries) != 1 || entries[0].Level != zapcore.ErrorLevel {
 		t.Fatalf("refused transition logged as %+v, want one error", entries)

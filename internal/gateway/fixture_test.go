@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/iser-blk/iser-blk/backend/memdev/memdevtest"
@@ -27,12 +28,13 @@ func memDevice(t *testing.T, size int64) block.Device { return memdevtest.New(t,
 
 // fakeProcess is Process for tests: exec and exit are recorded, never done.
 type fakeProcess struct {
-	mu       sync.Mutex
-	execs    []string
-	exits    []int
-	ignored  atomic.Bool
-	execErr  error
-	onIgnore func()
+	executable string
+	mu         sync.Mutex
+	execs      []string
+	exits      []int
+	ignored    atomic.Bool
+	execErr    error
+	onIgnore   func()
 }
 
 func (p *fakeProcess) process(t *testing.T) Process {
@@ -40,6 +42,7 @@ func (p *fakeProcess) process(t *testing.T) Process {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.executable = self
 	return Process{
 		Executable: self,
 		Exec: func(path string) error {
@@ -66,8 +69,9 @@ func (p *fakeProcess) process(t *testing.T) Process {
 // attach --name sets it up) dev is served through its gate and the gateway can hand it over.
 type fixture struct {
 	g      *Gateway
-	tk     *takeover.Takeover // nil without a hand-over
-	dev    block.Device       // the stack
+	paths  func(serving bool, reason string) // the backend's availability reports (WatchAvailability)
+	tk     *takeover.Takeover                // nil without a hand-over
+	dev    block.Device                      // the stack
 	proc   *fakeProcess
 	stops  atomic.Int32 // StopFrontend calls
 	onStop func()       // run by StopFrontend (nil: nothing)
@@ -78,7 +82,17 @@ type fixtureOptions struct {
 	handOver  bool
 	cacheMode modes.Cache // of the takeover (zero: write-back)
 	prev      *statefile.State
+	log       *zap.Logger // nil: the test's
 }
+
+// watched is the stack as the backend reports its availability: the gateway subscribes in
+// Serving, and the test calls fixture.paths.
+type watched struct {
+	block.Device
+	f *fixture
+}
+
+func (w *watched) WatchAvailability(fn func(serving bool, reason string)) { w.f.paths = fn }
 
 func newFixture(t *testing.T, dev block.Device, fo fixtureOptions) *fixture {
 	t.Helper()
@@ -87,6 +101,10 @@ func newFixture(t *testing.T, dev block.Device, fo fixtureOptions) *fixture {
 	}
 	dir := t.TempDir()
 	f := &fixture{dev: dev, proc: &fakeProcess{}}
+	log := fo.log
+	if log == nil {
+		log = zaptest.NewLogger(t)
+	}
 	g, err := Start(Options{
 		Service:  service.Options{RunDir: dir, Identity: status.Identity{Name: "gw", FrontendKind: fo.kind}},
 		Counters: new(status.IOCounters),
@@ -96,14 +114,14 @@ func newFixture(t *testing.T, dev block.Device, fo fixtureOptions) *fixture {
 				f.onStop()
 			}
 		},
-		Log:     zaptest.NewLogger(t),
+		Log:     log,
 		Process: f.proc.process(t),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.g = g
-	t.Cleanup(func() { _ = g.svc.Close() })
+	t.Cleanup(func() { _ = g.Service().Close() })
 	served := dev
 	if fo.handOver {
 		if fo.prev != nil {
@@ -127,7 +145,7 @@ func newFixture(t *testing.T, dev block.Device, fo fixtureOptions) *fixture {
 		f.tk = tk
 	}
 	_ = served // the frontend's device; tests reach it through f.tk.Gate()
-	g.Serving(dev, "", status.Frontend{Kind: fo.kind})
+	g.Serving(&watched{Device: dev, f: f}, "", status.Frontend{Kind: fo.kind})
 	g.Ready()
 	if f.tk != nil && !g.CanHandOver(f.tk) {
 		t.Fatal("CanHandOver refused on a serving gateway")

@@ -90,7 +90,7 @@ func TestHandOverYieldsToAShutdownThatBeganMeanwhile(t *testing.T) {
 func TestFailedHandOverWithoutPathStaysFailed(t *testing.T) {
 	var f *fixture
 	f = newFixture(t, flushHook{Device: memDevice(t, 1<<20), hook: func(context.Context) error {
-		f.g.availabilityChanged(false, "every path down for 2m0s")
+		f.paths(false, "every path down for 2m0s")
 		return block.ErrIO
 	}}, fixtureOptions{handOver: true})
 	_, err := f.g.Restart(context.Background(), control.Request{})
@@ -125,7 +125,7 @@ func TestRestartHandsOverCleanStateAndReexecutes(t *testing.T) {
 	if err := step(); err == nil {
 		t.Fatal("a failed exec was not reported")
 	}
-	if len(f.proc.execs) != 1 || f.proc.execs[0] != f.g.opts.Process.Executable || len(f.proc.exits) != 1 || f.proc.exits[0] != ExitFailure {
+	if len(f.proc.execs) != 1 || f.proc.execs[0] != f.proc.executable || len(f.proc.exits) != 1 || f.proc.exits[0] != ExitFailure {
 		t.Fatalf("exec %v, exit %v; want the executable once, then exit 1", f.proc.execs, f.proc.exits)
 	}
 }
@@ -143,7 +143,7 @@ func TestStopKeepHandsOverCleanStateAndExits0(t *testing.T) {
 		t.Fatalf("state at the exit: %+v, want clean", st)
 	}
 	wantState(t, f.g, lifecycle.Stopped, "kept for a successor")
-	if !f.g.svc.Lifecycle.Committed() {
+	if !f.g.Service().Lifecycle.Committed() {
 		t.Fatal("stop --keep did not commit the shutdown (no STOPPING=1)")
 	}
 	if err := step(); err != nil || len(f.proc.exits) != 1 || f.proc.exits[0] != ExitOK || len(f.proc.execs) != 0 {
