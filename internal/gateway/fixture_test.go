@@ -122,7 +122,6 @@ func newFixture(t *testing.T, dev block.Device, fo fixtureOptions) *fixture {
 	}
 	f.g = g
 	t.Cleanup(func() { _ = g.Service().Close() })
-	served := dev
 	if fo.handOver {
 		if fo.prev != nil {
 			st := *fo.prev
@@ -137,14 +136,13 @@ func newFixture(t *testing.T, dev block.Device, fo fixtureOptions) *fixture {
 		if err != nil {
 			t.Fatal(err)
 		}
-		served = tk.Serving(dev)
+		tk.Serving(dev) // the frontend's device; tests reach it through f.tk.Gate()
 		if err := tk.Record(modes.Ublk, 3); err != nil {
 			t.Fatal(err)
 		}
 		tk.SetCanWait(func() error { return nil })
 		f.tk = tk
 	}
-	_ = served // the frontend's device; tests reach it through f.tk.Gate()
 	g.Serving(&watched{Device: dev, f: f}, "", status.Frontend{Kind: fo.kind})
 	g.Ready()
 	if f.tk != nil && !g.CanHandOver(f.tk) {

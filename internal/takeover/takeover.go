@@ -94,15 +94,6 @@ func Prepare(opts Options) (*Takeover, error) {
 // Path is the state file.
 func (t *Takeover) Path() string { return t.path }
 
-// Name is the gateway's name.
-func (t *Takeover) Name() string { return t.name }
-
-// Target is the LUN's target URL as recorded (no credentials).
-func (t *Takeover) Target() string { return t.lun.Target }
-
-// CacheMode is the cache mode this gateway records.
-func (t *Takeover) CacheMode() modes.Cache { return t.cacheMode }
-
 // Previous is the state a predecessor left (nil: none, or the device it named is gone).
 func (t *Takeover) Previous() *statefile.State {
 	t.mu.Lock()
@@ -222,13 +213,6 @@ func (t *Takeover) rewrite(dirty bool) error {
 		return err
 	}
 	return nil
-}
-
-// Dirty reports whether the recorded state says dirty.
-func (t *Takeover) Dirty() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.dirty || (t.prev != nil && t.prev.Dirty)
 }
 
 // SetCanWait installs the frontend's check that its kernel device waits for a successor.
