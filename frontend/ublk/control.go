@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"unsafe"
@@ -28,7 +27,16 @@ type Control struct {
 	mu   sync.Mutex
 	fd   int
 	ring *uring.Ring
+	// payload is what a command's Addr points at: the driver reads and writes it by address
+	// while the command runs, so it must not move. Go never moves heap memory but does move a
+	// goroutine's stack when it grows, and a caller's local variable may live there: the driver
+	// would then write into the abandoned copy (GET_FEATURES answered 0). Callers' values are
+	// copied in and out of this buffer under mu.
+	payload []byte
 }
+
+// maxPayload is the largest control payload: struct ublk_params.
+const maxPayload = int(unsafe.Sizeof(Params{}))
 
 // OpenControl opens the control device at path (DefaultControlPath when empty). If it does not
 // exist it tries `modprobe ublk_drv` once; if that fails too the error wraps ErrNoKernel.
@@ -57,7 +65,8 @@ func OpenControl(path string) (*Control, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("ublk control ring: %w", err)
 	}
-	return &Control{fd: fd, ring: ring}, nil
+	size := max(maxPayload, int(unsafe.Sizeof(DevInfo{})), 8)
+	return &Control{fd: fd, ring: ring, payload: make([]byte, size)}, nil
 }
 
 // Close releases the control device.
@@ -79,13 +88,19 @@ var ctrlNames = map[uint32]string{
 	cmdStartUserRecovery: "START_USER_RECOVERY", cmdEndUserRecovery: "END_USER_RECOVERY",
 }
 
-// do runs one control command. payload (may be nil) is the buffer cmd.Addr points at; it is kept
-// alive until the CQE arrives.
-func (c *Control) do(op uint32, cmd ctrlCmd, payload unsafe.Pointer) (int32, error) {
+// do runs one control command. payload (nil for none) is the caller's value as bytes: it is
+// copied into c.payload, which cmd.Addr and cmd.Len then describe, and copied back once the CQE
+// has arrived, so the driver never sees the caller's memory.
+func (c *Control) do(op uint32, cmd ctrlCmd, payload []byte) (int32, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ring == nil {
 		return 0, fmt.Errorf("ublk %s: control device closed", ctrlNames[op])
+	}
+	if len(payload) > 0 {
+		buf := c.payload[:len(payload)]
+		copy(buf, payload)
+		cmd.Addr, cmd.Len = uint64(uintptr(unsafe.Pointer(&buf[0]))), uint16(len(buf))
 	}
 	sqe := c.ring.GetSQE()
 	uring.PrepUringCmd(sqe, c.fd, op, uint64(op))
@@ -99,34 +114,36 @@ func (c *Control) do(op uint32, cmd ctrlCmd, payload unsafe.Pointer) (int32, err
 	}
 	res := cqe.Res
 	c.ring.SeenCQE()
-	runtime.KeepAlive(payload)
+	copy(payload, c.payload)
 	if res < 0 {
 		return res, fmt.Errorf("ublk %s (dev %d): %w", ctrlNames[op], int32(cmd.DevID), unix.Errno(-res))
 	}
 	return res, nil
 }
 
+// bytesOf views *v as its bytes, for copying a control payload in and out.
+func bytesOf[T any](v *T) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(v)), unsafe.Sizeof(*v))
+}
+
 // Features returns the driver's UBLK_F_* feature bits (UBLK_U_CMD_GET_FEATURES).
 func (c *Control) Features() (uint64, error) {
 	var f uint64
-	_, err := c.do(cmdGetFeatures, ctrlCmd{DevID: ^uint32(0), QueueID: 0xffff, Len: 8,
-		Addr: uint64(uintptr(unsafe.Pointer(&f)))}, unsafe.Pointer(&f))
+	_, err := c.do(cmdGetFeatures, ctrlCmd{DevID: ^uint32(0), QueueID: 0xffff}, bytesOf(&f))
 	return f, err
 }
 
 // AddDev creates a device. info.DevID ^0 asks the driver to pick the id. On return info holds
 // what the driver granted (id, queue count clamped to the CPU count, buffer size).
 func (c *Control) AddDev(info *DevInfo) error {
-	_, err := c.do(cmdAddDev, ctrlCmd{DevID: info.DevID, QueueID: 0xffff, Len: uint16(unsafe.Sizeof(*info)),
-		Addr: uint64(uintptr(unsafe.Pointer(info)))}, unsafe.Pointer(info))
+	_, err := c.do(cmdAddDev, ctrlCmd{DevID: info.DevID, QueueID: 0xffff}, bytesOf(info))
 	return err
 }
 
 // SetParams sets the block parameters of a device that is not started yet.
 func (c *Control) SetParams(id uint32, p *Params) error {
 	p.Len = uint32(unsafe.Sizeof(*p))
-	_, err := c.do(cmdSetParams, ctrlCmd{DevID: id, QueueID: 0xffff, Len: uint16(unsafe.Sizeof(*p)),
-		Addr: uint64(uintptr(unsafe.Pointer(p)))}, unsafe.Pointer(p))
+	_, err := c.do(cmdSetParams, ctrlCmd{DevID: id, QueueID: 0xffff}, bytesOf(p))
 	return err
 }
 
@@ -134,8 +151,7 @@ func (c *Control) SetParams(id uint32, p *Params) error {
 func (c *Control) Params(id uint32) (Params, error) {
 	var p Params
 	p.Len = uint32(unsafe.Sizeof(p))
-	_, err := c.do(cmdGetParams, ctrlCmd{DevID: id, QueueID: 0xffff, Len: uint16(unsafe.Sizeof(p)),
-		Addr: uint64(uintptr(unsafe.Pointer(&p)))}, unsafe.Pointer(&p))
+	_, err := c.do(cmdGetParams, ctrlCmd{DevID: id, QueueID: 0xffff}, bytesOf(&p))
 	return p, err
 }
 
@@ -163,7 +179,6 @@ func (c *Control) DelDev(id uint32) error {
 // DevInfo returns the device's info (state, pid, queues, flags).
 func (c *Control) DevInfo(id uint32) (DevInfo, error) {
 	var info DevInfo
-	_, err := c.do(cmdGetDevInfo, ctrlCmd{DevID: id, QueueID: 0xffff, Len: uint16(unsafe.Sizeof(info)),
-		Addr: uint64(uintptr(unsafe.Pointer(&info)))}, unsafe.Pointer(&info))
+	_, err := c.do(cmdGetDevInfo, ctrlCmd{DevID: id, QueueID: 0xffff}, bytesOf(&info))
 	return info, err
 }
