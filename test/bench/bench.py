@@ -549,6 +549,9 @@ def main():
                     help="with --alt-bin: this tree/alt pairs per job and repetition, cache off "
                     "(test/bench/release_ab.py; 0: none; --systems release-ab runs only them)")
     ap.add_argument("--release-ab-runtime", type=int, default=5, help="seconds per release A/B run")
+    ap.add_argument("--release-ab-cache", choices=("off", "writeback-warm"), default="off",
+                    help="the release A/B's gateways: --cache off, or --cache writeback with the "
+                    "working set read through the pages before every run")
     ap.add_argument("--release-ab-pairs-per-start", type=int, default=2,
                     help="release A/B pairs run on one start of both gateways before both are started "
                     "afresh (0: all pairs of a repetition on one start)")

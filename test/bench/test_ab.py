@@ -152,6 +152,13 @@ class ReportTest(unittest.TestCase):
         self.assertIn("| 0.909 |", qd1[0])
         self.assertTrue(qd1[0].endswith("| no |"), qd1[0])
 
+    def test_report_names_the_cache_mode_its_rows_ran(self):
+        out = "\n".join(release_ab.report(bench, self.rows(), "5469c4e"))
+        self.assertIn("5469c4e, cache off, interleaved", out)  # rows from before the field: off
+        warm = [dict(r, cache="writeback-warm") for r in self.rows()]
+        out = "\n".join(release_ab.report(bench, warm, "5469c4e"))
+        self.assertIn("5469c4e, write-back cache, warm", out)
+
     def test_report_of_nothing_is_empty(self):
         self.assertEqual(release_ab.report(bench, [], "x"), [])
 
