@@ -38,7 +38,8 @@ type attachFlags struct {
 	deadConnTimeout time.Duration
 	forceIoctl      bool
 	useUblk         bool
-	uo              ublk.Options // --queues, --depth, --max-io
+	ublkID          int          // --ublk-id (-1: the driver picks)
+	uo              ublk.Options // --queues, --depth, --max-io, --ublk-id
 }
 
 // registerNBD adds the kernel NBD frontend's flags.
@@ -56,6 +57,7 @@ func (af *attachFlags) registerUblk(fs *pflag.FlagSet) {
 	fs.IntVar(&af.uo.Queues, "queues", 0, "ublk: hardware queues (0: CPUs, at most 4)")
 	fs.IntVar(&af.uo.Depth, "depth", 0, "ublk: requests in flight per queue (0: 64)")
 	fs.IntVar(&af.uo.MaxIO, "max-io", 0, "ublk: largest request in bytes (0: 512 KiB, capped by the device)")
+	fs.IntVar(&af.ublkID, "ublk-id", -1, "ublk: create /dev/ublkbN with this N (-1: the lowest free one)")
 }
 
 // check rejects contradictory flags before anything is opened.
@@ -65,6 +67,16 @@ func (af *attachFlags) check() error {
 	}
 	if af.connections < 1 || af.connections > 64 {
 		return usagef("--connections must be 1..64")
+	}
+	switch {
+	case af.ublkID == -1:
+	case !af.useUblk:
+		return usagef("--ublk-id needs --ublk")
+	case af.ublkID < 0 || af.ublkID > ublk.MaxID:
+		return usagef("--ublk-id must be 0..%d (or -1: the driver picks)", ublk.MaxID)
+	default:
+		id := uint32(af.ublkID)
+		af.uo.ID = &id
 	}
 	return nil
 }

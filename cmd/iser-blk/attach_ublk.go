@@ -61,6 +61,10 @@ func attachUblk(ctx context.Context, dev block.Device, uopts ublk.Options, p *po
 	case errors.Is(err, block.ErrInvalid):
 		log.Error("ublk attach failed", zap.Error(err))
 		return exitUsage
+	case errors.Is(err, ublk.ErrIDTaken): // like a name in use: another device holds the number
+		log.Error("ublk attach failed", zap.Error(err))
+		fmt.Fprintf(os.Stderr, "iser-blk attach: --ublk-id: %v\n", err)
+		return exitUsage
 	default:
 		log.Error("ublk attach failed", zap.Error(err))
 		return exitFailure

@@ -69,6 +69,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newStopCmd(),
 		newVersionCmd(),
 		newGenManCmd(),
+		newUdevNameCmd(),
 	)
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()

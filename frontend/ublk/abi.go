@@ -96,6 +96,9 @@ const (
 	attrFUA           = 1 << 3
 )
 
+// MaxID is the highest device number ADD_DEV accepts (UBLK_MAX_UBLKS - 1: a minor number).
+const MaxID = 1<<20 - 1
+
 // Limits of the driver.
 const (
 	maxQueueDepth = 4096    // UBLK_MAX_QUEUE_DEPTH

@@ -20,6 +20,9 @@ const DefaultControlPath = "/dev/ublk-control"
 // `modprobe ublk_drv` failed). The CLI maps it to exitNoKernel and suggests --nbd.
 var ErrNoKernel = errors.New("the kernel lacks ublk (CONFIG_BLK_DEV_UBLK)")
 
+// ErrIDTaken: Options.ID names a device that exists already (ADD_DEV answered EEXIST).
+var ErrIDTaken = errors.New("the ublk device number is taken")
+
 // Control issues control commands (ADD_DEV, SET_PARAMS, START_DEV, ...) to /dev/ublk-control as
 // IORING_OP_URING_CMD with ioctl-encoded opcodes (ublk_cmd.h, UBLK_U_CMD_*). Commands are
 // serialised; each one waits for its CQE. It is safe for concurrent use.

@@ -217,7 +217,8 @@ func TestStartWithoutUblk(t *testing.T) {
 
 func TestStartRejectsBadOptions(t *testing.T) {
 	dev := &recDevice{size: 1 << 20, data: make([]byte, 1<<20)}
-	for _, o := range []Options{{Depth: maxQueueDepth + 1}, {Queues: maxQueues + 1}} {
+	tooHigh := uint32(MaxID + 1)
+	for _, o := range []Options{{Depth: maxQueueDepth + 1}, {Queues: maxQueues + 1}, {ID: &tooHigh}} {
 		if _, err := Start(context.Background(), dev, o); !errors.Is(err, block.ErrInvalid) {
 			t.Errorf("%+v: err = %v, want ErrInvalid", o, err)
 		}

@@ -29,6 +29,9 @@ type BufferPool interface {
 type Options struct {
 	Queues int // hardware queues (default: CPUs, at most 4; the driver clamps to the CPU count)
 	Depth  int // requests in flight per queue (default 64, at most 4096)
+	// ID asks ADD_DEV for /dev/ublkbID (at most MaxID); nil lets the driver pick the lowest
+	// free number. A number in use is ErrIDTaken.
+	ID *uint32
 	// MaxIO caps the request size in bytes (default 512 KiB, and never above the device's
 	// MaxTransfer or the driver's 32 MiB). Queues × Depth buffers of this size are allocated.
 	MaxIO int
@@ -147,6 +150,7 @@ type startConfig struct {
 	lim           block.Limits
 	drain         time.Duration
 	flags         uint64 // UBLK_F_USER_RECOVERY* asked for at ADD_DEV
+	id            uint32 // the device number asked for at ADD_DEV (^0: any)
 	log           *zap.Logger
 }
 
@@ -165,6 +169,13 @@ func configure(dev block.Device, opts Options) (startConfig, error) {
 	}
 	if c.drain <= 0 {
 		c.drain = 30 * time.Second
+	}
+	if opts.ID != nil && *opts.ID > MaxID {
+		return c, fmt.Errorf("ublk: device id %d is above the driver's %d: %w", *opts.ID, MaxID, block.ErrInvalid)
+	}
+	c.id = ^uint32(0) // the driver picks
+	if opts.ID != nil {
+		c.id = *opts.ID
 	}
 	if c.queues > maxQueues || c.depth > maxQueueDepth {
 		return c, fmt.Errorf("ublk: %d queues × depth %d exceeds the driver's %d × %d: %w", c.queues, c.depth, maxQueues, maxQueueDepth, block.ErrInvalid)
@@ -212,10 +223,13 @@ func (s *Server) addDev(cfg startConfig) error {
 		NrHWQueues:    uint16(cfg.queues),
 		QueueDepth:    uint16(cfg.depth),
 		MaxIOBufBytes: uint32(cfg.maxIO),
-		DevID:         ^uint32(0),
+		DevID:         cfg.id,
 		Flags:         FeatCmdIoctlEncode | cfg.flags,
 	}
 	if err := s.ctrl.AddDev(&s.info); err != nil {
+		if errors.Is(err, unix.EEXIST) && cfg.id != ^uint32(0) {
+			return fmt.Errorf("%w: /dev/ublkb%d exists already (%v)", ErrIDTaken, cfg.id, err)
+		}
 		return err
 	}
 	s.nameDevice()

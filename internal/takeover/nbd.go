@@ -13,6 +13,7 @@ import (
 	"github.com/iser-blk/iser-blk/frontend/nbd"
 	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/statefile"
+	"github.com/iser-blk/iser-blk/internal/udevname"
 )
 
 // NBDKernel is the kernel calls of AttachNBD: frontend/nbd's Attach and Reattach in production.
@@ -38,7 +39,7 @@ var ErrUnfenced = errors.New("the fenced device is gone: a new one is served unf
 // not served: one this attach created is removed again, one left by a predecessor waits for the
 // next successor with the predecessor's state put back.
 func (t *Takeover) AttachNBD(k NBDKernel, srv *nbd.Server, opts nbd.AttachOptions) (*nbd.Attachment, error) {
-	opts.BackendID = "iser-blk:" + t.name + ":" + t.lun.Target
+	opts.BackendID = udevname.BackendID(t.name, t.lun.Target) // udev names the device by it too
 	if t.Previous() != nil && !opts.ForceIoctl {
 		a, err := t.reattachNBD(k, srv, opts)
 		if a != nil || err != nil {

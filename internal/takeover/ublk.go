@@ -37,6 +37,12 @@ func (t *Takeover) RunUblk(ctx context.Context, k UblkKernel, dev block.Device, 
 	}
 	if prev := t.Previous(); prev != nil {
 		id := uint32(prev.DevID)
+		if uopts.ID != nil && *uopts.ID != id {
+			// Taking over the device the state names is what the name promises its mounts; a
+			// new device with the asked number would leave that one waiting for ever.
+			return fmt.Errorf("%w: %s names /dev/ublkb%d, which a previous gateway left waiting, but this attach asks for /dev/ublkb%d: attach with the number it has to take it over, or delete that device and the state file first",
+				ErrNoResume, t.path, id, *uopts.ID)
+		}
 		t.log.Info("taking over the ublk device a previous gateway left", zap.String("dev", fmt.Sprintf("/dev/ublkb%d", id)),
 			zap.Int("previous_pid", prev.PID), zap.Stringer("cache", prev.CacheMode), zap.Bool("dirty", prev.Dirty))
 		err := k.RunRecover(ctx, t.Serving(dev), id, uopts, announce)
