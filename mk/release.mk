@@ -5,8 +5,10 @@
 #                     libraries; iser:// exits 2) and -rdma (cgo: links libibverbs and librdmacm),
 #                     and dist/SHA256SUMS. Built on linux/amd64 (the rdma build needs its cgo
 #                     toolchain and rdma-core's headers: test/deps.txt).
-#   make test-dist    make dist into bin/dist-test, then internal/buildinfo's dist-tagged tests:
-#                     linkage, version --json of each, the static build refusing iser:// (tier dist)
+#   make test-dist    make dist and make deb (mk/deb.mk) into bin/dist-test, then internal/buildinfo's
+#                     dist-tagged tests: linkage, version --json of each, the static build refusing
+#                     iser://; the .deb's files and modes (dpkg-deb), its unit's paths, Depends
+#                     against dpkg-shlibdeps, no lintian error (tier dist)
 #   make test-rules   promtool check/test rules on contrib/prometheus (tier rules; test/promrules.sh)
 
 DIST      ?= dist
@@ -22,12 +24,12 @@ dist:
 	CGO_ENABLED=1 GOOS=linux GOARCH=amd64 $(GO) build -o $(DIST)/$(DIST_NAME)-rdma -trimpath -ldflags '$(LDFLAGS)' ./cmd/iser-blk
 	cd $(DIST) && sha256sum $(DIST_NAME)-static $(DIST_NAME)-rdma >SHA256SUMS
 
-# A failed make dist counts as one failure of the tier (its tests need the binaries).
+# A failed make dist or make deb counts as one failure of the tier (its tests need the files).
 test-dist:
 	@set -o pipefail; mkdir -p bin; \
-	if $(MAKE) --no-print-directory dist DIST=$(DIST_TEST); then \
+	if $(MAKE) --no-print-directory dist deb DIST=$(DIST_TEST); then \
 		ISERBLK_DIST=$(CURDIR)/$(DIST_TEST) $(GO) test -count=1 -tags dist -run '^TestDist' -json ./internal/buildinfo/ | $(SUMMARY) -tier dist -tally $(TALLY); \
-	else printf 'dist 0 1 0\nFAILED dist make dist (see its output above)\n' >>$(TALLY); exit 1; fi
+	else printf 'dist 0 1 0\nFAILED dist make dist deb (see its output above)\n' >>$(TALLY); exit 1; fi
 
 test-rules:
 	@mkdir -p bin && TALLY=$(abspath $(TALLY)) test/promrules.sh

@@ -4,7 +4,8 @@
 # of /); test/vm/run.sh installs the packages it needs. See docs/testing-vm.md.
 #
 #   make test-vm                    self-test of the runner, smoke suite, all vm-tagged Go tests,
-#                                   the systemd unit's tests in a guest with systemd as PID 1
+#                                   the systemd unit's tests and the .deb's (TestDeb: dpkg -i, -r, -P) in a
+#                                   guest with systemd as PID 1
 #   make vm-systemd [VM_RUN=TestKill9]   only the systemd unit's tests (test/vm/systemd)
 #   make vm-smoke                   only the smoke suite (one guest boot)
 #   make vm-go-test [VM_PKG=./frontend/nbd] [VM_RUN=TestKernelAttach]   vm-tagged Go tests

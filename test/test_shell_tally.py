@@ -376,6 +376,7 @@ class MakeTestTallyTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             root, gopath = os.path.join(tmp, "tree"), os.path.join(tmp, "gopath")
             os.makedirs(os.path.join(root, "mk"))
+            os.makedirs(os.path.join(root, "packaging"))  # lint vets the packaging module there
             shutil.copy(os.path.join(os.path.dirname(HERE), "Makefile"), root)
             with open(os.path.join(root, "mk", "vm.mk"), "w") as f:
                 f.write("test-vm:\n\t@echo 'vm 5 0 0' >>$(TALLY); exit $${STUB_VM:-0}\n")

@@ -17,6 +17,8 @@
 # output into `go test -json` events for internal/testsummary, which prints the failures and a
 # closing "vm-go: N passed, N failed, N skipped" line (vm-systemd: with VM_INIT=systemd).
 #
+# The systemd tier also gets the Debian package (make deb into the build directory) as
+# ISERBLK_DEB unless that is set.
 # Environment: VM_MEM (2048 here), VM_TIMEOUT (2700 here); VM_GO_RACE=1 builds with -race (slow under TCG); VM_GO_TIMEOUT per-binary timeout
 # (default 25m: frontend/ublk's binary alone runs ~10 min under TCG on a loaded host); TALLY=FILE appends "vm-go PASSED FAILED SKIPPED" (vm-systemd ...) for `make test`'s total line
 # and a "FAILED vm-go pkg.Test" line per failure for its recap;
@@ -99,6 +101,20 @@ if [ -z "${ISERBLK_BIN:-}" ] && [ -d cmd/iser-blk ]; then
 		echo "gotest.sh: warning: building ./cmd/iser-blk failed; tests that need ISERBLK_BIN will fail"
 	fi
 fi
+
+# the Debian package, for the systemd tier's TestDeb (make deb on the host: the guest's tree is
+# read-only); the guest gets its path as ISERBLK_DEB
+if [ $tier = vm-systemd ] && [ -z "${ISERBLK_DEB:-}" ]; then
+	echo "gotest.sh: building the Debian package (make deb)"
+	if make --no-print-directory deb DIST="$out/deb" >"$out/deb.log" 2>&1; then
+		ISERBLK_DEB=$(echo "$out"/deb/iser-blk_*_amd64.deb)
+		export ISERBLK_DEB
+	else
+		tail -20 "$out/deb.log"
+		echo "gotest.sh: warning: make deb failed; TestDeb will fail"
+	fi
+fi
+export VM_ENV="${VM_ENV:-} ISERBLK_DEB"
 
 : >"$out/manifest"
 build_failed=0

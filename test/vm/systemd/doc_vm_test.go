@@ -8,4 +8,6 @@
 // Every gateway runs as the unit iser-blk@NAME against an LIO target over iSCSI/TCP in the
 // guest, configured through /etc/iser-blk/NAME.conf exactly as an operator would; the tests
 // drive it with systemctl and read it back with systemctl show, journalctl and iser-blk status.
+// TestDeb installs the Debian package instead (dpkg -i, then -r and -P), after a make uninstall
+// if an earlier test had installed.
 package systemd_test

@@ -54,44 +54,62 @@ func must(t *testing.T, name string, args ...string) string {
 }
 
 var (
-	installOnce sync.Once
-	installErr  error
+	installMu sync.Mutex
+	installed bool // make install ran in this guest (and no make uninstall since)
 )
 
 // requireSystemd fails the test unless it runs in the guest with systemd as PID 1, and installs
-// the unit there with `make install` once (the binary gotest.sh built, not rebuilt in the guest).
+// the unit there with `make install` unless it is installed (the binary gotest.sh built, not
+// rebuilt in the guest).
 func requireSystemd(t *testing.T) {
+	t.Helper()
+	requirePID1(t)
+	installMu.Lock()
+	defer installMu.Unlock()
+	if installed {
+		return
+	}
+	bin, root := os.Getenv("ISERBLK_BIN"), os.Getenv("ISERBLK_ROOT")
+	if bin == "" || root == "" {
+		t.Fatalf("ISERBLK_BIN (%q) and ISERBLK_ROOT (%q) must be set", bin, root)
+	}
+	// -o build: the binary is built already; the tree is read-only in the guest
+	if out, code := run("make", "-C", root, "-o", "build", "install", "BIN="+bin); code != 0 {
+		t.Fatalf("make install: exit %d\n%s", code, out)
+	}
+	for _, f := range []string{"/usr/local/bin/iser-blk", "/etc/systemd/system/iser-blk@.service",
+		"/usr/local/libexec/iser-blk/iser-blk-unit-stop"} {
+		if _, err := os.Stat(f); err != nil {
+			t.Fatalf("make install did not install %s: %v", f, err)
+		}
+	}
+	must(t, "systemctl", "daemon-reload")
+	installed = true
+}
+
+// requirePID1 fails the test unless it runs in the guest with systemd as PID 1.
+func requirePID1(t *testing.T) {
 	t.Helper()
 	vmtest.Require(t)
 	comm, _ := os.ReadFile("/proc/1/comm")
 	if strings.TrimSpace(string(comm)) != "systemd" {
 		t.Fatalf("PID 1 is %q, not systemd: run with VM_INIT=systemd (test/vm/run.sh)", strings.TrimSpace(string(comm)))
 	}
-	installOnce.Do(func() {
-		bin, root := os.Getenv("ISERBLK_BIN"), os.Getenv("ISERBLK_ROOT")
-		if bin == "" || root == "" {
-			installErr = fmt.Errorf("ISERBLK_BIN (%q) and ISERBLK_ROOT (%q) must be set", bin, root)
-			return
-		}
-		// -o build: the binary is built already; the tree is read-only in the guest
-		if out, code := run("make", "-C", root, "-o", "build", "install", "BIN="+bin); code != 0 {
-			installErr = fmt.Errorf("make install: exit %d\n%s", code, out)
-			return
-		}
-		for _, f := range []string{"/usr/local/bin/iser-blk", "/etc/systemd/system/iser-blk@.service",
-			"/usr/local/libexec/iser-blk/iser-blk-unit-stop"} {
-			if _, err := os.Stat(f); err != nil {
-				installErr = fmt.Errorf("make install did not install %s: %w", f, err)
-				return
-			}
-		}
-		if out, code := run("systemctl", "daemon-reload"); code != 0 {
-			installErr = fmt.Errorf("systemctl daemon-reload: exit %d\n%s", code, out)
-		}
-	})
-	if installErr != nil {
-		t.Fatal(installErr)
+}
+
+// withoutMakeInstall runs `make uninstall` if an earlier test installed with make install, so
+// that a test of the Debian package sees only the package's files (make install's unit in
+// /etc/systemd/system would shadow the package's); the next requireSystemd installs again.
+func withoutMakeInstall(t *testing.T) {
+	t.Helper()
+	installMu.Lock()
+	defer installMu.Unlock()
+	if !installed {
+		return
 	}
+	must(t, "make", "-C", os.Getenv("ISERBLK_ROOT"), "uninstall")
+	must(t, "systemctl", "daemon-reload")
+	installed = false
 }
 
 // gateway is one instance iser-blk@NAME of the installed unit.
