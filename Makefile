@@ -124,8 +124,6 @@ MODULESLOADDIR ?= /etc/modules-load.d
 UDEV_RULES     := $(wildcard contrib/udev/*.rules)
 DOCS           := README.md CHANGELOG.md LICENSE $(wildcard docs/*.md)
 UNITPATHS      := sed -e 's|/usr/local/bin/iser-blk|$(PREFIX)/bin/iser-blk|g' -e 's|/usr/local/libexec/iser-blk|$(LIBEXECDIR)|g'
-# the udev rule names the binary as Debian's package installs it
-RULEPATHS      := sed -e 's|/usr/bin/iser-blk|$(PREFIX)/bin/iser-blk|g'
 
 install: build
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/iser-blk
@@ -137,7 +135,7 @@ install: build
 	install -d -m 0755 $(DESTDIR)$(MODULESLOADDIR)
 	install -m 0644 contrib/modules-load/iser-blk.conf $(DESTDIR)$(MODULESLOADDIR)/iser-blk.conf
 	$(if $(UDEV_RULES),install -d -m 0755 $(DESTDIR)$(UDEVRULESDIR))
-	$(foreach r,$(UDEV_RULES),$(RULEPATHS) $(r) > $(DESTDIR)$(UDEVRULESDIR)/$(notdir $(r)) && chmod 0644 $(DESTDIR)$(UDEVRULESDIR)/$(notdir $(r));)
+	$(foreach r,$(UDEV_RULES),$(UNITPATHS) $(r) > $(DESTDIR)$(UDEVRULESDIR)/$(notdir $(r)) && chmod 0644 $(DESTDIR)$(UDEVRULESDIR)/$(notdir $(r));)
 	install -d -m 0755 $(DESTDIR)$(MANDIR)/man8
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(BIN) gen-man "$$tmp"; \

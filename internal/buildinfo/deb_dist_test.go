@@ -147,6 +147,14 @@ func TestDistDebPaths(t *testing.T) {
 			t.Errorf("/%s names /usr/local", f)
 		}
 	}
+	if len(rules) == 0 {
+		t.Error("the package has no udev rule")
+	}
+	for _, r := range rules {
+		if b, _ := os.ReadFile(r); !bytes.Contains(b, []byte(`IMPORT{program}="/usr/bin/iser-blk udev-name %k"`)) {
+			t.Errorf("/%s does not ask /usr/bin/iser-blk udev-name for the name", strings.TrimPrefix(r, root+"/"))
+		}
+	}
 	unit, _ := os.ReadFile(filepath.Join(root, files[0]))
 	for _, want := range []string{"ExecStart=/usr/bin/iser-blk ", "ExecStop=/usr/lib/iser-blk/iser-blk-unit-stop ", "ExecReload=/usr/bin/iser-blk restart"} {
 		if !bytes.Contains(unit, []byte(want)) {
