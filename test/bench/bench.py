@@ -552,6 +552,11 @@ def main():
     ap.add_argument("--release-ab-cache", choices=("off", "writeback-warm"), default="off",
                     help="the release A/B's gateways: --cache off, or --cache writeback with the "
                     "working set read through the pages before every run")
+    ap.add_argument("--release-ab-jobs", default="", help="comma-separated subset of the release "
+                    "A/B's jobs (default: all its data-path jobs that --jobs keeps)")
+    ap.add_argument("--alt-in-tables", choices=("yes", "no"), default="yes",
+                    help="with --alt-bin: also run the -alt systems in the job tables (no: the "
+                    "interleaved A/B alone compares the two builds)")
     ap.add_argument("--release-ab-pairs-per-start", type=int, default=2,
                     help="release A/B pairs run on one start of both gateways before both are started "
                     "afresh (0: all pairs of a repetition on one start)")
@@ -631,6 +636,8 @@ def run_pass(a, jobs, tgt, work, prof, rep, placement, wanted):
 
     def want(system):
         only = PLACEMENT_SYSTEMS.get(placement)
+        if system.endswith("-alt") and a.alt_in_tables == "no":
+            return False
         if placement == "target-defaults" and system.endswith("-alt"):
             return False  # the A/B against --alt-bin is the other placements' (time)
         return wanted(system) and (only is None or system.removesuffix("-alt") in only)

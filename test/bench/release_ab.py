@@ -38,7 +38,9 @@ def run(bench, a, tgt, work, rep, preexec=None):
     three earlier runs of 10–15 pairs disagree by 8 % is that one pair's ratio spreads ±14 % (the
     standard deviation of its logarithm) at 4 KiB QD32, so 10 pairs pin the mean to ±9 %
     (docs/bench/release-ab-20261202.md). The verdict therefore rests on the confidence interval."""
-    jobs = [(n, args) for n, args, _ in bench.JOBS if n in JOBS and (not a.jobs or n in a.jobs.split(","))]
+    only = getattr(a, "release_ab_jobs", "")
+    jobs = [(n, args) for n, args, _ in bench.JOBS if n in JOBS and (not a.jobs or n in a.jobs.split(","))
+            and (not only or n in only.split(","))]
     if not jobs or not a.alt_bin or a.release_ab_pairs <= 0:
         return []
 
