@@ -29,6 +29,9 @@ func TestMain(m *testing.M) {
 	if role := os.Getenv(gatewayEnv); role != "" {
 		os.Exit(runTestGateway(role, os.Args[1:]))
 	}
+	if sock := os.Getenv(pluginEnv); sock != "" {
+		os.Exit(runTestPlugin(sock, os.Getenv("RUN_DIR")))
+	}
 	os.Exit(m.Run())
 }
 
