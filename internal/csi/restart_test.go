@@ -102,3 +102,81 @@ func TestPluginKillLeavesGateway(t *testing.T) {
 		t.Errorf("the gateway survives the unstage: %v", err)
 	}
 }
+
+// TestHealRestartsDeadGateway: a gateway killed with SIGKILL while its device waits (its state
+// file stays) is started again by the next plugin's heal, under the same name, with the secret
+// file it was staged with; a killed one whose device is gone is left alone.
+func TestHealRestartsDeadGateway(t *testing.T) {
+	t.Setenv(gatewayEnv, "serve") // the gateways ExecGateways starts are the test binary
+	runDir := filepath.Join(t.TempDir(), "run")
+	gw := &ExecGateways{Binary: os.Args[0], RunDir: runDir, Log: zap.NewNop(), Poll: 10 * time.Millisecond}
+	node := NewNode(NodeOptions{NodeID: "node-1", RunDir: runDir, Gateways: gw, Mounter: newFakeMounter()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	staging := filepath.Join(t.TempDir(), "staging")
+	_, err := node.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: "vol-1", StagingTargetPath: staging,
+		VolumeCapability: blockCap(), VolumeContext: map[string]string{KeyTargets: testTarget},
+		Secrets: map[string]string{SecretCHAPUser: "alice", SecretCHAPSecret: "pw"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := GatewayName("vol-1")
+	kill := func() int {
+		t.Helper()
+		st, err := gw.Status(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid := st.Gateway.PID
+		// A pidfd turns readable when the process has exited: the kill is asynchronous, and a
+		// heal that ran before the death would adopt the dying gateway.
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 60_000)
+			if err == nil && n == 0 {
+				t.Fatalf("gateway PID %d still alive a minute after SIGKILL", pid)
+			}
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, unix.EINTR) {
+				t.Fatal(err)
+			}
+		}
+		return pid
+	}
+	first := kill()
+	// the real attach keeps RUNDIR/NAME.json while its device exists; the fake does not
+	if err := os.WriteFile(filepath.Join(runDir, name+".json"), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res, err := NewNode(NodeOptions{NodeID: "node-1", RunDir: runDir, Gateways: gw, Mounter: newFakeMounter()}).Heal(ctx)
+	if err != nil || res != (HealResult{Restarted: 1}) {
+		t.Fatalf("heal: %+v %v, want 1 restarted", res, err)
+	}
+	st, err := gw.Status(ctx, name)
+	if err != nil || st.Gateway.PID == first || st.Gateway.State != "ready" {
+		t.Fatalf("after the heal: %+v %v, want a new ready gateway", st.Gateway, err)
+	}
+	second := st.Gateway.PID
+	t.Cleanup(func() { _ = unix.Kill(second, unix.SIGKILL) })
+
+	kill()
+	if err := os.Remove(filepath.Join(runDir, name+".json")); err != nil {
+		t.Fatal(err)
+	}
+	res, err = NewNode(NodeOptions{NodeID: "node-1", RunDir: runDir, Gateways: gw, Mounter: newFakeMounter()}).Heal(ctx)
+	if err != nil || res != (HealResult{}) {
+		t.Errorf("heal with the device gone: %+v %v, want nothing done", res, err)
+	}
+	if _, err := gw.Status(ctx, name); !errors.Is(err, control.ErrUnknownGateway) {
+		t.Errorf("a gateway was started for a device that is gone: %v", err)
+	}
+}
