@@ -67,6 +67,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newDetachCmd(),
 		newRestartCmd(),
 		newStopCmd(),
+		newCSICmd(),
 		newVersionCmd(),
 		newGenManCmd(),
 		newUdevNameCmd(),

@@ -1,0 +1,103 @@
+package main
+
+// csi: the Container Storage Interface plugin (internal/csi). This file only turns flags into
+// csi.Options; the plugin, its gateways and its healer are internal/csi's.
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"go.uber.org/zap"
+
+	"github.com/iser-blk/iser-blk/internal/cli"
+	"github.com/iser-blk/iser-blk/internal/control"
+	"github.com/iser-blk/iser-blk/internal/csi"
+	"github.com/iser-blk/iser-blk/internal/logging"
+)
+
+// groupCSI is the help group of the plugin's own flags.
+const groupCSI = "CSI plugin (docs/csi.md)"
+
+// newPoolController builds the Controller service of --pool FILE (the LUN pool); nil in a build
+// without it, where --pool is refused.
+var newPoolController func(ctx context.Context, poolFile string, log *zap.Logger) (csipb.ControllerServer, error)
+
+// csiFlags are `iser-blk csi`'s flags.
+type csiFlags struct {
+	endpoint   string
+	nodeID     string
+	pool       string
+	maxVolumes int64
+	runDir     string
+	debug      bool
+}
+
+// newCSICmd is `iser-blk csi`.
+func newCSICmd() *cobra.Command {
+	var f csiFlags
+	cmd := cli.Leaf("csi --endpoint unix:///PATH --node-id ID [--pool FILE] [flags]",
+		"run the CSI plugin: stage iSCSI/iSER LUNs as block devices or filesystems for containers",
+		"Serve the Container Storage Interface (v1.13) on a unix socket until SIGTERM: Identity and Node\n"+
+			"(and Controller with --pool). Each staged volume gets its own gateway process, `iser-blk attach\n"+
+			"--name csi-HASH`, which outlives the plugin: a restarted plugin adopts the gateways it finds in\n"+
+			"--run-dir and restarts those whose devices wait for them. Volume attributes and secrets:\n"+
+			"docs/csi.md.", 0,
+		func(cmd *cobra.Command, _ []string) int { return runCSI(cmd.Context(), &f, cmd.ErrOrStderr()) })
+	cli.Group(cmd, groupCSI, func(fs *pflag.FlagSet) {
+		fs.StringVar(&f.endpoint, "endpoint", "", "the CSI socket: unix:///PATH (created 0600; a stale one is replaced)")
+		fs.StringVar(&f.nodeID, "node-id", "", "this node's id for the CO (NodeGetInfo), e.g. the Kubernetes node name")
+		fs.StringVar(&f.pool, "pool", "", "serve the Controller service from this LUN pool file")
+		fs.Int64Var(&f.maxVolumes, "max-volumes", 0, "volumes this node takes at most (NodeGetInfo; 0: no limit)")
+	})
+	cli.Group(cmd, groupService, func(fs *pflag.FlagSet) {
+		fs.StringVar(&f.runDir, "run-dir", "", "the gateways' run directory, on a hostPath (default: $"+control.RunDirEnv+" or "+control.DefaultRunDir+")")
+	})
+	cmd.Flags().BoolVar(&f.debug, "debug", false, "debug logging")
+	cli.CompleteFiles(cmd, "pool")
+	cli.CompleteDirs(cmd, "run-dir")
+	return cmd
+}
+
+// runCSI runs the plugin; a flag mistake is reported on stderr with exit 2 before anything
+// listens.
+func runCSI(ctx context.Context, f *csiFlags, stderr io.Writer) int {
+	usage := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "iser-blk csi: %s\n", fmt.Sprintf(format, a...))
+		return exitUsage
+	}
+	switch {
+	case f.endpoint == "":
+		return usage("--endpoint is required (unix:///PATH)")
+	case f.nodeID == "":
+		return usage("--node-id is required")
+	case f.maxVolumes < 0:
+		return usage("--max-volumes must not be negative")
+	case f.pool != "" && newPoolController == nil:
+		return usage("--pool: this build has no Controller service")
+	}
+	if _, err := csi.SocketPath(f.endpoint); err != nil {
+		return usage("--endpoint: %v", err)
+	}
+	log := logging.Process(f.debug)
+	defer log.Sync() //nolint:errcheck
+	bin, err := os.Executable()
+	if err != nil {
+		return fail("csi", err)
+	}
+	o := csi.Options{Endpoint: f.endpoint, NodeID: f.nodeID, MaxVolumes: f.maxVolumes,
+		RunDir: control.RunDir(f.runDir), Binary: bin, Log: log}
+	if f.pool != "" {
+		if o.Controller, err = newPoolController(ctx, f.pool, log); err != nil {
+			return fail("csi", err)
+		}
+	}
+	if err := csi.Serve(ctx, o); err != nil {
+		return fail("csi", err)
+	}
+	return exitOK
+}
