@@ -69,8 +69,9 @@ type Controller struct {
 
 var _ csi.ControllerServer = (*Controller)(nil)
 
-// New opens the claims file (taking its lock) and returns the controller. It probes nothing:
-// sizes are read when first needed (CreateVolume, GetCapacity), or by Probe.
+// New opens the claims file (taking its lock; a missing file is a first start, and is written
+// empty) and returns the controller. It probes nothing: sizes are read when first needed
+// (CreateVolume, GetCapacity), or by Probe.
 func New(cfg Config) (*Controller, error) {
 	if len(cfg.Pool) == 0 {
 		return nil, fmt.Errorf("%w: no LUNs", ErrPool)
@@ -112,6 +113,13 @@ func New(cfg Config) (*Controller, error) {
 	c.lock = lock
 	claims, err := loadClaims(c.path)
 	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	// Written back at once: a claims directory that cannot be written (read-only mount, full
+	// disk) fails the start, not the first CreateVolume hours later, and the file exists from
+	// the first start for backups to find.
+	if err := WriteClaims(c.path, claims); err != nil {
 		lock.Close()
 		return nil, err
 	}

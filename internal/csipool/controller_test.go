@@ -363,6 +363,20 @@ func TestClaimsSurviveRestart(t *testing.T) {
 	}
 }
 
+func TestNewWritesTheClaimsFile(t *testing.T) {
+	r := newRig(t, map[int]int64{1: 1 * gib})
+	if claims, err := ReadClaims(r.claims); err != nil || len(claims) != 0 {
+		t.Fatalf("after the first start: %v, %v; want an empty claims file", claims, err)
+	}
+	r.c.Close()
+	// A claims location that cannot be written fails the start, not the first CreateVolume.
+	r.cfg.ClaimsFile = filepath.Join(r.claims, "claims.json") // under a regular file
+	if c, err := New(r.cfg); err == nil {
+		c.Close()
+		t.Fatal("started with a claims file that cannot be written")
+	}
+}
+
 func TestSecondControllerOnClaimsFileRefused(t *testing.T) {
 	r := newRig(t, map[int]int64{1: 1 * gib})
 	if c, err := New(r.cfg); err == nil {
