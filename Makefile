@@ -2,7 +2,7 @@
 # Tiers: unit (go test, twice: as is and -cpu 1, tiers unit and unit-1cpu), py (the bench's
 # Python and make test's own scripts, test/pyunit.py), fuzz (go test -fuzz, seconds
 # each), e2e (root + tgtd/libnbd/fio on the host, build tag e2e), vm (QEMU guest with the 6.12
-# kernel, build tag vm; mk/vm.mk), bench.
+# kernel, build tag vm; mk/vm.mk), k8s (the Kubernetes manifests; mk/kubernetes.mk), bench.
 
 SHELL     := /bin/bash
 GO        ?= go
@@ -37,10 +37,12 @@ lint:
 	$(GO) vet -tags vm ./...
 	$(GO) vet -tags dist ./internal/buildinfo/
 	$(GO) vet -C packaging ./...
+	$(GO) vet -C contrib/kubernetes ./...
 	CGO_ENABLED=0 $(GO) build ./...
 	staticcheck ./...
 	staticcheck -tags e2e ./...
 	cd packaging && staticcheck ./...
+	cd contrib/kubernetes && staticcheck ./...
 	@echo "lint: ok"
 
 tally-reset:
@@ -67,7 +69,7 @@ test-e2e: build
 	@set -o pipefail; $(GO) test $(RACE) -count=1 -timeout 20m -tags e2e -json ./... | $(SUMMARY) -tier e2e -tally $(TALLY)
 
 # test-vm is defined in mk/vm.mk; dist, test-dist and test-rules in mk/release.mk; deb in
-# mk/deb.mk; man and completions in mk/cli.mk.
+# mk/deb.mk; man and completions in mk/cli.mk; test-k8s in mk/kubernetes.mk.
 -include mk/*.mk
 
 # tally: every tier appends "tier P F S" to $(TALLY), and "FAILED tier what" per failure. The
@@ -93,6 +95,7 @@ test: deps tally-reset
 	$(MAKE) --no-print-directory test-e2e || rc=1; \
 	$(MAKE) --no-print-directory test-vm || rc=1; \
 	$(MAKE) --no-print-directory test-rules || rc=1; \
+	$(MAKE) --no-print-directory test-k8s || rc=1; \
 	$(MAKE) --no-print-directory test-dist || rc=1; \
 	$(MAKE) --no-print-directory tally; \
 	exit $$rc

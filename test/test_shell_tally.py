@@ -366,20 +366,23 @@ class MakeTestTallyTest(unittest.TestCase):
         esac
         """
     TIERS = ["unit 4 0 1", "unit-1cpu 4 0 1", "py 2 0 0", "fuzz 3 0 0", "e2e 4 0 1", "vm 5 0 0", "rules 2 0 0",
-             "dist 3 0 0"]
+             "k8s 6 0 0", "dist 3 0 0"]
 
     def run_make_test(self, **stubs):
         """make test with these stub outcomes (STUB_VET, STUB_BUILD, STUB_STATICCHECK, STUB_GOFMT, and
         each tier's exit status: STUB_GOTEST_UNIT, STUB_GOTEST_UNIT1CPU, STUB_GOTEST_E2E, STUB_PY,
-        STUB_FUZZ, STUB_VM, STUB_RULES, STUB_DIST);
+        STUB_FUZZ, STUB_VM, STUB_RULES, STUB_K8S, STUB_DIST);
         its process and the tally it left, which held a stale line from an earlier run before."""
         with tempfile.TemporaryDirectory() as tmp:
             root, gopath = os.path.join(tmp, "tree"), os.path.join(tmp, "gopath")
             os.makedirs(os.path.join(root, "mk"))
             os.makedirs(os.path.join(root, "packaging"))  # lint vets the packaging module there
+            os.makedirs(os.path.join(root, "contrib", "kubernetes"))  # and the manifests' module
             shutil.copy(os.path.join(os.path.dirname(HERE), "Makefile"), root)
             with open(os.path.join(root, "mk", "vm.mk"), "w") as f:
                 f.write("test-vm:\n\t@echo 'vm 5 0 0' >>$(TALLY); exit $${STUB_VM:-0}\n")
+            with open(os.path.join(root, "mk", "kubernetes.mk"), "w") as f:
+                f.write("test-k8s:\n\t@echo 'k8s 6 0 0' >>$(TALLY); exit $${STUB_K8S:-0}\n")
             with open(os.path.join(root, "mk", "release.mk"), "w") as f:
                 f.write("test-rules:\n\t@echo 'rules 2 0 0' >>$(TALLY); exit $${STUB_RULES:-0}\n"
                         "test-dist:\n\t@echo 'dist 3 0 0' >>$(TALLY); exit $${STUB_DIST:-0}\n")
@@ -411,7 +414,7 @@ class MakeTestTallyTest(unittest.TestCase):
         p, lines = self.run_make_test()
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         self.assertEqual(lines, ["lint 1 0 0", "build 1 0 0"] + self.TIERS, "a fresh tally, every tier once")
-        self.assertEqual(p.stdout.splitlines()[-1], "total: 29 passed, 0 failed, 3 skipped")
+        self.assertEqual(p.stdout.splitlines()[-1], "total: 35 passed, 0 failed, 3 skipped")
 
     def test_failed_lint_and_build_are_one_failure_each_and_the_tiers_still_run(self):
         p, lines = self.run_make_test(STUB_STATICCHECK="1", STUB_BUILD="1")
@@ -420,11 +423,11 @@ class MakeTestTallyTest(unittest.TestCase):
         self.assertEqual(lines, ["lint 0 1 0", "FAILED lint make lint (see its output above)",
                                  "build 0 1 0", "FAILED build make build (see its output above)",
                                  "unit 4 0 1", "unit-1cpu 4 0 1", "py 2 0 0", "fuzz 3 0 0", "vm 5 0 0",
-                                 "rules 2 0 0", "dist 3 0 0"])
+                                 "rules 2 0 0", "k8s 6 0 0", "dist 3 0 0"])
         out = p.stdout.splitlines()
         self.assertEqual(out[-3:], ["FAILED: lint make lint (see its output above)",
                                     "FAILED: build make build (see its output above)",
-                                    "total: 23 passed, 2 failed, 2 skipped"])
+                                    "total: 29 passed, 2 failed, 2 skipped"])
 
     def test_unformatted_code_fails_lint(self):
         p, lines = self.run_make_test(STUB_GOFMT="cache/cache.go")
@@ -437,12 +440,12 @@ class MakeTestTallyTest(unittest.TestCase):
         p, lines = self.run_make_test(STUB_VET="1")
         self.assertNotEqual(p.returncode, 0)
         self.assertEqual(lines[:2], ["lint 0 1 0", "FAILED lint make lint (see its output above)"])
-        self.assertEqual(p.stdout.splitlines()[-1], "total: 28 passed, 1 failed, 3 skipped")
+        self.assertEqual(p.stdout.splitlines()[-1], "total: 34 passed, 1 failed, 3 skipped")
 
     def test_any_failed_tier_fails_make_test_and_the_rest_still_run(self):
         # the stub tiers still write their passing lines: only the exit status can tell
         for which in ("STUB_GOTEST_UNIT", "STUB_GOTEST_UNIT1CPU", "STUB_GOTEST_E2E", "STUB_PY", "STUB_FUZZ",
-                      "STUB_VM", "STUB_RULES", "STUB_DIST"):
+                      "STUB_VM", "STUB_RULES", "STUB_K8S", "STUB_DIST"):
             with self.subTest(which):
                 p, lines = self.run_make_test(**{which: "1"})
                 self.assertNotEqual(p.returncode, 0)

@@ -1,0 +1,513 @@
+package csipool
+
+// The CSI controller service over the pool: CreateVolume claims the smallest free LUN that fits,
+// DeleteVolume returns it, and the claims file records both before the answer (doc.go states the
+// invariants and the lock order).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// DefaultClaimsFile is where the controller keeps its claims unless told otherwise. It must be
+// on storage that outlives the controller (docs/kubernetes.md).
+const DefaultClaimsFile = "/var/lib/iser-blk-csi/claims.json"
+
+// DefaultProbeRetry is how long a LUN whose size could not be read is left alone.
+const DefaultProbeRetry = time.Minute
+
+// Config configures New.
+type Config struct {
+	// Pool is the pool's LUNs (ReadPool).
+	Pool []LUN
+	// ClaimsFile is the claims file's path (DefaultClaimsFile when ""); its directory is
+	// created if missing. FILE.lock beside it is held for the controller's life.
+	ClaimsFile string
+	// Prober reads LUN sizes (ISERProber in production).
+	Prober Prober
+	// ProbeRetry is the back-off after a failed probe (DefaultProbeRetry when 0).
+	ProbeRetry time.Duration
+	// Logger receives the controller's logs (nil: none).
+	Logger *zap.Logger
+	// Now is the clock (nil: time.Now); tests step it past the back-off.
+	Now func() time.Time
+}
+
+// Controller is the CSI controller service of a pool. Its methods are safe for concurrent use.
+type Controller struct {
+	csi.UnimplementedControllerServer
+
+	pool   []LUN
+	byKey  map[string]LUN
+	path   string
+	lock   *os.File // FILE.lock, flocked
+	sizes  *sizeCache
+	log    *zap.Logger
+	now    func() time.Time
+	closed sync.Once
+
+	// mu guards the claims, in memory and in the file: a change is written to the file with mu
+	// held, so the file's order of changes is memory's.
+	mu     sync.Mutex
+	byID   map[string]*Claim
+	byName map[string]*Claim
+	byLUN  map[string]*Claim
+}
+
+var _ csi.ControllerServer = (*Controller)(nil)
+
+// New opens the claims file (taking its lock; a missing file is a first start, and is written
+// empty) and returns the controller. It probes nothing: sizes are read when first needed
+// (CreateVolume, GetCapacity), or by Probe.
+func New(cfg Config) (*Controller, error) {
+	if len(cfg.Pool) == 0 {
+		return nil, fmt.Errorf("%w: no LUNs", ErrPool)
+	}
+	if cfg.Prober == nil {
+		return nil, errors.New("csipool: no Prober")
+	}
+	c := &Controller{
+		pool: cfg.Pool, byKey: map[string]LUN{}, path: cfg.ClaimsFile, log: cfg.Logger, now: cfg.Now,
+		byID: map[string]*Claim{}, byName: map[string]*Claim{}, byLUN: map[string]*Claim{},
+	}
+	if c.path == "" {
+		c.path = DefaultClaimsFile
+	}
+	if c.log == nil {
+		c.log = zap.NewNop()
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	retry := cfg.ProbeRetry
+	if retry <= 0 {
+		retry = DefaultProbeRetry
+	}
+	c.sizes = newSizeCache(cfg.Prober, retry, c.now, c.log)
+	for _, l := range c.pool {
+		if _, dup := c.byKey[l.Key]; dup {
+			return nil, fmt.Errorf("%w: LUN %s twice", ErrPool, l.Key)
+		}
+		c.byKey[l.Key] = l
+	}
+	if err := os.MkdirAll(filepath.Dir(c.path), 0o700); err != nil {
+		return nil, fmt.Errorf("claims file: %w", err)
+	}
+	lock, err := lockFile(c.path + ".lock")
+	if err != nil {
+		return nil, err
+	}
+	c.lock = lock
+	claims, err := loadClaims(c.path)
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	// Written back at once: a claims directory that cannot be written (read-only mount, full
+	// disk) fails the start, not the first CreateVolume hours later, and the file exists from
+	// the first start for backups to find.
+	if err := WriteClaims(c.path, claims); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	for i := range claims {
+		cl := &claims[i]
+		c.byID[cl.ID], c.byName[cl.Name], c.byLUN[cl.LUN] = cl, cl, cl
+		if _, inPool := c.byKey[cl.LUN]; !inPool {
+			// Kept: the volume still exists and holds data; it is only no longer handed out
+			// again once deleted.
+			c.log.Warn("a claimed LUN is no longer in the pool file; the volume is kept",
+				zap.String("volume_id", cl.ID), zap.String("lun", cl.LUN))
+		}
+	}
+	c.log.Info("pool controller ready", zap.Int("luns", len(c.pool)), zap.Int("claimed", len(claims)), zap.String("claims_file", c.path))
+	return c, nil
+}
+
+// lockFile takes an exclusive flock on path (created 0600), without waiting: a second controller
+// on the same claims file is a configuration error to report, not to queue behind.
+func lockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("claims file lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("claims file lock %s is held by another controller", path)
+		}
+		return nil, fmt.Errorf("claims file lock %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// Close releases the claims file's lock. The controller must not be used after.
+func (c *Controller) Close() error {
+	var err error
+	c.closed.Do(func() { err = c.lock.Close() })
+	return err
+}
+
+// Probe reads the size of every free LUN not known yet (the command may call it at start, so
+// the first CreateVolume does not wait for the logins).
+func (c *Controller) Probe(ctx context.Context) error {
+	return c.sizes.probe(ctx, c.freeLUNs())
+}
+
+// freeLUNs is the pool's LUNs no claim holds, in pool order.
+func (c *Controller) freeLUNs() []LUN {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var free []LUN
+	for _, l := range c.pool {
+		if c.byLUN[l.Key] == nil {
+			free = append(free, l)
+		}
+	}
+	return free
+}
+
+// persistLocked writes the claims in memory to the file. c.mu is held.
+func (c *Controller) persistLocked() error {
+	claims := make([]Claim, 0, len(c.byID))
+	for _, cl := range c.byID {
+		claims = append(claims, *cl)
+	}
+	return WriteClaims(c.path, claims)
+}
+
+// capacityRange checks a capacity range: required and limit (0: none).
+func capacityRange(r *csi.CapacityRange) (required, limit int64, err error) {
+	required, limit = r.GetRequiredBytes(), r.GetLimitBytes()
+	switch {
+	case required < 0 || limit < 0:
+		return 0, 0, fmt.Errorf("negative capacity range (required %d, limit %d)", required, limit)
+	case limit > 0 && limit < required:
+		return 0, 0, fmt.Errorf("capacity limit %d is below the required %d", limit, required)
+	}
+	return required, limit, nil
+}
+
+// fits reports whether size is within the range.
+func fits(size, required, limit int64) bool {
+	return size >= required && (limit == 0 || size <= limit)
+}
+
+// volumeOf is the CSI volume of a claim (its context copied: the response is not ours to keep).
+func volumeOf(cl *Claim) *csi.Volume {
+	vc := make(map[string]string, len(cl.Context))
+	for k, v := range cl.Context {
+		vc[k] = v
+	}
+	return &csi.Volume{VolumeId: cl.ID, CapacityBytes: cl.Size, VolumeContext: vc}
+}
+
+// CreateVolume claims the smallest free LUN of the pool whose size is within the capacity range
+// (and of the transport the parameters ask for), or returns the volume already created under
+// the name. Codes: InvalidArgument (name, capabilities, range, parameters, a content source),
+// AlreadyExists (the name holds a LUN outside the range, or other parameters),
+// ResourceExhausted (no free LUN fits now; one may be freed or become probeable), OutOfRange (no
+// LUN of the pool, free or not, could ever fit, and every size is known), Internal (the claims
+// file could not be written; nothing was claimed).
+func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	name := req.GetName()
+	if name == "" || len(name) > maxNameBytes {
+		return nil, status.Errorf(codes.InvalidArgument, "volume name of %d bytes (want 1 to %d)", len(name), maxNameBytes)
+	}
+	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	required, limit, err := capacityRange(req.GetCapacityRange())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	params, err := ParseParameters(req.GetParameters())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if req.GetVolumeContentSource() != nil {
+		return nil, status.Error(codes.InvalidArgument, "volume content sources (snapshots, clones) are not supported: a pool LUN comes as it is")
+	}
+	if resp, done, err := c.existing(name, required, limit, params); done {
+		return resp, err
+	}
+	// Sizes of free LUNs not known yet are read outside c.mu (doc.go, lock order).
+	if err := c.sizes.probe(ctx, c.freeLUNs()); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// Another call may have created the name while the LUNs were probed.
+	if resp, done, err := c.existingLocked(name, required, limit, params); done {
+		return resp, err
+	}
+	lun, size, err := c.pickLocked(required, limit, params.Transport)
+	if err != nil {
+		return nil, err
+	}
+	id, err := NewVolumeID()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "volume ID: %v", err)
+	}
+	cl := &Claim{ID: id, Name: name, LUN: lun.Key, Size: size, Context: volumeContext(lun, params), Created: c.now().UTC()}
+	c.byID[id], c.byName[name], c.byLUN[lun.Key] = cl, cl, cl
+	if err := c.persistLocked(); err != nil {
+		delete(c.byID, id)
+		delete(c.byName, name)
+		delete(c.byLUN, lun.Key)
+		c.log.Error("claims file not written; the volume was not created", zap.String("name", name), zap.Error(err))
+		return nil, status.Errorf(codes.Internal, "recording the claim: %v", err)
+	}
+	c.log.Info("volume created", zap.String("name", name), zap.String("volume_id", id), zap.String("lun", lun.Key), zap.Int64("size", size))
+	return &csi.CreateVolumeResponse{Volume: volumeOf(cl)}, nil
+}
+
+// existing answers CreateVolume for a name that already holds a volume: done is false when it
+// does not.
+func (c *Controller) existing(name string, required, limit int64, p Parameters) (resp *csi.CreateVolumeResponse, done bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.existingLocked(name, required, limit, p)
+}
+
+// existingLocked is existing with c.mu held. The request matches when the LUN's size is in its
+// range and it chooses what the volume was made with (transport, frontend, cache); the URLs are
+// not compared, as the pool file may have gained a portal for the LUN since.
+func (c *Controller) existingLocked(name string, required, limit int64, p Parameters) (resp *csi.CreateVolumeResponse, done bool, err error) {
+	cl := c.byName[name]
+	if cl == nil {
+		return nil, false, nil
+	}
+	sameChoice := (p.Transport == "" || p.Transport == cl.Context[ContextTransport]) &&
+		p.Frontend == cl.Context[ContextFrontend] && p.Cache == cl.Context[ContextCache]
+	if !fits(cl.Size, required, limit) || !sameChoice {
+		return nil, true, status.Errorf(codes.AlreadyExists,
+			"volume %q exists (%s, %d bytes, %v) and does not match this request (capacity %d to %d, %+v)",
+			name, cl.ID, cl.Size, cl.Context, required, limit, p)
+	}
+	return &csi.CreateVolumeResponse{Volume: volumeOf(cl)}, true, nil
+}
+
+// pickLocked chooses the smallest free LUN of known size within the range (pool order breaks
+// ties), so large LUNs stay for large requests. c.mu is held.
+func (c *Controller) pickLocked(required, limit int64, transport string) (LUN, int64, error) {
+	var best LUN
+	var bestSize int64
+	unknown, everFits := 0, false
+	for _, l := range c.pool {
+		if transport != "" && l.Transport != transport {
+			continue
+		}
+		size := c.sizes.get(l.Key)
+		if cl := c.byLUN[l.Key]; cl != nil {
+			size = cl.Size
+		}
+		if size == 0 {
+			unknown++
+			continue
+		}
+		if !fits(size, required, limit) {
+			continue
+		}
+		everFits = true
+		if c.byLUN[l.Key] == nil && (bestSize == 0 || size < bestSize) {
+			best, bestSize = l, size
+		}
+	}
+	switch {
+	case bestSize > 0:
+		return best, bestSize, nil
+	case !everFits && unknown == 0:
+		return LUN{}, 0, status.Errorf(codes.OutOfRange, "no LUN of the pool%s has a size from %d to %d bytes (%s)",
+			transportNote(transport), required, limit, c.sizesLocked(transport))
+	default:
+		return LUN{}, 0, status.Errorf(codes.ResourceExhausted, "no free LUN of the pool%s has a size from %d to %d bytes (%d of unknown size: unreachable; %s)",
+			transportNote(transport), required, limit, unknown, c.sizesLocked(transport))
+	}
+}
+
+func transportNote(transport string) string {
+	if transport == "" {
+		return ""
+	}
+	return " over " + transport
+}
+
+// sizesLocked summarises the pool's sizes for an error message. c.mu is held.
+func (c *Controller) sizesLocked(transport string) string {
+	free, claimed := map[int64]int{}, 0
+	for _, l := range c.pool {
+		if transport != "" && l.Transport != transport {
+			continue
+		}
+		if c.byLUN[l.Key] != nil {
+			claimed++
+			continue
+		}
+		if s := c.sizes.get(l.Key); s > 0 {
+			free[s]++
+		}
+	}
+	sizes := make([]int64, 0, len(free))
+	for s := range free {
+		sizes = append(sizes, s)
+	}
+	sort.Slice(sizes, func(i, j int) bool { return sizes[i] < sizes[j] })
+	out := fmt.Sprintf("%d claimed; free:", claimed)
+	if len(sizes) == 0 {
+		out += " none"
+	}
+	for _, s := range sizes {
+		out += fmt.Sprintf(" %d×%d", free[s], s)
+	}
+	return out
+}
+
+// DeleteVolume returns the volume's LUN to the pool. An unknown ID succeeds (it was deleted
+// before, or never made here). The LUN's data is not erased (doc.go).
+func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "no volume ID")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cl := c.byID[id]
+	if cl == nil {
+		return &csi.DeleteVolumeResponse{}, nil
+	}
+	delete(c.byID, id)
+	delete(c.byName, cl.Name)
+	delete(c.byLUN, cl.LUN)
+	if err := c.persistLocked(); err != nil {
+		c.byID[id], c.byName[cl.Name], c.byLUN[cl.LUN] = cl, cl, cl
+		c.log.Error("claims file not written; the volume was not deleted", zap.String("volume_id", id), zap.Error(err))
+		return nil, status.Errorf(codes.Internal, "recording the release: %v", err)
+	}
+	c.sizes.set(cl.LUN, cl.Size)
+	c.log.Info("volume deleted; its LUN is free", zap.String("volume_id", id), zap.String("name", cl.Name), zap.String("lun", cl.LUN))
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
+// ValidateVolumeCapabilities confirms the capabilities (and parameters) when a pool volume has
+// them all; else it answers without a confirmation and says why. NotFound for an unknown ID.
+func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "no volume ID")
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "no volume capabilities")
+	}
+	c.mu.Lock()
+	cl := c.byID[id]
+	c.mu.Unlock()
+	if cl == nil {
+		return nil, status.Errorf(codes.NotFound, "no volume %s", id)
+	}
+	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+	}
+	if _, err := ParseParameters(req.GetParameters()); err != nil {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+	}
+	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
+		VolumeContext:      req.GetVolumeContext(),
+		VolumeCapabilities: req.GetVolumeCapabilities(),
+		Parameters:         req.GetParameters(),
+	}}, nil
+}
+
+// ListVolumes lists the volumes in volume ID order. The token is the last ID of the previous
+// page and the next page starts after it, so volumes deleted or created between pages never
+// make a page repeat or skip one that existed throughout. A token that is not an ID of this
+// controller's form is Aborted (the CSI spec's code for an invalid starting_token).
+func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+	maxEntries := int(req.GetMaxEntries())
+	if maxEntries < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "max_entries %d is negative", maxEntries)
+	}
+	after := req.GetStartingToken()
+	if after != "" && !validID(after) {
+		return nil, status.Errorf(codes.Aborted, "starting_token %.80q is not one ListVolumes gave", after)
+	}
+	c.mu.Lock()
+	ids := make([]string, 0, len(c.byID))
+	for id := range c.byID {
+		if id > after {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	next := ""
+	if maxEntries > 0 && len(ids) > maxEntries {
+		ids = ids[:maxEntries]
+		next = ids[maxEntries-1]
+	}
+	resp := &csi.ListVolumesResponse{NextToken: next}
+	for _, id := range ids {
+		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{Volume: volumeOf(c.byID[id])})
+	}
+	c.mu.Unlock()
+	return resp, nil
+}
+
+// GetCapacity reports the pool's free capacity: available_capacity is the sum of the free LUNs'
+// sizes (what the pool still holds), maximum_volume_size the largest free LUN (the largest
+// required_bytes a CreateVolume can get now; a request cannot span LUNs). LUNs whose size cannot
+// be read count for nothing. Capabilities a pool volume cannot have get 0; parameters restrict
+// the count to the transport they name, and invalid ones are InvalidArgument.
+func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
+	params, err := ParseParameters(req.GetParameters())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if len(req.GetVolumeCapabilities()) > 0 && checkCapabilities(req.GetVolumeCapabilities()) != nil {
+		return &csi.GetCapacityResponse{AvailableCapacity: 0}, nil
+	}
+	if err := c.sizes.probe(ctx, c.freeLUNs()); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var total, largest int64
+	for _, l := range c.pool {
+		if c.byLUN[l.Key] != nil || (params.Transport != "" && l.Transport != params.Transport) {
+			continue
+		}
+		s := c.sizes.get(l.Key)
+		total += s
+		largest = max(largest, s)
+	}
+	return &csi.GetCapacityResponse{AvailableCapacity: total, MaximumVolumeSize: wrapperspb.Int64(largest)}, nil
+}
+
+// ControllerGetCapabilities: create/delete, list and capacity. No publish step (the node
+// plugin logs in to the target itself, so the CSIDriver has attachRequired: false), no
+// snapshots, clones or expansion (a pool LUN is what the array made it).
+func (c *Controller) ControllerGetCapabilities(ctx context.Context, req *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
+	var caps []*csi.ControllerServiceCapability
+	for _, t := range []csi.ControllerServiceCapability_RPC_Type{
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
+		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
+	} {
+		caps = append(caps, &csi.ControllerServiceCapability{
+			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}},
+		})
+	}
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+}
