@@ -9,29 +9,47 @@ import (
 	"io"
 	"os"
 
-	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/internal/cli"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/csi"
+	"github.com/iser-blk/iser-blk/internal/csipool"
+	"github.com/iser-blk/iser-blk/internal/initiatorname"
 	"github.com/iser-blk/iser-blk/internal/logging"
 )
 
 // groupCSI is the help group of the plugin's own flags.
 const groupCSI = "CSI plugin (docs/csi.md)"
 
-// newPoolController builds the Controller service of --pool FILE (the LUN pool); nil in a build
-// without it, where --pool is refused.
-var newPoolController func(ctx context.Context, poolFile string, log *zap.Logger) (csipb.ControllerServer, error)
+// newPoolController builds the Controller service of --pool FILE (internal/csipool) over the
+// pool's LUNs: sizes probed with this host's initiator name, claims in
+// claims (csipool.DefaultClaimsFile by default). The caller closes it.
+func newPoolController(luns []csipool.LUN, claims, name string, log *zap.Logger) (*csipool.Controller, error) {
+	if name == "" {
+		n, generated, err := initiatorname.Host("/")
+		if err != nil {
+			return nil, fmt.Errorf("no initiator name for probing the pool's LUNs: %w; give --initiator-name", err)
+		}
+		if generated {
+			log.Info("generated this host's initiator name", zap.String("initiator_name", n), zap.String("kept_in", initiatorname.OwnFile))
+		}
+		name = n
+	}
+	return csipool.New(csipool.Config{Pool: luns, ClaimsFile: claims, Logger: log,
+		Prober: csipool.ISERProber{Options: iser.Options{InitiatorName: name}}})
+}
 
 // csiFlags are `iser-blk csi`'s flags.
 type csiFlags struct {
 	endpoint   string
 	nodeID     string
 	pool       string
+	claims     string
+	initiator  string
 	maxVolumes int64
 	runDir     string
 	debug      bool
@@ -52,6 +70,8 @@ func newCSICmd() *cobra.Command {
 		fs.StringVar(&f.endpoint, "endpoint", "", "the CSI socket: unix:///PATH (created 0600; a stale one is replaced)")
 		fs.StringVar(&f.nodeID, "node-id", "", "this node's id for the CO (NodeGetInfo), e.g. the Kubernetes node name")
 		fs.StringVar(&f.pool, "pool", "", "serve the Controller service from this LUN pool file")
+		fs.StringVar(&f.initiator, "initiator-name", "", "with --pool: the IQN the pool's LUNs are probed with (default: as attach's)")
+		fs.StringVar(&f.claims, "pool-claims", csipool.DefaultClaimsFile, "with --pool: the file that records which volume holds which LUN (keep it: losing it frees every LUN)")
 		fs.Int64Var(&f.maxVolumes, "max-volumes", 0, "volumes this node takes at most (NodeGetInfo; 0: no limit)")
 	})
 	cli.Group(cmd, groupService, func(fs *pflag.FlagSet) {
@@ -77,11 +97,16 @@ func runCSI(ctx context.Context, f *csiFlags, stderr io.Writer) int {
 		return usage("--node-id is required")
 	case f.maxVolumes < 0:
 		return usage("--max-volumes must not be negative")
-	case f.pool != "" && newPoolController == nil:
-		return usage("--pool: this build has no Controller service")
 	}
 	if _, err := csi.SocketPath(f.endpoint); err != nil {
 		return usage("--endpoint: %v", err)
+	}
+	var pool []csipool.LUN
+	if f.pool != "" {
+		var err error
+		if pool, err = csipool.ReadPool(f.pool); err != nil {
+			return usage("--pool: %v", err)
+		}
 	}
 	log := logging.Process(f.debug)
 	defer log.Sync() //nolint:errcheck
@@ -92,9 +117,12 @@ func runCSI(ctx context.Context, f *csiFlags, stderr io.Writer) int {
 	o := csi.Options{Endpoint: f.endpoint, NodeID: f.nodeID, MaxVolumes: f.maxVolumes,
 		RunDir: control.RunDir(f.runDir), Binary: bin, Log: log}
 	if f.pool != "" {
-		if o.Controller, err = newPoolController(ctx, f.pool, log); err != nil {
+		ctl, err := newPoolController(pool, f.claims, f.initiator, log)
+		if err != nil {
 			return fail("csi", err)
 		}
+		defer ctl.Close()
+		o.Controller = ctl
 	}
 	if err := csi.Serve(ctx, o); err != nil {
 		return fail("csi", err)

@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	csinode "github.com/iser-blk/iser-blk/internal/csi"
 	"github.com/iser-blk/iser-blk/internal/csipool"
 )
 
@@ -414,6 +415,9 @@ func TestDriverNameAndVolumeAttributes(t *testing.T) {
 	pv := only[*corev1.PersistentVolume](t, all)
 	if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != driverName {
 		t.Fatalf("the static PV is not the driver's: %+v", pv.Spec.CSI)
+	}
+	if _, err := csinode.ParseVolumeContext(pv.Spec.CSI.VolumeAttributes); err != nil {
+		t.Errorf("the node plugin refuses the static PV's volumeAttributes: %v", err)
 	}
 	if _, err := csipool.ParseVolumeContext(pv.Spec.CSI.VolumeAttributes); err != nil {
 		t.Errorf("the static PV's volumeAttributes: %v", err)

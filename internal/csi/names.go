@@ -7,7 +7,7 @@ import (
 
 // DriverName is the plugin's name in GetPluginInfo: the CSIDriver object's name and the
 // StorageClass's provisioner. A CO keys volumes by it, so it never changes.
-const DriverName = "iser-blk.csi.io"
+const DriverName = "csi.iser-blk.io"
 
 // namePrefix marks the gateways this plugin started, so an operator's `iser-blk list` tells them
 // from hand-made ones and the healer leaves those alone.

@@ -111,7 +111,7 @@ func TestDecodeClaimsRejects(t *testing.T) {
 		{"long name", enc(func(m map[string]any) { m["name"] = strings.Repeat("n", maxNameBytes+1) }), "volume name"},
 		{"no LUN", enc(func(m map[string]any) { m["lun"] = "" }), "no LUN"},
 		{"zero size", enc(func(m map[string]any) { m["size"] = 0 }), "size 0"},
-		{"no context", enc(func(m map[string]any) { delete(m, "context") }), "target is missing"},
+		{"no context", enc(func(m map[string]any) { delete(m, "context") }), "targets is missing"},
 		{"context of another LUN", enc(func(m map[string]any) { m["lun"] = "iqn.x:y/9" }), "not LUN"},
 		{"bad cache", enc(func(m map[string]any) { m["context"].(map[string]any)["cache"] = "fast" }), "cache"},
 		{"no transport", enc(func(m map[string]any) { delete(m["context"].(map[string]any), "transport") }), "no transport"},

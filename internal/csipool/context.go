@@ -18,7 +18,7 @@ const (
 	// ContextTarget is the LUN's target URL; other portals of the same LUN follow it,
 	// comma-separated (iscsi://host/IQN/LUN,iscsi://host2/IQN/LUN). Never a secret: CHAP
 	// secrets reach the node from nodeStageSecretRef.
-	ContextTarget = "target"
+	ContextTarget = "targets" // internal/csi.KeyTargets: the node plugin reads it
 	// ContextTransport is "iscsi" (TCP) or "iser" (RDMA): the URLs' scheme, spelled out so a
 	// node can refuse an iSER volume it has no RDMA for before it tries. As a StorageClass
 	// parameter it restricts the pool to LUNs of that transport.

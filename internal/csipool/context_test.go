@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	csinode "github.com/iser-blk/iser-blk/internal/csi"
 )
 
 func TestParseParameters(t *testing.T) {
@@ -29,6 +31,23 @@ func TestParseParameters(t *testing.T) {
 	}
 }
 
+// TestVolumeContextIsTheNodes: a dynamic volume's context is read by the node plugin
+// (internal/csi), whose parser is the contract; every context this controller creates must pass it.
+func TestVolumeContextIsTheNodes(t *testing.T) {
+	luns, err := ParsePool([]byte("iscsi://192.0.2.10/iqn.2001-04.com.example:pool/1,iscsi://192.0.2.11/iqn.2001-04.com.example:pool/1\niser://192.0.2.12/iqn.x:y/3\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, lun := range luns {
+		for _, p := range []Parameters{{}, {Frontend: FrontendNBD, Cache: "off"}, {Frontend: FrontendUblk, Cache: "writethrough"}} {
+			vc := volumeContext(lun, p)
+			if _, err := csinode.ParseVolumeContext(vc); err != nil {
+				t.Errorf("the node plugin refuses %v: %v", vc, err)
+			}
+		}
+	}
+}
+
 func TestParseVolumeContext(t *testing.T) {
 	const a, b = "iscsi://192.0.2.10/iqn.2001-04.com.example:pool/1", "iscsi://192.0.2.11/iqn.2001-04.com.example:pool/1"
 	vc, err := ParseVolumeContext(map[string]string{ContextTarget: a + "," + b, ContextTransport: "iscsi", ContextFrontend: "ublk", ContextCache: "off"})
@@ -49,9 +68,9 @@ func TestParseVolumeContext(t *testing.T) {
 		c    map[string]string
 		want string
 	}{
-		{"no target", map[string]string{ContextTransport: "iscsi"}, "target is missing"},
-		{"empty target", map[string]string{ContextTarget: ""}, "target is missing"},
-		{"bad target", map[string]string{ContextTarget: "/dev/sda"}, "attribute target"},
+		{"no target", map[string]string{ContextTransport: "iscsi"}, "is missing"},
+		{"empty target", map[string]string{ContextTarget: ""}, "is missing"},
+		{"bad target", map[string]string{ContextTarget: "/dev/sda"}, "attribute targets"},
 		{"two LUNs", map[string]string{ContextTarget: a + ",iscsi://192.0.2.11/iqn.2001-04.com.example:pool/2"}, "not the LUN of"},
 		{"transport not the scheme", map[string]string{ContextTarget: a, ContextTransport: "iser"}, "scheme is iscsi"},
 		{"bad frontend", map[string]string{ContextTarget: a, ContextFrontend: "loop"}, "frontend"},
