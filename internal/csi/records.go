@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/iser-blk/iser-blk/internal/atomicfile"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/modes"
 )
@@ -103,7 +104,7 @@ func (rs Records) Save(r Record) error {
 	if err != nil {
 		return fmt.Errorf("volume record: %w", err)
 	}
-	return writeAtomic(rs.Dir, rs.path(r.Name), append(b, '\n'))
+	return atomicfile.Write(rs.path(r.Name), append(b, '\n'))
 }
 
 // SaveSecret writes one secret of name's into its 0600 file, atomically.
@@ -111,7 +112,7 @@ func (rs Records) SaveSecret(name, which, secret string) error {
 	if err := rs.ensure(); err != nil {
 		return err
 	}
-	return writeAtomic(rs.Dir, rs.SecretFile(name, which), []byte(secret+"\n"))
+	return atomicfile.Write(rs.SecretFile(name, which), []byte(secret+"\n"))
 }
 
 // Remove deletes name's record and its secrets; what is missing already is no error.
@@ -142,34 +143,4 @@ func (rs Records) Names() ([]string, error) {
 	}
 	sort.Strings(names)
 	return names, nil
-}
-
-// writeAtomic writes data to path through a 0600 temporary file in dir, fsynced and renamed,
-// and fsyncs dir so the rename is durable.
-func writeAtomic(dir, path string, data []byte) error {
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*") // CreateTemp makes it 0600
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // a no-op once renamed
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

@@ -15,9 +15,10 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"sort"
 	"time"
+
+	"github.com/iser-blk/iser-blk/internal/atomicfile"
 )
 
 // ClaimsVersion is the format of the claims file; DecodeClaims rejects any other.
@@ -170,45 +171,8 @@ func WriteClaims(path string, claims []Claim) error {
 	if err != nil {
 		return fmt.Errorf("claims file: %w", err)
 	}
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
+	if err := atomicfile.Write(path, append(data, '\n')); err != nil { // 0600: it names every LUN
 		return fmt.Errorf("claims file: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // a no-op once renamed
-	if err := writeSync(tmp, append(data, '\n')); err != nil {
-		return fmt.Errorf("claims file %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("claims file: %w", err)
-	}
-	return syncDir(dir)
-}
-
-// writeSync writes data to f (mode 0600: it names every LUN), fsyncs and closes it.
-func writeSync(f *os.File, data []byte) error {
-	_, err := f.Write(data)
-	if err == nil {
-		err = f.Chmod(0o600)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
-// syncDir fsyncs dir, making a rename in it durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("claims file directory: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("claims file directory %s: fsync: %w", dir, err)
 	}
 	return nil
 }

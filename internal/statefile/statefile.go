@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/iser-blk/iser-blk/internal/atomicfile"
 	"github.com/iser-blk/iser-blk/internal/modes"
 )
 
@@ -61,44 +62,8 @@ func Write(path string, s State) error {
 	if err != nil {
 		return fmt.Errorf("state file: %w", err)
 	}
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
+	if err := atomicfile.Write(path, append(data, '\n')); err != nil {
 		return fmt.Errorf("state file: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // a no-op once renamed
-	if err := writeSync(tmp, append(data, '\n')); err != nil {
-		return fmt.Errorf("state file %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("state file: %w", err)
-	}
-	return syncDir(dir)
-}
-
-// writeSync writes data to f, fsyncs and closes it.
-func writeSync(f *os.File, data []byte) error {
-	_, err := f.Write(data)
-	if err == nil {
-		err = f.Chmod(0o600)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("state file directory: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("state file directory %s: fsync: %w", dir, err)
 	}
 	return nil
 }
