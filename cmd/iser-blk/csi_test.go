@@ -56,24 +56,11 @@ func TestCSIServesThePool(t *testing.T) {
 	if err := os.WriteFile(pool, []byte("# one LUN nobody serves\niscsi://127.0.0.1:1/iqn.2001-04.com.example:none/0\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	exited := make(chan int, 1)
-	var stderr syncbuf.Buffer
-	go func() {
-		exited <- run(ctx, []string{"csi", "--endpoint", "unix://" + sock, "--node-id", "node-1", "--run-dir", filepath.Join(dir, "run"),
-			"--pool", pool, "--pool-claims", claims, "--initiator-name", "iqn.2026-12.io.iser-blk.test:csi"}, io.Discard, &stderr)
-	}()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	p := startCSI(t, sock, "--run-dir", filepath.Join(dir, "run"),
+		"--pool", pool, "--pool-claims", claims, "--initiator-name", "iqn.2026-12.io.iser-blk.test:csi")
+	caps, err := csipb.NewIdentityClient(p.conn).GetPluginCapabilities(p.ctx, &csipb.GetPluginCapabilitiesRequest{}, grpc.WaitForReady(true))
 	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	callCtx, callCancel := context.WithTimeout(ctx, time.Minute)
-	defer callCancel()
-	caps, err := csipb.NewIdentityClient(conn).GetPluginCapabilities(callCtx, &csipb.GetPluginCapabilitiesRequest{}, grpc.WaitForReady(true))
-	if err != nil {
-		t.Fatalf("plugin capabilities: %v; stderr: %s", err, stderr.String())
+		t.Fatalf("plugin capabilities: %v; stderr: %s", err, p.stderr.String())
 	}
 	controller := false
 	for _, c := range caps.Capabilities {
@@ -82,50 +69,68 @@ func TestCSIServesThePool(t *testing.T) {
 	if !controller {
 		t.Errorf("--pool given but CONTROLLER_SERVICE not advertised: %v", caps)
 	}
-	capResp, err := csipb.NewControllerClient(conn).GetCapacity(callCtx, &csipb.GetCapacityRequest{})
+	capResp, err := csipb.NewControllerClient(p.conn).GetCapacity(p.ctx, &csipb.GetCapacityRequest{})
 	if err != nil || capResp.AvailableCapacity != 0 {
 		t.Errorf("capacity of a pool whose only LUN cannot be probed: %v, %v", capResp, err)
 	}
 	if _, err := os.Stat(claims); err != nil {
 		t.Errorf("claims file: %v", err)
 	}
-	cancel()
-	if code := <-exited; code != exitOK {
-		t.Errorf("exit %d after the context ended; stderr: %s", code, stderr.String())
-	}
+	p.stop(t)
 }
 
 func TestCSIServes(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "csi.sock")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	exited := make(chan int, 1)
-	var stderr syncbuf.Buffer
-	go func() {
-		exited <- run(ctx, []string{"csi", "--endpoint", "unix://" + sock, "--node-id", "node-1", "--run-dir", filepath.Join(dir, "run")}, io.Discard, &stderr)
-	}()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	callCtx, callCancel := context.WithTimeout(ctx, time.Minute)
-	defer callCancel()
+	p := startCSI(t, sock, "--run-dir", filepath.Join(dir, "run"))
 	// WaitForReady: the call waits for the socket to accept instead of failing before it exists.
-	info, err := csipb.NewIdentityClient(conn).GetPluginInfo(callCtx, &csipb.GetPluginInfoRequest{}, grpc.WaitForReady(true))
+	info, err := csipb.NewIdentityClient(p.conn).GetPluginInfo(p.ctx, &csipb.GetPluginInfoRequest{}, grpc.WaitForReady(true))
 	if err != nil || info.Name != csi.DriverName {
-		t.Fatalf("plugin info %v %v; stderr: %s", info, err, stderr.String())
+		t.Fatalf("plugin info %v %v; stderr: %s", info, err, p.stderr.String())
 	}
-	node, err := csipb.NewNodeClient(conn).NodeGetInfo(callCtx, &csipb.NodeGetInfoRequest{})
+	node, err := csipb.NewNodeClient(p.conn).NodeGetInfo(p.ctx, &csipb.NodeGetInfoRequest{})
 	if err != nil || node.NodeId != "node-1" {
 		t.Errorf("node info %v %v", node, err)
 	}
-	cancel()
-	if code := <-exited; code != exitOK {
-		t.Errorf("exit %d after the context ended; stderr: %s", code, stderr.String())
-	}
+	p.stop(t)
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Errorf("the socket survives the plugin: %v", err)
+	}
+}
+
+// csiPlugin is `iser-blk csi` run in-process for a test, and a client connection to it.
+type csiPlugin struct {
+	ctx    context.Context // the calls' context: ends a minute after the start at the latest
+	conn   *grpc.ClientConn
+	stderr *syncbuf.Buffer
+	cancel context.CancelFunc // ends the plugin (its SIGTERM)
+	exited chan int
+}
+
+// startCSI runs `iser-blk csi --endpoint unix://SOCK --node-id node-1 ARGS...` until the test
+// ends or stop; its calls wait for the socket (grpc.WaitForReady) rather than poll for it.
+func startCSI(t *testing.T, sock string, args ...string) *csiPlugin {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &csiPlugin{stderr: new(syncbuf.Buffer), cancel: cancel, exited: make(chan int, 1)}
+	argv := append([]string{"csi", "--endpoint", "unix://" + sock, "--node-id", "node-1"}, args...)
+	go func() { p.exited <- run(ctx, argv, io.Discard, p.stderr) }()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	callCtx, callCancel := context.WithTimeout(ctx, time.Minute)
+	p.ctx, p.conn = callCtx, conn
+	t.Cleanup(func() { callCancel(); conn.Close(); cancel() })
+	return p
+}
+
+// stop ends the plugin and requires it to exit 0.
+func (p *csiPlugin) stop(t *testing.T) {
+	t.Helper()
+	p.cancel()
+	if code := <-p.exited; code != exitOK {
+		t.Errorf("exit %d after the context ended; stderr: %s", code, p.stderr.String())
 	}
 }
