@@ -54,17 +54,17 @@ const (
 	autoDivisor = 16
 )
 
-// SizeFor is the default cache size on a host with memTotal bytes of memory (MemTotal in
-// /proc/meminfo; 0 when unknown, which gives DefaultSize): a sixteenth of it, between 64 MiB and
-// 1 GiB. A fixed 1 GiB (plus the NBD buffers) would be most of a small VM's memory; a sixteenth
+// SizeFor is the default cache size for a process that may use memLimit bytes of memory
+// (internal/memlimit: MemTotal or its cgroups' limit; 0 when unknown, which gives DefaultSize): a
+// sixteenth of it, between 64 MiB and 1 GiB. A fixed 1 GiB (plus the NBD buffers) would be most of a small VM's memory; a sixteenth
 // reaches the 1 GiB cap at 16 GiB. It is rounded down to a whole MiB, so that --cache-size's
 // default, shown humanized in --help, is exactly the size used (a 2 GiB guest's MemTotal of
 // 1.97 GiB gave 123.24 MiB, shown and parsed back as 123 MiB).
-func SizeFor(memTotal int64) int64 {
-	if memTotal <= 0 {
+func SizeFor(memLimit int64) int64 {
+	if memLimit <= 0 {
 		return DefaultSize
 	}
-	return min(max(memTotal/autoDivisor, MinAutoSize), DefaultSize) &^ (1<<20 - 1)
+	return min(max(memLimit/autoDivisor, MinAutoSize), DefaultSize) &^ (1<<20 - 1)
 }
 
 // Config configures a cache. The zero value of every field means its default.

@@ -2,9 +2,6 @@ package cache
 
 import (
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 
 	"github.com/dustin/go-humanize"
 )
@@ -43,20 +40,4 @@ func parseCutoff(name, v string) (int64, error) {
 		return -1, nil
 	}
 	return int64(n), nil
-}
-
-// HostMemory is MemTotal from /proc/meminfo in bytes, or 0 when it cannot be read: what SizeFor
-// takes.
-func HostMemory() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "MemTotal:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
 }

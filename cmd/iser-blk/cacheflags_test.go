@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/iser-blk/iser-blk/cache"
+	"github.com/iser-blk/iser-blk/internal/memlimit"
 )
 
 // TestCacheFlags checks the cache flags' defaults (the size derived from the host's memory, the
@@ -26,7 +27,7 @@ func TestCacheFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := cache.SizeFor(cache.HostMemory()); cfg.Size != want || cfg.WriteAround != 256<<10 || cfg.ReadAround != 256<<10 {
+	if want := cache.SizeFor(memlimit.Own()); cfg.Size != want || cfg.WriteAround != 256<<10 || cfg.ReadAround != 256<<10 {
 		t.Fatalf("defaults: size %d (want %d), write-around %d, read-around %d", cfg.Size, want, cfg.WriteAround, cfg.ReadAround)
 	}
 	cfg, err = parse("--cache-write-around", "0", "--cache-read-around", "1MiB")

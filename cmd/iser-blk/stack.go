@@ -20,6 +20,7 @@ import (
 	"github.com/iser-blk/iser-blk/cache"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
 	"github.com/iser-blk/iser-blk/internal/cli"
+	"github.com/iser-blk/iser-blk/internal/memlimit"
 	"github.com/iser-blk/iser-blk/pool"
 )
 
@@ -100,7 +101,7 @@ type cacheFlags struct{ cache.Flags }
 
 func (cf *cacheFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&cf.Mode, "cache", "writeback", "cache mode: writeback (a volatile write cache; clients' FLUSH/FUA make data durable), writethrough or off")
-	fs.StringVar(&cf.Size, "cache-size", humanize.IBytes(uint64(cache.SizeFor(cache.HostMemory()))),
+	fs.StringVar(&cf.Size, "cache-size", humanize.IBytes(uint64(cache.SizeFor(memlimit.Own()))),
 		"memory for cached pages; the default is a sixteenth of this host's memory, between 64 MiB and 1 GiB")
 	fs.StringVar(&cf.Dirty, "cache-dirty", "50%", "most dirty data held before writers are throttled: a percentage of --cache-size or a size")
 	fs.StringVar(&cf.WriteAround, "cache-write-around", "256KiB", "writes this large (a quarter of it when continuing a sequential stream) go\n"+
