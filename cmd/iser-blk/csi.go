@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
@@ -20,6 +21,7 @@ import (
 	"github.com/iser-blk/iser-blk/internal/csipool"
 	"github.com/iser-blk/iser-blk/internal/initiatorname"
 	"github.com/iser-blk/iser-blk/internal/logging"
+	"github.com/iser-blk/iser-blk/internal/memlimit"
 )
 
 // groupCSI is the help group of the plugin's own flags.
@@ -51,6 +53,7 @@ type csiFlags struct {
 	claims     string
 	initiator  string
 	maxVolumes int64
+	budget     string
 	runDir     string
 	debug      bool
 }
@@ -65,14 +68,17 @@ func newCSICmd() *cobra.Command {
 			"--name csi-HASH`, which outlives the plugin: a restarted plugin adopts the gateways it finds in\n"+
 			"--run-dir and restarts those whose devices wait for them. Volume attributes and secrets:\n"+
 			"docs/csi.md.", 0,
-		func(cmd *cobra.Command, _ []string) int { return runCSI(cmd.Context(), &f, cmd.ErrOrStderr()) })
+		func(cmd *cobra.Command, _ []string) int {
+			return runCSI(cmd.Context(), &f, !cmd.Flags().Changed("max-volumes"), cmd.ErrOrStderr())
+		})
 	cli.Group(cmd, groupCSI, func(fs *pflag.FlagSet) {
 		fs.StringVar(&f.endpoint, "endpoint", "", "the CSI socket: unix:///PATH (created 0600; a stale one is replaced)")
 		fs.StringVar(&f.nodeID, "node-id", "", "this node's id for the CO (NodeGetInfo), e.g. the Kubernetes node name")
 		fs.StringVar(&f.pool, "pool", "", "serve the Controller service from this LUN pool file")
 		fs.StringVar(&f.initiator, "initiator-name", "", "with --pool: the IQN the pool's LUNs are probed with (default: as attach's)")
 		fs.StringVar(&f.claims, "pool-claims", csipool.DefaultClaimsFile, "with --pool: the file that records which volume holds which LUN (keep it: losing it frees every LUN)")
-		fs.Int64Var(&f.maxVolumes, "max-volumes", 0, "volumes this node takes at most (NodeGetInfo; 0: no limit)")
+		fs.Int64Var(&f.maxVolumes, "max-volumes", csi.DefaultMaxVolumes, "volumes this node takes at most (NodeGetInfo), each gateway getting this share of --memory-budget; not given: lowered to what the budget holds")
+		fs.StringVar(&f.budget, "memory-budget", csi.DefaultMemoryBudget, "memory for all gateways' buffer pools and caches: a size, or a percentage of what the plugin may use (its cgroup's limit or the host's memory)")
 	})
 	cli.Group(cmd, groupService, func(fs *pflag.FlagSet) {
 		fs.StringVar(&f.runDir, "run-dir", "", "the gateways' run directory, on a hostPath (default: $"+control.RunDirEnv+" or "+control.DefaultRunDir+")")
@@ -84,8 +90,8 @@ func newCSICmd() *cobra.Command {
 }
 
 // runCSI runs the plugin; a flag mistake is reported on stderr with exit 2 before anything
-// listens.
-func runCSI(ctx context.Context, f *csiFlags, stderr io.Writer) int {
+// listens. fitVolumes: --max-volumes was not given, so the memory budget may lower it.
+func runCSI(ctx context.Context, f *csiFlags, fitVolumes bool, stderr io.Writer) int {
 	usage := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "iser-blk csi: %s\n", fmt.Sprintf(format, a...))
 		return exitUsage
@@ -95,8 +101,17 @@ func runCSI(ctx context.Context, f *csiFlags, stderr io.Writer) int {
 		return usage("--endpoint is required (unix:///PATH)")
 	case f.nodeID == "":
 		return usage("--node-id is required")
-	case f.maxVolumes < 0:
-		return usage("--max-volumes must not be negative")
+	case f.maxVolumes < 1:
+		return usage("--max-volumes must be at least 1")
+	}
+	memLimit := memlimit.Own()
+	budget, err := csi.ParseBudget(f.budget, memLimit)
+	if err != nil {
+		return usage("%v", err)
+	}
+	plan, err := csi.PlanMemory(budget, f.maxVolumes, fitVolumes, memLimit)
+	if err != nil {
+		return usage("%v", err)
 	}
 	if _, err := csi.SocketPath(f.endpoint); err != nil {
 		return usage("--endpoint: %v", err)
@@ -110,11 +125,14 @@ func runCSI(ctx context.Context, f *csiFlags, stderr io.Writer) int {
 	}
 	log := logging.Process(f.debug)
 	defer log.Sync() //nolint:errcheck
+	log.Info("memory budget", zap.String("budget", humanize.IBytes(uint64(plan.Budget))), zap.Int64("max_volumes", plan.Volumes),
+		zap.String("buffer_memory", humanize.IBytes(uint64(plan.Share.BufferMemory))), zap.String("cache_size", humanize.IBytes(uint64(plan.Share.CacheSize))),
+		zap.String("memory_limit", humanize.IBytes(uint64(memLimit))))
 	bin, err := os.Executable()
 	if err != nil {
 		return fail("csi", err)
 	}
-	o := csi.Options{Endpoint: f.endpoint, NodeID: f.nodeID, MaxVolumes: f.maxVolumes,
+	o := csi.Options{Endpoint: f.endpoint, NodeID: f.nodeID, Memory: &plan,
 		RunDir: control.RunDir(f.runDir), Binary: bin, Log: log}
 	if f.pool != "" {
 		ctl, err := newPoolController(pool, f.claims, f.initiator, log)

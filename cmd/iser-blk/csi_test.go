@@ -29,6 +29,9 @@ func TestCSIUsage(t *testing.T) {
 		{[]string{"csi", "--endpoint", "unix://" + dir + "/csi.sock"}, "--node-id"},
 		{[]string{"csi", "--endpoint", "tcp://127.0.0.1:1", "--node-id", "n"}, "--endpoint"},
 		{[]string{"csi", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n", "--max-volumes", "-1"}, "--max-volumes"},
+		{[]string{"csi", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n", "--memory-budget", "lots"}, "--memory-budget"},
+		// an explicit count the budget cannot hold is refused, not lowered
+		{[]string{"csi", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n", "--memory-budget", "1GiB", "--max-volumes", "16"}, "holds 9 volumes"},
 		{[]string{"csi", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n", "--pool", dir + "/pool.json"}, "--pool"}, // missing
 		{[]string{"csi", "extra", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n"}, "argument"},
 	} {
@@ -38,7 +41,7 @@ func TestCSIUsage(t *testing.T) {
 		}
 	}
 	_, _, help := runOut("csi", "--help")
-	for _, s := range []string{groupCSI + ":", "--endpoint", "--node-id", "--pool", "--run-dir", "--max-volumes"} {
+	for _, s := range []string{groupCSI + ":", "--endpoint", "--node-id", "--pool", "--run-dir", "--max-volumes", "--memory-budget"} {
 		if !strings.Contains(help, s) {
 			t.Errorf("csi --help lacks %s", s)
 		}
@@ -82,15 +85,16 @@ func TestCSIServesThePool(t *testing.T) {
 func TestCSIServes(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "csi.sock")
-	p := startCSI(t, sock, "--run-dir", filepath.Join(dir, "run"))
+	// a 1 GiB budget holds 9 gateways of csi.MinShare: without --max-volumes that is the node's most
+	p := startCSI(t, sock, "--run-dir", filepath.Join(dir, "run"), "--memory-budget", "1GiB")
 	// WaitForReady: the call waits for the socket to accept instead of failing before it exists.
 	info, err := csipb.NewIdentityClient(p.conn).GetPluginInfo(p.ctx, &csipb.GetPluginInfoRequest{}, grpc.WaitForReady(true))
 	if err != nil || info.Name != csi.DriverName {
 		t.Fatalf("plugin info %v %v; stderr: %s", info, err, p.stderr.String())
 	}
 	node, err := csipb.NewNodeClient(p.conn).NodeGetInfo(p.ctx, &csipb.NodeGetInfoRequest{})
-	if err != nil || node.NodeId != "node-1" {
-		t.Errorf("node info %v %v", node, err)
+	if err != nil || node.NodeId != "node-1" || node.MaxVolumesPerNode != 1<<30/csi.MinShare {
+		t.Errorf("node info %v %v; want %d volumes", node, err, 1<<30/csi.MinShare)
 	}
 	p.stop(t)
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {

@@ -33,6 +33,8 @@ type ExecGateways struct {
 	Binary string // the iser-blk executable (os.Executable of the plugin)
 	RunDir string // the gateways' --run-dir
 	Log    *zap.Logger
+	// Memory is every gateway's buffer pool and cache size (the zero value: attach's defaults).
+	Memory MemoryShare
 	// HasUblk reports whether the kernel has ublk (nil: /dev/ublk-control exists).
 	HasUblk func() bool
 	// Poll is the first interval between status queries while a gateway starts (0: 50ms); it
@@ -59,6 +61,7 @@ func (g *ExecGateways) hasUblk() bool {
 // Args is the attach command line of spec (without the binary): never a secret.
 func (g *ExecGateways) Args(spec GatewaySpec) []string {
 	args := []string{"attach", "--name", spec.Name, "--run-dir", g.RunDir, "--cache", spec.Cache.String()}
+	args = append(args, g.Memory.args()...)
 	fe := spec.Frontend
 	if fe == FrontendAuto {
 		fe = modes.NBD

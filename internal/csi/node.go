@@ -21,12 +21,16 @@ type Node struct {
 	records    Records
 	log        *zap.Logger
 	locks      volumeLocks
+	// admit serialises admitting a new volume (counting the records, then saving one), so that
+	// concurrent stages of different volumes cannot together pass maxVolumes. It is taken
+	// after the volume's lock, never before.
+	admit sync.Mutex
 }
 
 // NodeOptions configure a Node.
 type NodeOptions struct {
 	NodeID     string // NodeGetInfo's node id: the CO's name for this node
-	MaxVolumes int64  // NodeGetInfo's max_volumes_per_node (0: no limit)
+	MaxVolumes int64  // NodeGetInfo's max_volumes_per_node; NodeStage refuses more (0: no limit)
 	RunDir     string // the gateways' run directory; the records live in RUNDIR/csi
 	Gateways   Gateways
 	Mounter    Mounter

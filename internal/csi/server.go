@@ -24,13 +24,18 @@ const DefaultStopTimeout = 30 * time.Second
 
 // Options configure the plugin's server.
 type Options struct {
-	Endpoint   string // unix:///PATH: the CSI socket (the only transport a CO uses for a node plugin)
-	NodeID     string
+	Endpoint string // unix:///PATH: the CSI socket (the only transport a CO uses for a node plugin)
+	NodeID   string
+	// MaxVolumes is NodeGetInfo's max_volumes_per_node, and NodeStage refuses a volume beyond it
+	// (0: no limit). With Memory set it is Memory.Volumes.
 	MaxVolumes int64
-	RunDir     string // the gateways' run directory (control.RunDir)
-	Binary     string // the iser-blk executable the gateways run (default: Gateways must be set)
-	Gateways   Gateways
-	Mounter    Mounter // nil: SystemMounter
+	// Memory, when set, sizes every gateway's pool and cache from the plugin's budget
+	// (PlanMemory); unset, gateways take attach's defaults.
+	Memory   *MemoryPlan
+	RunDir   string // the gateways' run directory (control.RunDir)
+	Binary   string // the iser-blk executable the gateways run (default: Gateways must be set)
+	Gateways Gateways
+	Mounter  Mounter // nil: SystemMounter
 	// Controller, when set, is served as the Controller service and CONTROLLER_SERVICE is
 	// advertised (the LUN pool, `--pool`).
 	Controller  csipb.ControllerServer
@@ -57,7 +62,14 @@ func Serve(ctx context.Context, o Options) error {
 		if o.Binary == "" {
 			return errors.New("no gateway binary")
 		}
-		o.Gateways = &ExecGateways{Binary: o.Binary, RunDir: o.RunDir, Log: o.Log}
+		eg := &ExecGateways{Binary: o.Binary, RunDir: o.RunDir, Log: o.Log}
+		if o.Memory != nil {
+			eg.Memory = o.Memory.Share
+		}
+		o.Gateways = eg
+	}
+	if o.Memory != nil {
+		o.MaxVolumes = o.Memory.Volumes
 	}
 	if o.Mounter == nil {
 		o.Mounter = SystemMounter{}

@@ -63,11 +63,8 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 	}
 	// The secrets and the record go first: a plugin that dies from here on leaves what the
 	// healer and NodeUnstage need to find and undo the gateway.
-	if err := n.saveSecrets(name, chap); err != nil {
-		return nil, internalf(ctx, "%v", err)
-	}
-	if err := n.records.Save(want); err != nil {
-		return nil, internalf(ctx, "%v", err)
+	if err := n.record(ctx, want, chap, !staged); err != nil {
+		return nil, err
 	}
 	st, err := n.gateways.Ensure(ctx, n.spec(want))
 	if err != nil {
@@ -101,6 +98,32 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 		return nil, err
 	}
 	return &csipb.NodeStageVolumeResponse{}, nil
+}
+
+// record saves r's secrets and r. A volume that is not staged yet (admit) is refused as
+// ResourceExhausted, with nothing written, when maxVolumes are: each gateway was given its share of
+// the memory budget for at most that many, and NodeGetInfo told the CO so.
+func (n *Node) record(ctx context.Context, r Record, chap CHAP, admit bool) error {
+	if admit {
+		n.admit.Lock()
+		defer n.admit.Unlock()
+		if n.maxVolumes > 0 {
+			names, err := n.records.Names()
+			if err != nil {
+				return internalf(ctx, "%v", err)
+			}
+			if int64(len(names)) >= n.maxVolumes {
+				return errf(codes.ResourceExhausted, "this node has %d volumes staged, its most (--max-volumes)", len(names))
+			}
+		}
+	}
+	if err := n.saveSecrets(r.Name, chap); err != nil {
+		return internalf(ctx, "%v", err)
+	}
+	if err := n.records.Save(r); err != nil {
+		return internalf(ctx, "%v", err)
+	}
+	return nil
 }
 
 // mountStaging mounts device's filesystem at the staging path, formatting the device first
