@@ -25,10 +25,17 @@ import (
 // groupCSI is the help group of the plugin's own flags.
 const groupCSI = "CSI plugin (docs/csi.md)"
 
+// Values of --pool-erase.
+const (
+	poolEraseZeroes = "zeroes" // deleted volumes' LUNs are zeroed before they are handed out again
+	poolEraseNone   = "none"   // the array erases returned LUNs itself
+)
+
 // newPoolController builds the Controller service of --pool FILE (internal/csipool) over the
-// pool's LUNs: sizes probed with this host's initiator name, claims in
-// claims (csipool.DefaultClaimsFile by default). The caller closes it.
-func newPoolController(luns []csipool.LUN, claims, name string, log *zap.Logger) (*csipool.Controller, error) {
+// pool's LUNs: sizes probed and deleted volumes' LUNs erased (unless erase is poolEraseNone)
+// with this host's initiator name, claims in claims (csipool.DefaultClaimsFile by default). The
+// caller closes it.
+func newPoolController(luns []csipool.LUN, claims, name, erase string, log *zap.Logger) (*csipool.Controller, error) {
 	if name == "" {
 		n, generated, err := initiatorname.Host("/")
 		if err != nil {
@@ -39,8 +46,9 @@ func newPoolController(luns []csipool.LUN, claims, name string, log *zap.Logger)
 		}
 		name = n
 	}
+	opts := iser.Options{InitiatorName: name}
 	return csipool.New(csipool.Config{Pool: luns, ClaimsFile: claims, Logger: log,
-		Prober: csipool.ISERProber{Options: iser.Options{InitiatorName: name}}})
+		Prober: csipool.ISERProber{Options: opts}, Eraser: csipool.ISEREraser{Options: opts}, NoErase: erase == poolEraseNone})
 }
 
 // csiFlags are `iser-blk csi`'s flags.
@@ -49,6 +57,7 @@ type csiFlags struct {
 	nodeID     string
 	pool       string
 	claims     string
+	poolErase  string
 	initiator  string
 	maxVolumes int64
 	runDir     string
@@ -72,6 +81,7 @@ func newCSICmd() *cobra.Command {
 		fs.StringVar(&f.pool, "pool", "", "serve the Controller service from this LUN pool file")
 		fs.StringVar(&f.initiator, "initiator-name", "", "with --pool: the IQN the pool's LUNs are probed with (default: as attach's)")
 		fs.StringVar(&f.claims, "pool-claims", csipool.DefaultClaimsFile, "with --pool: the file that records which volume holds which LUN (keep it: losing it frees every LUN)")
+		fs.StringVar(&f.poolErase, "pool-erase", poolEraseZeroes, "with --pool: "+poolEraseZeroes+" (zero a deleted volume's LUN before handing it out again) or "+poolEraseNone+" (the array erases returned LUNs itself)")
 		fs.Int64Var(&f.maxVolumes, "max-volumes", 0, "volumes this node takes at most (NodeGetInfo; 0: no limit)")
 	})
 	cli.Group(cmd, groupService, func(fs *pflag.FlagSet) {
@@ -79,6 +89,7 @@ func newCSICmd() *cobra.Command {
 	})
 	cmd.Flags().BoolVar(&f.debug, "debug", false, "debug logging")
 	cli.CompleteFiles(cmd, "pool")
+	cli.CompleteWords(cmd, "pool-erase", poolEraseZeroes, poolEraseNone)
 	cli.CompleteDirs(cmd, "run-dir")
 	return cmd
 }
@@ -97,6 +108,8 @@ func runCSI(ctx context.Context, f *csiFlags, stderr io.Writer) int {
 		return usage("--node-id is required")
 	case f.maxVolumes < 0:
 		return usage("--max-volumes must not be negative")
+	case f.poolErase != poolEraseZeroes && f.poolErase != poolEraseNone:
+		return usage("--pool-erase %q: want %s or %s", f.poolErase, poolEraseZeroes, poolEraseNone)
 	}
 	if _, err := csi.SocketPath(f.endpoint); err != nil {
 		return usage("--endpoint: %v", err)
@@ -117,7 +130,7 @@ func runCSI(ctx context.Context, f *csiFlags, stderr io.Writer) int {
 	o := csi.Options{Endpoint: f.endpoint, NodeID: f.nodeID, MaxVolumes: f.maxVolumes,
 		RunDir: control.RunDir(f.runDir), Binary: bin, Log: log}
 	if f.pool != "" {
-		ctl, err := newPoolController(pool, f.claims, f.initiator, log)
+		ctl, err := newPoolController(pool, f.claims, f.initiator, f.poolErase, log)
 		if err != nil {
 			return fail("csi", err)
 		}
