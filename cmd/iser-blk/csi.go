@@ -27,10 +27,17 @@ import (
 // groupCSI is the help group of the plugin's own flags.
 const groupCSI = "CSI plugin (docs/csi.md)"
 
+// Values of --pool-erase.
+const (
+	poolEraseZeroes = "zeroes" // deleted volumes' LUNs are zeroed before they are handed out again
+	poolEraseNone   = "none"   // the array erases returned LUNs itself
+)
+
 // newPoolController builds the Controller service of --pool FILE (internal/csipool) over the
-// pool's LUNs: sizes probed with this host's initiator name, claims in
-// claims (csipool.DefaultClaimsFile by default). The caller closes it.
-func newPoolController(luns []csipool.LUN, claims, name string, log *zap.Logger) (*csipool.Controller, error) {
+// pool's LUNs: sizes probed and deleted volumes' LUNs erased (unless erase is poolEraseNone)
+// with this host's initiator name, claims in claims (csipool.DefaultClaimsFile by default). The
+// caller closes it.
+func newPoolController(luns []csipool.LUN, claims, name, erase string, log *zap.Logger) (*csipool.Controller, error) {
 	if name == "" {
 		n, generated, err := initiatorname.Host("/")
 		if err != nil {
@@ -41,8 +48,9 @@ func newPoolController(luns []csipool.LUN, claims, name string, log *zap.Logger)
 		}
 		name = n
 	}
+	opts := iser.Options{InitiatorName: name}
 	return csipool.New(csipool.Config{Pool: luns, ClaimsFile: claims, Logger: log,
-		Prober: csipool.ISERProber{Options: iser.Options{InitiatorName: name}}})
+		Prober: csipool.ISERProber{Options: opts}, Eraser: csipool.ISEREraser{Options: opts}, NoErase: erase == poolEraseNone})
 }
 
 // csiFlags are `iser-blk csi`'s flags.
@@ -51,6 +59,7 @@ type csiFlags struct {
 	nodeID     string
 	pool       string
 	claims     string
+	poolErase  string
 	initiator  string
 	maxVolumes int64
 	budget     string
@@ -77,6 +86,7 @@ func newCSICmd() *cobra.Command {
 		fs.StringVar(&f.pool, "pool", "", "serve the Controller service from this LUN pool file")
 		fs.StringVar(&f.initiator, "initiator-name", "", "with --pool: the IQN the pool's LUNs are probed with (default: as attach's)")
 		fs.StringVar(&f.claims, "pool-claims", csipool.DefaultClaimsFile, "with --pool: the file that records which volume holds which LUN (keep it: losing it frees every LUN)")
+		fs.StringVar(&f.poolErase, "pool-erase", poolEraseZeroes, "with --pool: "+poolEraseZeroes+" (zero a deleted volume's LUN before handing it out again) or "+poolEraseNone+" (the array erases returned LUNs itself)")
 		fs.Int64Var(&f.maxVolumes, "max-volumes", csi.DefaultMaxVolumes, "volumes this node takes at most (NodeGetInfo), each gateway getting this share of --memory-budget; not given: lowered to what the budget holds")
 		fs.StringVar(&f.budget, "memory-budget", csi.DefaultMemoryBudget, "memory for all gateways' buffer pools and caches: a size, or a percentage of what the plugin may use (its cgroup's limit or the host's memory)")
 	})
@@ -85,6 +95,7 @@ func newCSICmd() *cobra.Command {
 	})
 	cmd.Flags().BoolVar(&f.debug, "debug", false, "debug logging")
 	cli.CompleteFiles(cmd, "pool")
+	cli.CompleteWords(cmd, "pool-erase", poolEraseZeroes, poolEraseNone)
 	cli.CompleteDirs(cmd, "run-dir")
 	return cmd
 }
@@ -103,6 +114,8 @@ func runCSI(ctx context.Context, f *csiFlags, fitVolumes bool, stderr io.Writer)
 		return usage("--node-id is required")
 	case f.maxVolumes < 1:
 		return usage("--max-volumes must be at least 1")
+	case f.poolErase != poolEraseZeroes && f.poolErase != poolEraseNone:
+		return usage("--pool-erase %q: want %s or %s", f.poolErase, poolEraseZeroes, poolEraseNone)
 	}
 	memLimit := memlimit.Own()
 	budget, err := csi.ParseBudget(f.budget, memLimit)
@@ -135,7 +148,7 @@ func runCSI(ctx context.Context, f *csiFlags, fitVolumes bool, stderr io.Writer)
 	o := csi.Options{Endpoint: f.endpoint, NodeID: f.nodeID, Memory: &plan,
 		RunDir: control.RunDir(f.runDir), Binary: bin, Log: log}
 	if f.pool != "" {
-		ctl, err := newPoolController(pool, f.claims, f.initiator, log)
+		ctl, err := newPoolController(pool, f.claims, f.initiator, f.poolErase, log)
 		if err != nil {
 			return fail("csi", err)
 		}

@@ -33,6 +33,7 @@ func TestCSIUsage(t *testing.T) {
 		// an explicit count the budget cannot hold is refused, not lowered
 		{[]string{"csi", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n", "--memory-budget", "1GiB", "--max-volumes", "16"}, "holds 9 volumes"},
 		{[]string{"csi", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n", "--pool", dir + "/pool.json"}, "--pool"}, // missing
+		{[]string{"csi", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n", "--pool-erase", "shred"}, "--pool-erase"},
 		{[]string{"csi", "extra", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n"}, "argument"},
 	} {
 		code, _, stderr := runOut(tt.args...)
@@ -41,7 +42,7 @@ func TestCSIUsage(t *testing.T) {
 		}
 	}
 	_, _, help := runOut("csi", "--help")
-	for _, s := range []string{groupCSI + ":", "--endpoint", "--node-id", "--pool", "--run-dir", "--max-volumes", "--memory-budget"} {
+	for _, s := range []string{groupCSI + ":", "--endpoint", "--node-id", "--pool", "--pool-claims", "--pool-erase", "--initiator-name", "--run-dir", "--max-volumes", "--memory-budget"} {
 		if !strings.Contains(help, s) {
 			t.Errorf("csi --help lacks %s", s)
 		}

@@ -1,8 +1,8 @@
 package csipool
 
 // The CSI controller service over the pool: CreateVolume claims the smallest free LUN that fits,
-// DeleteVolume returns it, and the claims file records both before the answer (doc.go states the
-// invariants and the lock order).
+// DeleteVolume returns it to be erased (erasing.go) before it is free again, and the claims file
+// records each change before the answer (doc.go states the invariants and the lock order).
 
 import (
 	"context"
@@ -38,6 +38,16 @@ type Config struct {
 	ClaimsFile string
 	// Prober reads LUN sizes (ISERProber in production).
 	Prober Prober
+	// Eraser zeroes the LUN of a deleted volume before it is handed out again (ISEREraser in
+	// production). Required unless NoErase.
+	Eraser Eraser
+	// NoErase frees a deleted volume's LUN at once, unerased: for arrays that erase returned
+	// LUNs themselves (`iser-blk csi --pool-erase none`). LUNs the claims file holds mid-erase
+	// are then freed at start, with a warning.
+	NoErase bool
+	// EraseRetry is the back-off after a failed erase (DefaultEraseRetry when 0); it doubles
+	// after each failure, up to MaxEraseRetry.
+	EraseRetry time.Duration
 	// ProbeRetry is the back-off after a failed probe (DefaultProbeRetry when 0).
 	ProbeRetry time.Duration
 	// Logger receives the controller's logs (nil: none).
@@ -59,12 +69,22 @@ type Controller struct {
 	now    func() time.Time
 	closed sync.Once
 
-	// mu guards the claims, in memory and in the file: a change is written to the file with mu
-	// held, so the file's order of changes is memory's.
-	mu     sync.Mutex
-	byID   map[string]*Claim
-	byName map[string]*Claim
-	byLUN  map[string]*Claim
+	// The background erases (erasing.go): eraser is nil with NoErase; bg ends at Close, which
+	// waits for bgWG.
+	eraser     Eraser
+	eraseRetry time.Duration
+	eraseSlots chan struct{}
+	bg         context.Context
+	bgCancel   context.CancelFunc
+	bgWG       sync.WaitGroup
+
+	// mu guards the claims and the erasing LUNs, in memory and in the file: a change is written
+	// to the file with mu held, so the file's order of changes is memory's.
+	mu      sync.Mutex
+	byID    map[string]*Claim
+	byName  map[string]*Claim
+	byLUN   map[string]*Claim
+	erasing map[string]*Erasing // by LUN key
 }
 
 var _ csi.ControllerServer = (*Controller)(nil)
@@ -79,9 +99,19 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Prober == nil {
 		return nil, errors.New("csipool: no Prober")
 	}
+	if cfg.Eraser == nil && !cfg.NoErase {
+		return nil, errors.New("csipool: no Eraser (NoErase only for arrays that erase returned LUNs themselves)")
+	}
 	c := &Controller{
 		pool: cfg.Pool, byKey: map[string]LUN{}, path: cfg.ClaimsFile, log: cfg.Logger, now: cfg.Now,
-		byID: map[string]*Claim{}, byName: map[string]*Claim{}, byLUN: map[string]*Claim{},
+		byID: map[string]*Claim{}, byName: map[string]*Claim{}, byLUN: map[string]*Claim{}, erasing: map[string]*Erasing{},
+		eraser: cfg.Eraser, eraseRetry: cfg.EraseRetry, eraseSlots: make(chan struct{}, eraseParallel),
+	}
+	if cfg.NoErase {
+		c.eraser = nil
+	}
+	if c.eraseRetry <= 0 {
+		c.eraseRetry = DefaultEraseRetry
 	}
 	if c.path == "" {
 		c.path = DefaultClaimsFile
@@ -111,18 +141,26 @@ func New(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	c.lock = lock
-	claims, err := loadClaims(c.path)
+	st, err := loadClaims(c.path)
 	if err != nil {
 		lock.Close()
 		return nil, err
 	}
+	if c.eraser == nil && len(st.Erasing) > 0 {
+		for _, e := range st.Erasing {
+			c.log.Warn("erasing is off: a LUN left mid-erase by an earlier start is free again, unerased",
+				zap.String("lun", e.LUN), zap.String("volume_id", e.VolumeID), zap.Time("deleted", e.Deleted))
+		}
+		st.Erasing = []Erasing{}
+	}
 	// Written back at once: a claims directory that cannot be written (read-only mount, full
-	// disk) fails the start, not the first CreateVolume hours later, and the file exists from
-	// the first start for backups to find.
-	if err := WriteClaims(c.path, claims); err != nil {
+	// disk) fails the start, not the first CreateVolume hours later, the file exists from the
+	// first start for backups to find, and a file of an older version is of this one from now.
+	if err := WriteClaims(c.path, st); err != nil {
 		lock.Close()
 		return nil, err
 	}
+	claims := st.Claims
 	for i := range claims {
 		cl := &claims[i]
 		c.byID[cl.ID], c.byName[cl.Name], c.byLUN[cl.LUN] = cl, cl, cl
@@ -133,7 +171,16 @@ func New(cfg Config) (*Controller, error) {
 				zap.String("volume_id", cl.ID), zap.String("lun", cl.LUN))
 		}
 	}
-	c.log.Info("pool controller ready", zap.Int("luns", len(c.pool)), zap.Int("claimed", len(claims)), zap.String("claims_file", c.path))
+	c.bg, c.bgCancel = context.WithCancel(context.Background())
+	c.mu.Lock()
+	for i := range st.Erasing {
+		e := &st.Erasing[i]
+		c.erasing[e.LUN] = e
+		c.startEraseLocked(e)
+	}
+	c.mu.Unlock()
+	c.log.Info("pool controller ready", zap.Int("luns", len(c.pool)), zap.Int("claimed", len(claims)),
+		zap.Int("erasing", len(st.Erasing)), zap.Bool("erase", c.eraser != nil), zap.String("claims_file", c.path))
 	return c, nil
 }
 
@@ -154,10 +201,18 @@ func lockFile(path string) (*os.File, error) {
 	return f, nil
 }
 
-// Close releases the claims file's lock. The controller must not be used after.
+// Close stops the erases in progress (their LUNs stay erasing in the claims file, and the next
+// start erases them again), waits for them, and releases the claims file's lock. The controller
+// must not be used after.
 func (c *Controller) Close() error {
 	var err error
-	c.closed.Do(func() { err = c.lock.Close() })
+	c.closed.Do(func() {
+		c.mu.Lock() // no erase starts after this (startEraseLocked)
+		c.bgCancel()
+		c.mu.Unlock()
+		c.bgWG.Wait()
+		err = c.lock.Close()
+	})
 	return err
 }
 
@@ -167,26 +222,35 @@ func (c *Controller) Probe(ctx context.Context) error {
 	return c.sizes.probe(ctx, c.freeLUNs())
 }
 
-// freeLUNs is the pool's LUNs no claim holds, in pool order.
+// freeLUNs is the pool's LUNs no claim holds and none is erasing, in pool order.
 func (c *Controller) freeLUNs() []LUN {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var free []LUN
 	for _, l := range c.pool {
-		if c.byLUN[l.Key] == nil {
+		if !c.heldLocked(l.Key) {
 			free = append(free, l)
 		}
 	}
 	return free
 }
 
-// persistLocked writes the claims in memory to the file. c.mu is held.
+// heldLocked reports whether the LUN is not free: a volume holds it, or it is being erased.
+// c.mu is held.
+func (c *Controller) heldLocked(key string) bool {
+	return c.byLUN[key] != nil || c.erasing[key] != nil
+}
+
+// persistLocked writes the claims and erasing LUNs in memory to the file. c.mu is held.
 func (c *Controller) persistLocked() error {
-	claims := make([]Claim, 0, len(c.byID))
+	st := ClaimsState{Claims: make([]Claim, 0, len(c.byID)), Erasing: make([]Erasing, 0, len(c.erasing))}
 	for _, cl := range c.byID {
-		claims = append(claims, *cl)
+		st.Claims = append(st.Claims, *cl)
 	}
-	return WriteClaims(c.path, claims)
+	for _, e := range c.erasing {
+		st.Erasing = append(st.Erasing, *e)
+	}
+	return WriteClaims(c.path, st)
 }
 
 // capacityRange checks a capacity range: required and limit (0: none).
@@ -219,7 +283,7 @@ func volumeOf(cl *Claim) *csi.Volume {
 // (and of the transport the parameters ask for), or returns the volume already created under
 // the name. Codes: InvalidArgument (name, capabilities, range, parameters, a content source),
 // AlreadyExists (the name holds a LUN outside the range, or other parameters),
-// ResourceExhausted (no free LUN fits now; one may be freed or become probeable), OutOfRange (no
+// ResourceExhausted (no free LUN fits now; one may be freed, erased or become probeable), OutOfRange (no
 // LUN of the pool, free or not, could ever fit, and every size is known), Internal (the claims
 // file could not be written; nothing was claimed).
 func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
@@ -302,7 +366,8 @@ func (c *Controller) existingLocked(name string, required, limit int64, p Parame
 }
 
 // pickLocked chooses the smallest free LUN of known size within the range (pool order breaks
-// ties), so large LUNs stay for large requests. c.mu is held.
+// ties), so large LUNs stay for large requests. A LUN being erased is not free: it only makes
+// the answer ResourceExhausted rather than OutOfRange when it would fit. c.mu is held.
 func (c *Controller) pickLocked(required, limit int64, transport string) (LUN, int64, error) {
 	var best LUN
 	var bestSize int64
@@ -314,6 +379,8 @@ func (c *Controller) pickLocked(required, limit int64, transport string) (LUN, i
 		size := c.sizes.get(l.Key)
 		if cl := c.byLUN[l.Key]; cl != nil {
 			size = cl.Size
+		} else if e := c.erasing[l.Key]; e != nil {
+			size = e.Size
 		}
 		if size == 0 {
 			unknown++
@@ -323,7 +390,7 @@ func (c *Controller) pickLocked(required, limit int64, transport string) (LUN, i
 			continue
 		}
 		everFits = true
-		if c.byLUN[l.Key] == nil && (bestSize == 0 || size < bestSize) {
+		if !c.heldLocked(l.Key) && (bestSize == 0 || size < bestSize) {
 			best, bestSize = l, size
 		}
 	}
@@ -348,13 +415,17 @@ func transportNote(transport string) string {
 
 // sizesLocked summarises the pool's sizes for an error message. c.mu is held.
 func (c *Controller) sizesLocked(transport string) string {
-	free, claimed := map[int64]int{}, 0
+	free, claimed, erasing := map[int64]int{}, 0, 0
 	for _, l := range c.pool {
 		if transport != "" && l.Transport != transport {
 			continue
 		}
 		if c.byLUN[l.Key] != nil {
 			claimed++
+			continue
+		}
+		if c.erasing[l.Key] != nil {
+			erasing++
 			continue
 		}
 		if s := c.sizes.get(l.Key); s > 0 {
@@ -366,7 +437,7 @@ func (c *Controller) sizesLocked(transport string) string {
 		sizes = append(sizes, s)
 	}
 	sort.Slice(sizes, func(i, j int) bool { return sizes[i] < sizes[j] })
-	out := fmt.Sprintf("%d claimed; free:", claimed)
+	out := fmt.Sprintf("%d claimed, %d being erased; free:", claimed, erasing)
 	if len(sizes) == 0 {
 		out += " none"
 	}
@@ -376,8 +447,11 @@ func (c *Controller) sizesLocked(transport string) string {
 	return out
 }
 
-// DeleteVolume returns the volume's LUN to the pool. An unknown ID succeeds (it was deleted
-// before, or never made here). The LUN's data is not erased (doc.go).
+// DeleteVolume deletes the volume: its LUN is recorded as erasing and erased in the background
+// (erasing.go), and free for CreateVolume only once erased; with NoErase it is free at once. The
+// call does not wait for the erase (a LUN of many GiB takes minutes to zero, longer than
+// csi-provisioner's call timeout). An unknown ID succeeds (it was deleted before, possibly still
+// being erased, or never made here).
 func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
@@ -392,13 +466,24 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 	delete(c.byID, id)
 	delete(c.byName, cl.Name)
 	delete(c.byLUN, cl.LUN)
+	var e *Erasing
+	if c.eraser != nil {
+		e = &Erasing{LUN: cl.LUN, Size: cl.Size, VolumeID: cl.ID, Deleted: c.now().UTC()}
+		c.erasing[cl.LUN] = e
+	}
 	if err := c.persistLocked(); err != nil {
 		c.byID[id], c.byName[cl.Name], c.byLUN[cl.LUN] = cl, cl, cl
+		delete(c.erasing, cl.LUN)
 		c.log.Error("claims file not written; the volume was not deleted", zap.String("volume_id", id), zap.Error(err))
 		return nil, status.Errorf(codes.Internal, "recording the release: %v", err)
 	}
-	c.sizes.set(cl.LUN, cl.Size)
-	c.log.Info("volume deleted; its LUN is free", zap.String("volume_id", id), zap.String("name", cl.Name), zap.String("lun", cl.LUN))
+	if e == nil {
+		c.sizes.set(cl.LUN, cl.Size)
+		c.log.Info("volume deleted; its LUN is free, unerased (erasing is off)", zap.String("volume_id", id), zap.String("name", cl.Name), zap.String("lun", cl.LUN))
+		return &csi.DeleteVolumeResponse{}, nil
+	}
+	c.log.Info("volume deleted; its LUN is erased before it is free", zap.String("volume_id", id), zap.String("name", cl.Name), zap.String("lun", cl.LUN))
+	c.startEraseLocked(e)
 	return &csi.DeleteVolumeResponse{}, nil
 }
 
@@ -468,7 +553,8 @@ func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 // GetCapacity reports the pool's free capacity: available_capacity is the sum of the free LUNs'
 // sizes (what the pool still holds), maximum_volume_size the largest free LUN (the largest
 // required_bytes a CreateVolume can get now; a request cannot span LUNs). LUNs whose size cannot
-// be read count for nothing. Capabilities a pool volume cannot have get 0; parameters restrict
+// be read count for nothing, and so do LUNs being erased (not available until erased).
+// Capabilities a pool volume cannot have get 0; parameters restrict
 // the count to the transport they name, and invalid ones are InvalidArgument.
 func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
 	params, err := ParseParameters(req.GetParameters())
@@ -485,7 +571,7 @@ func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 	defer c.mu.Unlock()
 	var total, largest int64
 	for _, l := range c.pool {
-		if c.byLUN[l.Key] != nil || (params.Transport != "" && l.Transport != params.Transport) {
+		if c.heldLocked(l.Key) || (params.Transport != "" && l.Transport != params.Transport) {
 			continue
 		}
 		s := c.sizes.get(l.Key)

@@ -91,6 +91,7 @@ func lunURL(n int) string {
 type rig struct {
 	c      *Controller
 	prober *fakeProber
+	eraser *fakeEraser
 	clock  *fakeClock
 	logs   *observer.ObservedLogs
 	claims string
@@ -105,7 +106,7 @@ func newRig(t *testing.T, sizes map[int]int64) *rig {
 	}
 	sort.Ints(nums)
 	var text strings.Builder
-	r := &rig{prober: newFakeProber(), clock: &fakeClock{now: time.Date(2026, 12, 5, 1, 0, 0, 0, time.UTC)}}
+	r := &rig{prober: newFakeProber(), eraser: newFakeEraser(), clock: &fakeClock{now: time.Date(2026, 12, 5, 1, 0, 0, 0, time.UTC)}}
 	for _, n := range nums {
 		fmt.Fprintln(&text, lunURL(n))
 		if sizes[n] > 0 {
@@ -121,7 +122,8 @@ func newRig(t *testing.T, sizes map[int]int64) *rig {
 	core, logs := observer.New(zapcore.DebugLevel)
 	r.logs = logs
 	r.claims = filepath.Join(t.TempDir(), "state", "claims.json")
-	r.cfg = Config{Pool: pool, ClaimsFile: r.claims, Prober: r.prober, ProbeRetry: time.Minute, Logger: zap.New(core), Now: r.clock.Now}
+	r.cfg = Config{Pool: pool, ClaimsFile: r.claims, Prober: r.prober, Eraser: r.eraser, EraseRetry: time.Millisecond,
+		ProbeRetry: time.Minute, Logger: zap.New(core), Now: r.clock.Now}
 	r.c = r.open(t)
 	return r
 }
@@ -318,6 +320,7 @@ func TestDeleteVolume(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	waitErased(t, r.c, lunKey(1))
 	w := r.create(t, "b", 0, 0, nil)
 	if w.GetVolumeId() == v.GetVolumeId() || w.GetVolumeContext()[ContextTarget] != v.GetVolumeContext()[ContextTarget] {
 		t.Fatalf("after the delete: %+v, want the same LUN under a new ID (was %s)", w, v.GetVolumeId())
@@ -357,16 +360,16 @@ func TestClaimsSurviveRestart(t *testing.T) {
 	if got == a.GetVolumeContext()[ContextTarget] || got == b.GetVolumeContext()[ContextTarget] || got != lunURL(3) {
 		t.Fatalf("after a restart the free LUN handed out is %s, want LUN 3", got)
 	}
-	claims, err := ReadClaims(r.claims)
-	if err != nil || len(claims) != 3 {
-		t.Fatalf("claims file: %d claims, %v", len(claims), err)
+	st, err := ReadClaims(r.claims)
+	if err != nil || len(st.Claims) != 3 {
+		t.Fatalf("claims file: %d claims, %v", len(st.Claims), err)
 	}
 }
 
 func TestNewWritesTheClaimsFile(t *testing.T) {
 	r := newRig(t, map[int]int64{1: 1 * gib})
-	if claims, err := ReadClaims(r.claims); err != nil || len(claims) != 0 {
-		t.Fatalf("after the first start: %v, %v; want an empty claims file", claims, err)
+	if st, err := ReadClaims(r.claims); err != nil || len(st.Claims) != 0 || len(st.Erasing) != 0 {
+		t.Fatalf("after the first start: %v, %v; want an empty claims file", st, err)
 	}
 	r.c.Close()
 	// A claims location that cannot be written fails the start, not the first CreateVolume.
@@ -430,6 +433,15 @@ func TestClaimsKeptForLUNLeavingThePool(t *testing.T) {
 	}
 	_, err := c.CreateVolume(context.Background(), createReq("b", 2*gib, 0, nil))
 	wantCode(t, err, codes.OutOfRange) // LUN 2 is not handed out again
+	// Nor erased: it may be someone else's now. It stays in the erasing list for a start that
+	// has it in the pool again.
+	waitLog(t, r.logs, "a LUN waiting to be erased is no longer in the pool file: it is neither erased nor handed out")
+	if n := r.eraser.count(lunKey(2)); n != 0 {
+		t.Errorf("a LUN outside the pool was erased %d times", n)
+	}
+	if st, err := ReadClaims(r.claims); err != nil || len(st.Erasing) != 1 || st.Erasing[0].LUN != lunKey(2) {
+		t.Fatalf("claims file: %+v, %v; want LUN 2 erasing", st, err)
+	}
 }
 
 func TestProbeFailureSkippedThenRetried(t *testing.T) {
@@ -642,8 +654,8 @@ func TestClaimsFileUnwritableChangesNothing(t *testing.T) {
 	if w := r.create(t, "b", 0, 0, nil); w.GetVolumeContext()[ContextTarget] == v.GetVolumeContext()[ContextTarget] {
 		t.Fatal("the LUN of a was handed out again")
 	}
-	if claims, err := ReadClaims(r.claims); err != nil || len(claims) != 2 {
-		t.Fatalf("claims file: %d, %v", len(claims), err)
+	if st, err := ReadClaims(r.claims); err != nil || len(st.Claims) != 2 {
+		t.Fatalf("claims file: %d, %v", len(st.Claims), err)
 	}
 }
 
@@ -701,7 +713,7 @@ func TestConcurrentCreates(t *testing.T) {
 		t.Fatalf("%d volumes (%d named v*, %d IDs for shared), %d exhausted; want every LUN once",
 			len(list.GetEntries()), len(targets), len(sameName), exhausted)
 	}
-	if claims, err := ReadClaims(r.claims); err != nil || len(claims) != luns {
-		t.Fatalf("claims file: %d claims, %v", len(claims), err)
+	if st, err := ReadClaims(r.claims); err != nil || len(st.Claims) != luns {
+		t.Fatalf("claims file: %d claims, %v", len(st.Claims), err)
 	}
 }

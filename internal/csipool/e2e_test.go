@@ -35,7 +35,8 @@ func TestE2EPoolSizesFromTgtd(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
 	c, err := New(Config{
 		Pool: pool, ClaimsFile: t.TempDir() + "/claims.json", Logger: zap.New(core),
-		Prober: ISERProber{Options: iser.Options{InitiatorName: "iqn.2026-12.io.iser-blk:e2e-csipool", LoginTimeout: 5 * time.Second}},
+		Prober:  ISERProber{Options: iser.Options{InitiatorName: "iqn.2026-12.io.iser-blk:e2e-csipool", LoginTimeout: 5 * time.Second}},
+		NoErase: true, // nothing is deleted here
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
@@ -72,7 +73,8 @@ var unsupportedSkips = []string{
 // TestSanityController runs csi-sanity's controller specs (kubernetes-csi/csi-test, every spec
 // tagged [Controller Server]) against the controller served over gRPC on a unix socket, with a
 // pool of 1 GiB LUNs behind the fake prober. The suite checks idempotency, the gRPC codes and
-// pagination as external-provisioner relies on them.
+// pagination as external-provisioner relies on them. Deleted volumes' LUNs go through the
+// background erase (a fake eraser that succeeds), as in production.
 func TestSanityController(t *testing.T) {
 	dir := t.TempDir()
 	var pool strings.Builder
@@ -87,7 +89,8 @@ func TestSanityController(t *testing.T) {
 	for _, l := range luns {
 		prober.set(l.Key, gib, nil)
 	}
-	c, err := New(Config{Pool: luns, ClaimsFile: filepath.Join(dir, "claims.json"), Prober: prober})
+	eraser := newFakeEraser()
+	c, err := New(Config{Pool: luns, ClaimsFile: filepath.Join(dir, "claims.json"), Prober: prober, Eraser: eraser, EraseRetry: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,9 +171,13 @@ func TestSanityController(t *testing.T) {
 	for _, b := range badSkips {
 		t.Errorf("skipped for a reason the pool should not have: %s", b)
 	}
-	// Every volume the suite made was deleted again: the claims file is empty.
-	if claims, err := ReadClaims(filepath.Join(dir, "claims.json")); err != nil || len(claims) != 0 {
-		t.Errorf("after the suite: %d claims left, %v", len(claims), err)
+	// Every volume the suite made was deleted again, and its LUN erased: the claims file is
+	// empty.
+	for _, l := range luns {
+		waitErased(t, c, l.Key)
+	}
+	if st, err := ReadClaims(filepath.Join(dir, "claims.json")); err != nil || len(st.Claims) != 0 || len(st.Erasing) != 0 {
+		t.Errorf("after the suite: %d claims and %d erasing LUNs left, %v", len(st.Claims), len(st.Erasing), err)
 	}
 	if _, err := os.Stat(cfg.TargetPath); !os.IsNotExist(err) {
 		t.Errorf("csi-sanity left %s behind: %v", cfg.TargetPath, err)

@@ -34,26 +34,15 @@ type ISERProber struct {
 
 // Size implements Prober.
 func (p ISERProber) Size(ctx context.Context, lun LUN) (int64, error) {
-	opts := p.Options
-	opts.ReadOnly = true // a probe never writes
-	t, err := iser.ParseURL(lun.URLs[0])
-	if err != nil {
-		return 0, err
-	}
-	if t.User == "" && opts.CHAP != nil && opts.CHAP.User == "" {
-		// The secret is for the LUNs whose URL names a CHAP user; this one logs in without.
-		opts.CHAP = nil
-	}
-	opts.AlternateTargets = lun.URLs[1:]
-	d, err := iser.Open(ctx, lun.URLs[0], opts)
+	d, err := openLUN(ctx, p.Options, lun, true) // a probe never writes
 	if err != nil {
 		return 0, err
 	}
 	size := d.Size()
 	if err := d.Close(); err != nil {
 		// The size is read; a failed logout only leaves the target to time the session out.
-		if opts.Logger != nil {
-			opts.Logger.Warn("logout after probing the LUN's size failed", zap.String("lun", lun.Key), zap.Error(err))
+		if p.Options.Logger != nil {
+			p.Options.Logger.Warn("logout after probing the LUN's size failed", zap.String("lun", lun.Key), zap.Error(err))
 		}
 	}
 	if size <= 0 {
