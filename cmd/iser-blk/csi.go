@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
+	"github.com/iser-blk/iser-blk/internal/chapcreds"
 	"github.com/iser-blk/iser-blk/internal/cli"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/csi"
@@ -49,6 +50,11 @@ func newPoolController(luns []csipool.LUN, claims, name, erase string, log *zap.
 		name = n
 	}
 	opts := iser.Options{InitiatorName: name}
+	// A pool URL that names a user (user@host) logs in with CHAP; its secret comes from the
+	// environment, as attach's does (the Deployment maps a Secret's key to it), never argv.
+	if secret := os.Getenv(chapcreds.EnvSecret); secret != "" {
+		opts.CHAP = &iser.CHAP{Secret: secret}
+	}
 	return csipool.New(csipool.Config{Pool: luns, ClaimsFile: claims, Logger: log,
 		Prober: csipool.ISERProber{Options: opts}, Eraser: csipool.ISEREraser{Options: opts}, NoErase: erase == poolEraseNone})
 }

@@ -4,16 +4,21 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
+	"github.com/iser-blk/iser-blk/internal/chapcreds"
 	"github.com/iser-blk/iser-blk/internal/csi"
 	"github.com/iser-blk/iser-blk/internal/modes"
+	"github.com/iser-blk/iser-blk/test/e2e/tgtd"
 )
 
 // TestE2ECSIGatewayCommandLine: the attach command line the CSI plugin builds is one the real
@@ -49,5 +54,36 @@ func TestE2ECSIGatewayCommandLine(t *testing.T) {
 	}
 	if want == "exit status 6" && !strings.Contains(string(logText), "nbd") {
 		t.Error("the gateway log does not say the kernel lacks nbd")
+	}
+}
+
+// TestE2ECSIPoolCHAPFromEnvironment: the controller logs in to a pool LUN whose URL names a CHAP
+// user with the secret from $ISERBLK_CHAP_SECRET (what the Deployment maps from a Secret), so
+// the LUN's size is read and counted; without it, the LUN is left out as unreadable.
+func TestE2ECSIPoolCHAPFromEnvironment(t *testing.T) {
+	tg := tgtd.Start(t, tgtd.Options{Size: 48 << 20, CHAP: &tgtd.Account{User: "pool-user", Password: "pool-s3cret-123"}})
+	dir := t.TempDir()
+	pool := filepath.Join(dir, "pool")
+	if err := os.WriteFile(pool, []byte(fmt.Sprintf("iscsi://pool-user@%s/%s/1\n", tg.Portal, tg.Name)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		secret string
+		want   int64
+	}{{"pool-s3cret-123", 48 << 20}, {"", 0}} {
+		t.Run(fmt.Sprintf("secret=%v", tc.secret != ""), func(t *testing.T) {
+			t.Setenv(chapcreds.EnvSecret, tc.secret)
+			sub := t.TempDir()
+			p := startCSI(t, filepath.Join(sub, "csi.sock"), "--run-dir", filepath.Join(sub, "run"), "--pool", pool,
+				"--pool-claims", filepath.Join(sub, "claims.json"), "--initiator-name", "iqn.2026-12.io.iser-blk.test:chap")
+			capacity, err := csipb.NewControllerClient(p.conn).GetCapacity(p.ctx, &csipb.GetCapacityRequest{}, grpc.WaitForReady(true))
+			if err != nil || capacity.GetAvailableCapacity() != tc.want {
+				t.Fatalf("capacity %v %v, want %d bytes; stderr:\n%s", capacity, err, tc.want, p.stderr.String())
+			}
+			p.stop(t)
+			if strings.Contains(p.stderr.String(), "pool-s3cret-123") {
+				t.Error("the plugin logged the CHAP secret")
+			}
+		})
 	}
 }
