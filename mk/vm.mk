@@ -31,10 +31,12 @@ vm-smoke:
 vm-selftest:
 	@$(VM_DIR)/selftest.sh
 
-vm-go-test:
+# build first: the Makefile exports ISERBLK_BIN=$(BIN), which gotest.sh uses as it is, so a
+# binary older than the tree would be what the tests run
+vm-go-test: build
 	@$(VM_DIR)/run.sh go-test $(VM_PKG) $(if $(VM_RUN),-run '$(VM_RUN)') -v
 
-vm-systemd:
+vm-systemd: build
 	@VM_INIT=systemd $(VM_DIR)/run.sh go-test ./test/vm/systemd $(if $(VM_RUN),-run '$(VM_RUN)') -v
 
 vm-run:

@@ -58,9 +58,18 @@ func TestCSIManyVolumes(t *testing.T) {
 	if err := plugin.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// ctx ends when the plugin does, so that no call waits for a socket that will never be
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	exited := make(chan struct{})
+	go func() {
+		plugin.Wait()
+		close(exited)
+		cancel()
+	}()
 	t.Cleanup(func() {
 		plugin.Process.Kill()
-		plugin.Wait()
+		<-exited
 		if t.Failed() {
 			t.Logf("plugin:\n%s", lastLines(stderr.String(), 40))
 		}
@@ -71,8 +80,6 @@ func TestCSIManyVolumes(t *testing.T) {
 	}
 	defer conn.Close()
 	node := csipb.NewNodeClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
 	info, err := node.NodeGetInfo(ctx, &csipb.NodeGetInfoRequest{}, grpc.WaitForReady(true))
 	if err != nil || info.MaxVolumesPerNode != manyVolumes {
 		t.Fatalf("NodeGetInfo %v %v; want %d volumes", info, err, manyVolumes)
