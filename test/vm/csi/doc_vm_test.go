@@ -14,6 +14,9 @@
 //     published ext4 volume, starts it again, and requires the I/O to finish without an error
 //     on the same device, served by the same gateway, under the same mounts; NodeUnpublish and
 //     NodeUnstage then leave no device, session, mount, gateway or state file.
+//   - TestVMHealerRestartsGateway does the same but kills the volume's gateway too (write-through
+//     cache): the restarted plugin's healer starts a new gateway, which takes the waiting device
+//     over, and fio goes on without an error.
 //
 // Invariants: every test starts its own targets, plugin and directories and removes them when it
 // ends, so the tests run in any order in one guest; what a failed test leaves is detached in its
