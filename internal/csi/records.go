@@ -115,10 +115,11 @@ func (rs Records) SaveSecret(name, which, secret string) error {
 	return atomicfile.Write(rs.SecretFile(name, which), []byte(secret+"\n"))
 }
 
-// Remove deletes name's record and its secrets; what is missing already is no error.
+// Remove deletes name's record, its secrets and its gateway's log (the run directory is a tmpfs:
+// a log kept per volume ever staged would fill it); what is missing already is no error.
 func (rs Records) Remove(name string) error {
 	var errs []error
-	for _, p := range []string{rs.SecretFile(name, SecretCHAPSecret), rs.SecretFile(name, SecretTargetSecret), rs.path(name)} {
+	for _, p := range []string{rs.SecretFile(name, SecretCHAPSecret), rs.SecretFile(name, SecretTargetSecret), rs.LogFile(name), rs.path(name)} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}

@@ -47,13 +47,16 @@ func TestRecords(t *testing.T) {
 	if _, _, err := rs.Load("csi-other"); err == nil {
 		t.Error("a record under another name loads")
 	}
+	if err := os.WriteFile(rs.LogFile(r.Name), []byte("gateway output\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := rs.Remove(r.Name); err != nil {
 		t.Fatal(err)
 	}
 	if err := rs.Remove(r.Name); err != nil {
 		t.Errorf("second remove: %v", err)
 	}
-	for _, p := range []string{rs.path(r.Name), rs.SecretFile(r.Name, SecretCHAPSecret)} {
+	for _, p := range []string{rs.path(r.Name), rs.SecretFile(r.Name, SecretCHAPSecret), rs.LogFile(r.Name)} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s survives the remove: %v", p, err)
 		}
