@@ -3,7 +3,9 @@ package main
 // attach: bind the target to a kernel block device — /dev/nbdX through the kernel's nbd driver
 // (generic netlink, several sockets; frontend/nbd) or /dev/ublkbN (--ublk, attach_ublk.go) — and
 // serve it until SIGINT/SIGTERM. Shutdown: detach the kernel device (the kernel sends DISC on each
-// socket; in-flight requests drain), flush the device, close it (log out). Exit 0.
+// socket; in-flight requests drain), flush the device, close it (log out). Exit 0. The lifecycle
+// (naming, takeover, the stop signal, the shutdown) is internal/gateway's Attachment; this file
+// turns flags into its options and its errors into exit codes.
 
 import (
 	"context"
@@ -11,7 +13,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -26,7 +27,6 @@ import (
 	"github.com/iser-blk/iser-blk/internal/logging"
 	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/status"
-	"github.com/iser-blk/iser-blk/internal/takeover"
 	"github.com/iser-blk/iser-blk/pool"
 )
 
@@ -124,84 +124,51 @@ func runAttach(ctx context.Context, tf *targetFlags, ef *exportFlags, af *attach
 	}
 	log := logging.Process(tf.debug)
 	defer log.Sync() //nolint:errcheck
-	// The first SIGINT or SIGTERM (signals) stops the serving context through stopOnSignal,
+	// The first SIGINT or SIGTERM (signals) stops the serving context through StopOnSignal,
 	// which lets a hand-over in progress give up first.
 	signals := ctx
 	ctx, stop := context.WithCancel(context.WithoutCancel(signals))
 	defer stop()
-	at := &attachment{sf: sf, ef: ef, af: af, stop: stop, log: log, counters: new(status.IOCounters)}
-	go at.stopOnSignal(signals, ctx.Done())
+	counters := new(status.IOCounters)
+	at := gateway.NewAttachment(gateway.AttachOptions{
+		Start: func(name, path string) (*gateway.Gateway, error) {
+			return startGateway(sf, identity(name, af.kind(), path, ef), counters, stop, log)
+		},
+		StopFrontend: stop,
+		Log:          log,
+		Announce:     func(path string) { fmt.Println(path) },
+	})
+	go at.StopOnSignal(signals, ctx.Done())
 	// A name known before the device exists is claimed before logging in: a second gateway by
 	// that name costs no session. Otherwise the kernel's device name is the gateway's.
 	if name := af.earlyName(sf); name != "" {
-		var err error
-		g, err := startGateway(sf, identity(name, af.kind(), "", ef), at.counters, stop, log)
-		if err != nil {
+		if err := at.Name(name); err != nil {
 			return fail("attach", err)
 		}
-		at.setGateway(g)
 	}
 	dev, p, mem, err := openStack(ctx, tf, ef, log)
 	if err != nil {
-		at.abandon()
+		at.Abandon()
 		return fail("attach", err)
 	}
 	defer p.Close()
-	at.dev = dev
+	at.Opened(dev)
 	code := exitOK
-	if af.useUblk {
-		af.uo.Counters, af.uo.Logger = at.counters, log
-		if tk, err := prepareTakeover(sf, modes.Ublk, ef.target, ef.cache.Mode, dev, log); err != nil {
-			code = failTakeover(err)
-		} else {
-			at.tk = tk
-			at.takingOver()
-			code = attachUblk(ctx, dev, af.uo, p, tk, at.announceUblk)
-		}
+	if tk, err := prepareTakeover(sf, af.kind(), ef.target, ef.cache.Mode, dev, log); err != nil {
+		code = failTakeover(err)
 	} else {
-		code = attachNBD(ctx, at, p, mem)
+		at.TakeOver(tk)
+		if af.useUblk {
+			af.uo.Counters, af.uo.Logger = counters, log
+			code = attachUblk(ctx, at, af.uo, p)
+		} else {
+			code = attachNBD(ctx, at, af, ef, p, mem, counters, log)
+		}
 	}
-	if at.failed != nil {
-		code = fail("attach", at.failed)
+	if err := at.Err(); err != nil {
+		code = fail("attach", err)
 	}
-	return at.shutdown(code)
-}
-
-// attachment is one attach's device and gateway, which exists once the device's name is known.
-type attachment struct {
-	sf     *serviceFlags
-	ef     *exportFlags
-	af     *attachFlags
-	stop   context.CancelFunc
-	log    *zap.Logger
-	dev    block.Device
-	tk     *takeover.Takeover // attach --name's takeover (nil without --name)
-	failed error              // the gateway could not start once the device existed
-	// counters is the frontend's I/O counters, the gateway's once it is named.
-	counters *status.IOCounters
-	// mu guards g and signalled, which the announce and stopOnSignal's goroutine share: a
-	// signal either finds the gateway (and stops it through it) or the gateway, named after
-	// the signal, is stopped at once, so a hand-over can never start after a stop signal.
-	mu        sync.Mutex
-	g         *gateway.Gateway // nil until named
-	signalled bool
-}
-
-func (at *attachment) gateway() *gateway.Gateway {
-	at.mu.Lock()
-	defer at.mu.Unlock()
-	return at.g
-}
-
-// setGateway names the attachment's gateway; one named after a stop signal stops at once.
-func (at *attachment) setGateway(g *gateway.Gateway) {
-	at.mu.Lock()
-	at.g = g
-	signalled := at.signalled
-	at.mu.Unlock()
-	if signalled {
-		g.StopForSignal()
-	}
+	return at.Shutdown(code)
 }
 
 // earlyName is the gateway name known before the device exists: --name, or nbdN for --nbd
@@ -223,170 +190,35 @@ func (af *attachFlags) kind() modes.Frontend {
 	return modes.NBD
 }
 
-// announced prints the device path once the device accepts I/O, names the gateway after it if
-// no name was given, and moves the lifecycle to ready (sd_notify READY=1).
-func (at *attachment) announced(path string, fe status.Frontend) {
-	fmt.Println(path)
-	g := at.gateway()
-	if g == nil {
-		var err error
-		if g, err = startGateway(at.sf, identity(filepath.Base(path), at.af.kind(), path, at.ef), at.counters, at.stop, at.log); err != nil {
-			at.failed = err
-			at.stop() // the device is taken down again: a gateway nobody can manage is not served
-			return
-		}
-		at.setGateway(g)
-	}
-	g.Serving(at.dev, path, fe)
-	g.Ready()
-	if at.tk != nil {
-		g.CanHandOver(at.tk)                       // false after a stop signal: the gateway is stopping already
-		if why := at.tk.FenceReason(); why != "" { // status shows why every I/O fails
-			g.Fenced(why)
-		}
-	}
-}
-
-// takingOver moves the lifecycle to recovering while the device a previous gateway left is
-// taken over (status says so until the device is announced, or the attach fails).
-func (at *attachment) takingOver() {
-	g := at.gateway()
-	if g == nil || at.tk == nil {
-		return
-	}
-	if prev := at.tk.Previous(); prev != nil {
-		g.Recovering(fmt.Sprintf("taking over the %s device a previous gateway (pid %d) left", prev.Kind, prev.PID))
-	}
-}
-
-// stopOnSignal waits for the first SIGINT or SIGTERM (signals ends) and stops the attach:
-// through the gateway once there is one (a hand-over in progress gives up first, a committed
-// one is left alone), else at once. It returns when done closes (the attach ended).
-func (at *attachment) stopOnSignal(signals context.Context, done <-chan struct{}) {
-	select {
-	case <-signals.Done():
-	case <-done:
-		return
-	}
-	at.mu.Lock()
-	at.signalled = true
-	g := at.g
-	at.mu.Unlock()
-	if g != nil {
-		g.StopForSignal()
-		return
-	}
-	at.stop()
-}
-
-func (at *attachment) announceUblk(path string) {
-	q, d := at.af.uo.Queues, at.af.uo.Depth
-	if q <= 0 {
-		q = ublk.DefaultQueues()
-	}
-	if d <= 0 {
-		d = ublk.DefaultDepth
-	}
-	at.announced(path, status.Frontend{Kind: "ublk", Queues: q, QueueDepth: d})
-}
-
-// abandon gives the name up when attach fails before serving.
-func (at *attachment) abandon() {
-	if g := at.gateway(); g != nil {
-		g.Abandon()
-	}
-}
-
-// shutdown flushes and closes the device, through the gateway's lifecycle when there is one.
-func (at *attachment) shutdown(code int) int {
-	g := at.gateway()
-	if g == nil {
-		if c := gateway.CloseDevice(at.dev, at.log, nil); code == exitOK {
-			code = c
-		}
-		return code
-	}
-	// A gateway named before login (--name, --nbd /dev/nbdN) learns its device only when the
-	// kernel device is announced; a failure before that (takeover refused, nbd busy or absent,
-	// ublk ADD_DEV) must still flush and close — and log out of — the device openStack opened.
-	g.Adopt(at.dev)
-	var flushed func()
-	if at.tk != nil {
-		flushed = at.tk.RecordFlushed
-	}
-	return g.Shutdown(code, flushed)
-}
-
-// attachNBD serves the device through the kernel's nbd driver until ctx ends (SIGINT/SIGTERM, a
-// detach) or the kernel drops every connection, then detaches the kernel device and drains. With
-// --name it takes over the device a previous gateway by that name left (takeover.go). It returns
-// the exit code so far; the caller flushes and closes the device.
-func attachNBD(ctx context.Context, at *attachment, p *pool.Pool, mem int64) int {
-	log := at.log
-	tk, err := prepareTakeover(at.sf, modes.NBD, at.ef.target, at.ef.cache.Mode, at.dev, log)
-	if err != nil {
-		return failTakeover(err)
-	}
-	at.tk = tk
-	at.takingOver()
-	srv, err := newExportServer(at.served(), at.ef, p, mem, at.counters, log)
-	if err != nil {
-		return fail("attach", err)
-	}
-	connections := at.af.connections
-	if connections > 1 && srv.Flags()&nbd.FlagCanMultiConn == 0 {
-		log.Warn("the device does not support multi-conn; using one connection")
-		connections = 1
-	}
-	nbdDev := at.af.nbdDev
+// attachNBD serves the device through the kernel's nbd driver (gateway.Attachment.ServeNBD)
+// and returns the exit code so far; the caller flushes and closes the device.
+func attachNBD(ctx context.Context, at *gateway.Attachment, af *attachFlags, ef *exportFlags, p *pool.Pool, mem int64, counters *status.IOCounters, log *zap.Logger) int {
+	nbdDev := af.nbdDev
 	if nbdDev == "auto" {
 		nbdDev = ""
 	}
-	opts := nbd.AttachOptions{
-		Device:          nbdDev,
-		Connections:     connections,
-		Timeout:         at.af.timeout,
-		DeadConnTimeout: at.af.deadConnTimeout,
-		ForceIoctl:      at.af.forceIoctl,
-		Logger:          log,
-	}
-	a, err := at.attachOrReattach(srv, opts)
-	if errors.Is(err, takeover.ErrUnfenced) {
-		takeover.AbandonServer(srv)
-		if srv, err = newExportServer(at.served(), at.ef, p, mem, at.counters, log); err != nil {
-			return fail("attach", err)
-		}
-		a, err = at.attachOrReattach(srv, opts)
-	}
-	if err != nil {
-		if errors.Is(err, nbd.ErrNoKernelNBD) {
-			fmt.Fprintf(os.Stderr, "iser-blk attach: %v\n", err)
-			return exitNoKernel
-		}
-		return failTakeover(err)
-	}
-	at.announced(a.Path(), status.Frontend{Kind: "nbd", Queues: connections, QueueDepth: at.ef.maxInflight})
-	if err := a.ServeUntil(ctx); err != nil { // logged
+	err := at.ServeNBD(ctx, gateway.NBDOptions{
+		NewServer: func(dev block.Device) (*nbd.Server, error) {
+			return newExportServer(dev, ef, p, mem, counters, log)
+		},
+		Attach: nbd.AttachOptions{
+			Device:          nbdDev,
+			Connections:     af.connections,
+			Timeout:         af.timeout,
+			DeadConnTimeout: af.deadConnTimeout,
+			ForceIoctl:      af.forceIoctl,
+			Logger:          log,
+		},
+		QueueDepth: ef.maxInflight,
+	})
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, gateway.ErrServing): // logged
 		return exitFailure
+	case errors.Is(err, nbd.ErrNoKernelNBD):
+		fmt.Fprintf(os.Stderr, "iser-blk attach: %v\n", err)
+		return exitNoKernel
 	}
-	if tk != nil {
-		tk.Forget()
-	}
-	return exitOK
-}
-
-// served is what the frontend serves: the stack, behind attach --name's gate (and fence).
-func (at *attachment) served() block.Device {
-	if at.tk == nil {
-		return at.dev
-	}
-	return at.tk.Serving(at.dev)
-}
-
-// attachOrReattach is nbd.Attach, through the takeover with --name.
-func (at *attachment) attachOrReattach(srv *nbd.Server, opts nbd.AttachOptions) (*nbd.Attachment, error) {
-	if at.tk == nil {
-		return nbd.Attach(srv, opts)
-	}
-	return at.tk.AttachNBD(takeover.KernelNBD, srv, opts)
+	return failTakeover(err)
 }

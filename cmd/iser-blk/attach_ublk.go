@@ -11,6 +11,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
+	"github.com/iser-blk/iser-blk/internal/gateway"
 	"github.com/iser-blk/iser-blk/internal/takeover"
 	"github.com/iser-blk/iser-blk/pool"
 )
@@ -19,15 +20,12 @@ import (
 // lifetime; the rest stays for the cache's staging buffers and iSER's bounce buffers.
 const ublkPoolShare = 2 // one half
 
-// attachUblk serves dev as /dev/ublkbN (uopts: --queues, --depth, --max-io, the logger and
-// counters; tag buffers from p, which was registered for RDMA before the target was opened, so
-// iSER moves them without a bounce; nil: anonymous memory) until ctx is cancelled
-// (SIGINT/SIGTERM or a detach), through attach --name's takeover tk (nil without --name),
-// calling announce with the device path once it exists; then it stops the disk (in-flight
-// requests drain) and deletes the device. It neither flushes nor closes dev: the gateway's
-// shutdown does, with progress reports and the second-signal abort. It returns the process
-// exit code.
-func attachUblk(ctx context.Context, dev block.Device, uopts ublk.Options, p *pool.Pool, tk *takeover.Takeover, announce func(path string)) int {
+// attachUblk serves the attachment's device as /dev/ublkbN (gateway.Attachment.RunUblk; uopts:
+// --queues, --depth, --max-io, the logger and counters; tag buffers from p, which was registered
+// for RDMA before the target was opened, so iSER moves them without a bounce; nil: anonymous
+// memory) and returns the process exit code. It neither flushes nor closes the device: the
+// gateway's shutdown does, with progress reports and the second-signal abort.
+func attachUblk(ctx context.Context, at *gateway.Attachment, uopts ublk.Options, p *pool.Pool) int {
 	log := uopts.Logger
 	if p != nil {
 		uopts.Pool = p // not a nil *pool.Pool in a non-nil interface
@@ -42,11 +40,7 @@ func attachUblk(ctx context.Context, dev block.Device, uopts ublk.Options, p *po
 			zap.String("max_io", humanize.IBytes(uint64(maxIO))))
 	}
 	uopts.MaxIO = maxIO
-	if tk == nil {
-		err = ublk.Run(ctx, dev, uopts, announce)
-	} else {
-		err = tk.RunUblk(ctx, takeover.KernelUblk, dev, uopts, announce)
-	}
+	err = at.RunUblk(ctx, uopts)
 	switch {
 	case err == nil:
 		return exitOK

@@ -2,7 +2,7 @@ package main
 
 // The device stack every serving command builds: the registered buffer pool, the backend
 // (iSCSI/iSER or mem://) and the cache in front of it (--cache); the frontends (serve.go,
-// attach.go, attach_ublk.go) take it from there. shutdown.go takes it down.
+// attach.go, attach_ublk.go) take it from there; internal/gateway takes it down.
 
 import (
 	"context"

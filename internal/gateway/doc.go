@@ -25,9 +25,21 @@
 //     being removed. After a hand-over committed, the signal is ignored: the new image or the
 //     successor owns the device. A second signal aborts the final flush.
 //
+// An attach's gateway may be named only once the kernel has named its device (--ublk, --nbd
+// auto); Attachment (attach.go) is that command's whole lifecycle: the name claimed before
+// login when it is known, the takeover of a device a previous gateway left (recovering, then
+// ready or fenced at the announce), the stop signal, and the shutdown that flushes and closes the
+// stack even when the attach failed before its device existed. Its one race, a stop signal
+// against the gateway's naming, is decided under Attachment.mu: the signal either finds the
+// gateway and stops it through StopForSignal, or the gateway, named after it, stops at once; so
+// no hand-over can begin after a stop signal.
+//
 // Invariants: a gateway exits 0 only when everything acknowledged is on the target; at most one
 // write-back runs at a time (flushMu); a hand-over commits only if no shutdown began, and a
 // shutdown never begins after a hand-over committed; detach, restart and stop run one at a
 // time (internal/control's exclusive lock: the one exclusion, with the one "busy" message) and
 // each may be overtaken by the shutdown, which cancels it.
+//
+// Lock order: Gateway.flushMu, then stopMu, then mu; Attachment.mu is a leaf, never held while
+// the Gateway is called.
 package gateway
