@@ -133,9 +133,10 @@ func TestCSIManyVolumes(t *testing.T) {
 			!strings.Contains(args, fmt.Sprintf(" --cache-size %dMiB ", share.CacheSize>>20)) {
 			t.Fatalf("gateway %s: %q lacks its share %+v", name, args, share)
 		}
-		// 1 MiB writes (around the cache, through the pool) and 4 KiB writes (into the cache)
+		// 12 MiB in 1 MiB writes (around the cache, through the pool), then the last 4 MiB of the
+		// 16 MiB LUN in 4 KiB writes (into the cache)
 		must(t, "dd", "if=/dev/urandom", "of="+dev, "bs=1M", "count=12", "oflag=direct", "status=none")
-		must(t, "dd", "if=/dev/urandom", "of="+dev, "bs=4k", "count=2048", "seek=3072", "status=none", "conv=fsync")
+		must(t, "dd", "if=/dev/urandom", "of="+dev, "bs=4k", "count=1024", "seek=3072", "status=none", "conv=fsync")
 	}
 	var total int64
 	for i, pid := range pids {
