@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/iser-blk/iser-blk/internal/control"
+	"github.com/iser-blk/iser-blk/internal/csipool"
 	gwstatus "github.com/iser-blk/iser-blk/internal/status"
 	"github.com/iser-blk/iser-blk/internal/syncbuf"
 	"github.com/iser-blk/iser-blk/test/vm/vmtest"
@@ -318,4 +319,14 @@ func deviceOf(runDir, name string) string {
 		return ""
 	}
 	return st.Gateway.FrontendPath
+}
+
+// claimsEmpty requires the claims file to end up with no claim and no LUN being erased: every
+// volume deleted and every deleted volume's LUN zeroed (csipool erases in the background).
+func claimsEmpty(t testing.TB, file, what string) {
+	t.Helper()
+	eventually(t, time.Minute, what, func() bool {
+		c, err := csipool.ReadClaims(file)
+		return err == nil && len(c.Claims) == 0 && len(c.Erasing) == 0
+	})
 }

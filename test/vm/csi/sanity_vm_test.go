@@ -208,9 +208,8 @@ func TestVMSanity(t *testing.T) {
 	}
 
 	// Nothing is left: no claim, no staged volume, no gateway, no session, no mount.
-	if claims, err := csipool.ReadClaims(p.claims); err != nil || len(claims) != 0 {
-		t.Errorf("claims left after the runs: %v, %v", claims, err)
-	}
+	// a deleted volume's LUN is erased in the background before it is free again
+	claimsEmpty(t, p.claims, "claims left after the runs")
 	if names, err := csi.RecordsIn(p.runDir).Names(); err != nil || len(names) != 0 {
 		t.Errorf("staged volumes left: %v, %v", names, err)
 	}
