@@ -30,7 +30,10 @@ type Options struct {
 	RunDir     string // the gateways' run directory (control.RunDir)
 	Binary     string // the iser-blk executable the gateways run (default: Gateways must be set)
 	Gateways   Gateways
-	Mounter    Mounter // nil: SystemMounter
+	// Launcher is where the gateways Serve starts live (when Gateways is nil): launch.go.
+	// Zero: LaunchProcess.
+	Launcher LaunchMode
+	Mounter  Mounter // nil: SystemMounter
 	// Controller, when set, is served as the Controller service and CONTROLLER_SERVICE is
 	// advertised (the LUN pool, `--pool`).
 	Controller  csipb.ControllerServer
@@ -57,7 +60,13 @@ func Serve(ctx context.Context, o Options) error {
 		if o.Binary == "" {
 			return errors.New("no gateway binary")
 		}
-		o.Gateways = &ExecGateways{Binary: o.Binary, RunDir: o.RunDir, Log: o.Log}
+		launcher, err := NewLauncher(ctx, o.Launcher, o.Log)
+		if err != nil {
+			return err
+		}
+		defer launcher.Close()
+		o.Log.Info("gateway launcher", zap.String("launcher", string(launcher.Mode())), zap.String("asked", string(o.Launcher)))
+		o.Gateways = &ExecGateways{Binary: o.Binary, RunDir: o.RunDir, Log: o.Log, Launcher: launcher}
 	}
 	if o.Mounter == nil {
 		o.Mounter = SystemMounter{}
