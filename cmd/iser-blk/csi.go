@@ -52,6 +52,7 @@ type csiFlags struct {
 	initiator  string
 	maxVolumes int64
 	runDir     string
+	launcher   string
 	debug      bool
 }
 
@@ -76,10 +77,12 @@ func newCSICmd() *cobra.Command {
 	})
 	cli.Group(cmd, groupService, func(fs *pflag.FlagSet) {
 		fs.StringVar(&f.runDir, "run-dir", "", "the gateways' run directory, on a hostPath (default: $"+control.RunDirEnv+" or "+control.DefaultRunDir+")")
+		fs.StringVar(&f.launcher, "launcher", string(csi.LaunchAuto), "where the gateways live: systemd-scope (a scope unit of the host's systemd: they outlive the plugin's container), process (the plugin's cgroup), or auto: systemd-scope when the host's systemd answers")
 	})
 	cmd.Flags().BoolVar(&f.debug, "debug", false, "debug logging")
 	cli.CompleteFiles(cmd, "pool")
 	cli.CompleteDirs(cmd, "run-dir")
+	cli.CompleteWords(cmd, "launcher", string(csi.LaunchAuto), string(csi.LaunchProcess), string(csi.LaunchSystemdScope))
 	return cmd
 }
 
@@ -101,6 +104,10 @@ func runCSI(ctx context.Context, f *csiFlags, stderr io.Writer) int {
 	if _, err := csi.SocketPath(f.endpoint); err != nil {
 		return usage("--endpoint: %v", err)
 	}
+	launcher, err := csi.ParseLaunchMode(f.launcher)
+	if err != nil {
+		return usage("--launcher: %v", err)
+	}
 	var pool []csipool.LUN
 	if f.pool != "" {
 		var err error
@@ -115,7 +122,7 @@ func runCSI(ctx context.Context, f *csiFlags, stderr io.Writer) int {
 		return fail("csi", err)
 	}
 	o := csi.Options{Endpoint: f.endpoint, NodeID: f.nodeID, MaxVolumes: f.maxVolumes,
-		RunDir: control.RunDir(f.runDir), Binary: bin, Log: log}
+		RunDir: control.RunDir(f.runDir), Binary: bin, Launcher: launcher, Log: log}
 	if f.pool != "" {
 		ctl, err := newPoolController(pool, f.claims, f.initiator, log)
 		if err != nil {

@@ -30,6 +30,7 @@ func TestCSIUsage(t *testing.T) {
 		{[]string{"csi", "--endpoint", "tcp://127.0.0.1:1", "--node-id", "n"}, "--endpoint"},
 		{[]string{"csi", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n", "--max-volumes", "-1"}, "--max-volumes"},
 		{[]string{"csi", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n", "--pool", dir + "/pool.json"}, "--pool"}, // missing
+		{[]string{"csi", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n", "--launcher", "fork"}, "--launcher"},
 		{[]string{"csi", "extra", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n"}, "argument"},
 	} {
 		code, _, stderr := runOut(tt.args...)
@@ -38,7 +39,7 @@ func TestCSIUsage(t *testing.T) {
 		}
 	}
 	_, _, help := runOut("csi", "--help")
-	for _, s := range []string{groupCSI + ":", "--endpoint", "--node-id", "--pool", "--run-dir", "--max-volumes"} {
+	for _, s := range []string{groupCSI + ":", "--endpoint", "--node-id", "--pool", "--run-dir", "--max-volumes", "--launcher"} {
 		if !strings.Contains(help, s) {
 			t.Errorf("csi --help lacks %s", s)
 		}
