@@ -82,9 +82,10 @@ func newLauncher(ctx context.Context, mode LaunchMode, dial func(context.Context
 	default:
 		return nil, fmt.Errorf("unknown launcher %q", mode)
 	}
-	bus, err := dial(ctx)
+	bus, err := dial(ctx) // a probe: each Place connects afresh (launch_systemd.go says why)
 	if err == nil {
-		return &scopeLauncher{bus: bus, cgroupOf: procCgroup}, nil
+		bus.Close()
+		return &scopeLauncher{dial: dial, cgroupOf: procCgroup}, nil
 	}
 	if mode == LaunchSystemdScope {
 		return nil, fmt.Errorf("launcher systemd-scope: %w", err)

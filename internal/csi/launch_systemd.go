@@ -118,19 +118,18 @@ func dialSystemd(ctx context.Context) (systemdBus, error) {
 	return conn, nil
 }
 
-// scopeLauncher is LaunchSystemdScope.
+// scopeLauncher is LaunchSystemdScope. It connects to systemd for each Place and closes the
+// connection after: starts are rare, and a connection kept for the plugin's lifetime would be
+// cut by the host's `systemctl daemon-reexec` (a systemd upgrade) and fail every later start.
 type scopeLauncher struct {
-	bus      systemdBus
-	cgroupOf func(pid int) (string, error) // procCgroup
-	poll     time.Duration                 // first wait for a lingering scope (0: 20ms)
+	dial     func(context.Context) (systemdBus, error) // dialSystemd
+	cgroupOf func(pid int) (string, error)             // procCgroup
+	poll     time.Duration                             // first wait for a lingering scope (0: 20ms)
 }
 
 func (l *scopeLauncher) Mode() LaunchMode { return LaunchSystemdScope }
 
-func (l *scopeLauncher) Close() error {
-	l.bus.Close()
-	return nil
-}
+func (l *scopeLauncher) Close() error { return nil }
 
 // Place implements Launcher: it returns once systemd has started the scope with pid in it and
 // /proc says so.
@@ -139,6 +138,11 @@ func (l *scopeLauncher) Place(ctx context.Context, name string, pid int) error {
 	if err != nil {
 		return err
 	}
+	bus, err := l.dial(ctx)
+	if err != nil {
+		return fmt.Errorf("scope %s: %w", unit, err)
+	}
+	defer bus.Close()
 	props := scopeProperties(name, pid)
 	poll := l.poll
 	if poll <= 0 {
@@ -146,7 +150,7 @@ func (l *scopeLauncher) Place(ctx context.Context, name string, pid int) error {
 	}
 	deadline := time.Now().Add(scopeExistsWait)
 	for {
-		err = l.start(ctx, unit, props)
+		err = start(ctx, bus, unit, props)
 		if !isUnitExists(err) {
 			break
 		}
@@ -156,7 +160,7 @@ func (l *scopeLauncher) Place(ctx context.Context, name string, pid int) error {
 		}
 		// the scope of a previous gateway of this name, not collected yet (a failed one
 		// would wait for a reset: do it)
-		_ = l.bus.ResetFailedUnitContext(ctx, unit)
+		_ = bus.ResetFailedUnitContext(ctx, unit)
 		t := time.NewTimer(poll)
 		select {
 		case <-ctx.Done():
@@ -183,9 +187,9 @@ func (l *scopeLauncher) Place(ctx context.Context, name string, pid int) error {
 }
 
 // start starts unit and waits for the job's end.
-func (l *scopeLauncher) start(ctx context.Context, unit string, props []sddbus.Property) error {
+func start(ctx context.Context, bus systemdBus, unit string, props []sddbus.Property) error {
 	done := make(chan string, 1)
-	if _, err := l.bus.StartTransientUnitContext(ctx, unit, "fail", props, done); err != nil {
+	if _, err := bus.StartTransientUnitContext(ctx, unit, "fail", props, done); err != nil {
 		return err
 	}
 	select {
