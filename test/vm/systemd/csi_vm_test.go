@@ -96,6 +96,12 @@ func (v *csiVolume) startPlugin(t *testing.T) csipb.NodeClient {
 func killPlugin(t *testing.T) {
 	t.Helper()
 	must(t, "systemctl", "kill", "--signal=SIGKILL", pluginUnit)
+	pluginGone(t)
+}
+
+// pluginGone waits for pluginUnit to end and be collected, so that its name is free again.
+func pluginGone(t *testing.T) {
+	t.Helper()
 	waitFor(t, pluginUnit+" to end", time.Minute, func() (bool, string) {
 		out, _ := run("systemctl", "is-active", pluginUnit)
 		s := strings.TrimSpace(out)
@@ -304,4 +310,59 @@ func unitProps(t *testing.T, unit string, props ...string) map[string]string {
 		}
 	}
 	return m
+}
+
+// TestCSILauncherHealerRestartsIntoScope: a scoped gateway killed on its own (a crash) takes
+// its scope along and leaves its device waiting; the plugin started again heals the volume with
+// a successor that the healer's start puts in a scope of the same name, serving the same
+// device, healthy; NodeUnstage then removes both.
+func TestCSILauncherHealerRestartsIntoScope(t *testing.T) {
+	requirePID1(t)
+	vmtest.LoadModules(t, "ublk")
+	v := newCSIVolume(t, "systemd-scope")
+	node := v.startPlugin(t)
+	v.stage(t, node)
+	st := v.status(t)
+	pid, dev := st.Gateway.PID, st.Gateway.FrontendPath
+	must(t, "dd", "if=/dev/urandom", "of="+dev, "bs=64k", "count=64", "oflag=direct", "conv=fsync", "status=none")
+	must(t, "systemctl", "stop", pluginUnit) // SIGTERM: the plugin ends, its gateways stay
+	pluginGone(t)
+	if !alive(pid) {
+		t.Fatalf("gateway PID %d ended with the plugin", pid)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the killed gateway's scope to be collected", time.Minute, func() (bool, string) {
+		p := unitProps(t, v.scope(), "LoadState", "ActiveState")
+		return p["LoadState"] == "not-found", fmt.Sprint(p)
+	})
+	if _, err := os.Stat(dev); err != nil {
+		t.Fatalf("the device went with its gateway (%v): it must wait for a successor", err)
+	}
+
+	node = v.startPlugin(t)
+	waitFor(t, "the healer to restart the gateway", 2*time.Minute, func() (bool, string) {
+		out := v.journal()
+		return strings.Contains(out, "gateway restarted"), lastLines(out, 3)
+	})
+	st = v.status(t)
+	if st.Gateway.PID == pid || st.Gateway.FrontendPath != dev {
+		t.Fatalf("successor PID %d serving %s; want a new PID serving %s", st.Gateway.PID, st.Gateway.FrontendPath, dev)
+	}
+	if cg := cgroupOf(st.Gateway.PID); cg != "/system.slice/"+v.scope() {
+		t.Fatalf("the healer's gateway PID %d is in cgroup %s, want /system.slice/%s", st.Gateway.PID, cg, v.scope())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h, err := node.NodeGetVolumeHealth(ctx, &csipb.NodeGetVolumeHealthRequest{VolumeId: v.id})
+	if err != nil || len(h.GetVolumeHealth().GetHealthStatuses()) != 0 {
+		t.Fatalf("health after the healer's restart: %v, %v; want healthy (the device was clean)", h, err)
+	}
+	must(t, "dd", "if="+dev, "of=/dev/null", "bs=64k", "count=64", "iflag=direct", "status=none")
+	v.unstage(t, node)
+	waitFor(t, "the scope to be collected", time.Minute, func() (bool, string) {
+		p := unitProps(t, v.scope(), "LoadState", "ActiveState")
+		return p["LoadState"] == "not-found", fmt.Sprint(p)
+	})
 }
