@@ -28,7 +28,6 @@ type Launcher interface {
 	Place(ctx context.Context, name string, pid int) error
 	// Mode is the mode the launcher implements (for the log).
 	Mode() LaunchMode
-	Close() error
 }
 
 // LaunchMode is the choice of `iser-blk csi --launcher`.
@@ -65,11 +64,10 @@ type processLauncher struct{}
 
 func (processLauncher) Place(context.Context, string, int) error { return nil }
 func (processLauncher) Mode() LaunchMode                         { return LaunchProcess }
-func (processLauncher) Close() error                             { return nil }
 
 // NewLauncher returns mode's launcher. LaunchSystemdScope fails when the host's systemd cannot be
 // reached or cannot be told which process to move; LaunchAuto then falls back to LaunchProcess
-// and warns once, at the first gateway it starts. The caller closes the launcher.
+// and warns once, at the first gateway it starts.
 func NewLauncher(ctx context.Context, mode LaunchMode, log *zap.Logger) (Launcher, error) {
 	return newLauncher(ctx, mode, dialSystemd, log)
 }

@@ -129,8 +129,6 @@ type scopeLauncher struct {
 
 func (l *scopeLauncher) Mode() LaunchMode { return LaunchSystemdScope }
 
-func (l *scopeLauncher) Close() error { return nil }
-
 // Place implements Launcher: it returns once systemd has started the scope with pid in it and
 // /proc says so.
 func (l *scopeLauncher) Place(ctx context.Context, name string, pid int) error {

@@ -266,7 +266,6 @@ func (f *failingLauncher) Place(_ context.Context, _ string, pid int) error {
 	return errors.New("systemd said no")
 }
 func (f *failingLauncher) Mode() LaunchMode { return LaunchSystemdScope }
-func (f *failingLauncher) Close() error     { return nil }
 
 // TestExecGatewaysUnplaced: a gateway its launcher could not place is killed (and reaped) and
 // the start fails with the launcher's reason and the log's path; one placed serves as usual.
@@ -308,4 +307,3 @@ type placeFunc func(name string, pid int) error
 
 func (f placeFunc) Place(_ context.Context, name string, pid int) error { return f(name, pid) }
 func (placeFunc) Mode() LaunchMode                                      { return LaunchSystemdScope }
-func (placeFunc) Close() error                                          { return nil }

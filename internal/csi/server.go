@@ -30,10 +30,7 @@ type Options struct {
 	RunDir     string // the gateways' run directory (control.RunDir)
 	Binary     string // the iser-blk executable the gateways run (default: Gateways must be set)
 	Gateways   Gateways
-	// Launcher is where the gateways Serve starts live (when Gateways is nil): launch.go.
-	// Zero: LaunchProcess.
-	Launcher LaunchMode
-	Mounter  Mounter // nil: SystemMounter
+	Mounter    Mounter // nil: SystemMounter
 	// Controller, when set, is served as the Controller service and CONTROLLER_SERVICE is
 	// advertised (the LUN pool, `--pool`).
 	Controller  csipb.ControllerServer
@@ -41,6 +38,9 @@ type Options struct {
 	Log         *zap.Logger
 	// Listening, when set, is called with the socket's path once it accepts connections.
 	Listening func(path string)
+	// Launcher is where the gateways Serve starts live (when Gateways is nil): launch.go.
+	// Zero: LaunchProcess.
+	Launcher LaunchMode
 }
 
 // Serve runs the plugin until ctx ends (the command cancels it on SIGTERM), then stops
@@ -64,7 +64,6 @@ func Serve(ctx context.Context, o Options) error {
 		if err != nil {
 			return err
 		}
-		defer launcher.Close()
 		o.Log.Info("gateway launcher", zap.String("launcher", string(launcher.Mode())), zap.String("asked", string(o.Launcher)))
 		o.Gateways = &ExecGateways{Binary: o.Binary, RunDir: o.RunDir, Log: o.Log, Launcher: launcher}
 	}
