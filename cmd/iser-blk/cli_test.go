@@ -135,6 +135,8 @@ func TestHelpGroupsFlags(t *testing.T) {
 		"restart":  "run-dir timeout",
 		"stop":     "keep run-dir timeout",
 		"version":  "json",
+		// and those of the commands that came after
+		"csi": "debug endpoint initiator-name launcher max-volumes node-id pool pool-claims run-dir",
 	}
 	for name, flags := range old {
 		_, _, out := runOut(name, "--help")

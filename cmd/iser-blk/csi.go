@@ -70,6 +70,7 @@ type csiFlags struct {
 	maxVolumes int64
 	budget     string
 	runDir     string
+	launcher   string
 	debug      bool
 }
 
@@ -98,11 +99,13 @@ func newCSICmd() *cobra.Command {
 	})
 	cli.Group(cmd, groupService, func(fs *pflag.FlagSet) {
 		fs.StringVar(&f.runDir, "run-dir", "", "the gateways' run directory, on a hostPath (default: $"+control.RunDirEnv+" or "+control.DefaultRunDir+")")
+		fs.StringVar(&f.launcher, "launcher", string(csi.LaunchAuto), "where the gateways live: systemd-scope (a scope unit of the host's systemd: they outlive the plugin's container), process (the plugin's cgroup), or auto: systemd-scope when the host's systemd answers")
 	})
 	cmd.Flags().BoolVar(&f.debug, "debug", false, "debug logging")
 	cli.CompleteFiles(cmd, "pool")
 	cli.CompleteWords(cmd, "pool-erase", poolEraseZeroes, poolEraseNone)
 	cli.CompleteDirs(cmd, "run-dir")
+	cli.CompleteWords(cmd, "launcher", string(csi.LaunchAuto), string(csi.LaunchProcess), string(csi.LaunchSystemdScope))
 	return cmd
 }
 
@@ -135,6 +138,10 @@ func runCSI(ctx context.Context, f *csiFlags, fitVolumes bool, stderr io.Writer)
 	if _, err := csi.SocketPath(f.endpoint); err != nil {
 		return usage("--endpoint: %v", err)
 	}
+	launcher, err := csi.ParseLaunchMode(f.launcher)
+	if err != nil {
+		return usage("--launcher: %v", err)
+	}
 	var pool []csipool.LUN
 	if f.pool != "" {
 		var err error
@@ -152,7 +159,7 @@ func runCSI(ctx context.Context, f *csiFlags, fitVolumes bool, stderr io.Writer)
 		return fail("csi", err)
 	}
 	o := csi.Options{Endpoint: f.endpoint, NodeID: f.nodeID, Memory: &plan,
-		RunDir: control.RunDir(f.runDir), Binary: bin, Log: log}
+		RunDir: control.RunDir(f.runDir), Binary: bin, Launcher: launcher, Log: log}
 	if f.pool != "" {
 		ctl, err := newPoolController(pool, f.claims, f.initiator, f.poolErase, log)
 		if err != nil {

@@ -34,6 +34,7 @@ func TestCSIUsage(t *testing.T) {
 		{[]string{"csi", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n", "--memory-budget", "1GiB", "--max-volumes", "16"}, "holds 9 volumes"},
 		{[]string{"csi", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n", "--pool", dir + "/pool.json"}, "--pool"}, // missing
 		{[]string{"csi", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n", "--pool-erase", "shred"}, "--pool-erase"},
+		{[]string{"csi", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n", "--launcher", "fork"}, "--launcher"},
 		{[]string{"csi", "extra", "--endpoint", "unix://" + dir + "/csi.sock", "--node-id", "n"}, "argument"},
 	} {
 		code, _, stderr := runOut(tt.args...)
@@ -42,7 +43,7 @@ func TestCSIUsage(t *testing.T) {
 		}
 	}
 	_, _, help := runOut("csi", "--help")
-	for _, s := range []string{groupCSI + ":", "--endpoint", "--node-id", "--pool", "--pool-claims", "--pool-erase", "--initiator-name", "--run-dir", "--max-volumes", "--memory-budget"} {
+	for _, s := range []string{groupCSI + ":", "--endpoint", "--node-id", "--pool", "--pool-claims", "--pool-erase", "--initiator-name", "--run-dir", "--max-volumes", "--memory-budget", "--launcher"} {
 		if !strings.Contains(help, s) {
 			t.Errorf("csi --help lacks %s", s)
 		}

@@ -314,7 +314,7 @@ func TestNodePlugin(t *testing.T) {
 	ds := only[*appsv1.DaemonSet](t, manifests(t))
 	spec := ds.Spec.Template.Spec
 	plugin := container(t, spec, "iser-blk")
-	if want := []string{"csi", "--endpoint", "unix:///csi/csi.sock", "--node-id", "$(NODE_NAME)"}; !slices.Equal(plugin.Args, want) {
+	if want := []string{"csi", "--endpoint", "unix:///csi/csi.sock", "--node-id", "$(NODE_NAME)", "--launcher", "systemd-scope"}; !slices.Equal(plugin.Args, want) {
 		t.Errorf("node plugin args %q, want %q", plugin.Args, want)
 	}
 	nodeNameEnv(t, plugin)
@@ -329,6 +329,7 @@ func TestNodePlugin(t *testing.T) {
 		"kubelet-dir": "/var/lib/kubelet", "dev": "/dev", "sys": "/sys", "lib-modules": "/lib/modules",
 		"run-dir": "/run/iser-blk", "state-dir": "/var/lib/iser-blk", "etc-iser-blk": "/etc/iser-blk",
 		"plugin-dir": "/var/lib/kubelet/plugins/" + driverName, "registration-dir": "/var/lib/kubelet/plugins_registry",
+		"host-systemd": "/run/systemd", // the gateways' scopes (--launcher systemd-scope)
 	} {
 		if hp[vol] != want {
 			t.Errorf("volume %s is host path %q, want %q", vol, hp[vol], want)

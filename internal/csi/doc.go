@@ -11,6 +11,13 @@
 //     control socket (Gateways, ExecGateways). The data plane is never inside the plugin:
 //     a kill -9 of the plugin, or its upgrade, does not touch a byte of I/O. The plugin talks to
 //     the gateways only through their control sockets (internal/control), as an operator would.
+//   - Where a gateway lives is its Launcher's (launch.go): LaunchSystemdScope moves it, right
+//     after its start, into a transient scope unit of the host's systemd, out of the plugin
+//     container's cgroup, which a container runtime kills whole when it stops the container;
+//     LaunchProcess leaves it in the plugin's cgroup. Either way it stays the plugin's child in
+//     the plugin's namespaces, and nothing waits for it with wait(2) but the goroutine that
+//     reaps it: readiness and exit are read from its control socket and a pidfd
+//     (control.Client.Detach), which work as well for a gateway a previous plugin started.
 //   - The gateway's name is derived from the volume id (GatewayName: "csi-" and 16 hex digits of
 //     its SHA-256), so every call for a volume finds the same gateway without a lookup, NodeStage
 //     is idempotent by construction and a restarted plugin maps gateways back to volumes.

@@ -41,6 +41,9 @@ type ExecGateways struct {
 	// doubles up to 1s. The gateway's control socket is the one readiness signal that also
 	// works for a gateway this process did not start.
 	Poll time.Duration
+	// Launcher places each gateway once started (launch.go; nil: it stays in the plugin's
+	// cgroup, LaunchProcess).
+	Launcher Launcher
 }
 
 func (g *ExecGateways) log() *zap.Logger {
@@ -129,6 +132,16 @@ func (g *ExecGateways) Ensure(ctx context.Context, spec GatewaySpec) (status.Sta
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return status.Status{}, fmt.Errorf("start gateway %s: %w", spec.Name, err)
+	}
+	if g.Launcher != nil {
+		if err := g.Launcher.Place(ctx, spec.Name, cmd.Process.Pid); err != nil {
+			// as if the plugin had died here: SIGKILL leaves a device it takes over waiting
+			// (launch_systemd.go says why that is safe)
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return status.Status{}, fmt.Errorf("gateway %s not placed (launcher %s): %w; killed it (its log: %s)",
+				spec.Name, g.Launcher.Mode(), err, rs.LogFile(spec.Name))
+		}
 	}
 	g.log().Info("gateway started", zap.String("name", spec.Name), zap.Int("pid", cmd.Process.Pid),
 		zap.Strings("args", cmd.Args[1:]), zap.String("log", rs.LogFile(spec.Name)))

@@ -43,6 +43,9 @@ type Options struct {
 	Log         *zap.Logger
 	// Listening, when set, is called with the socket's path once it accepts connections.
 	Listening func(path string)
+	// Launcher is where the gateways Serve starts live (when Gateways is nil): launch.go.
+	// Zero: LaunchProcess.
+	Launcher LaunchMode
 }
 
 // Serve runs the plugin until ctx ends (the command cancels it on SIGTERM), then stops
@@ -62,7 +65,12 @@ func Serve(ctx context.Context, o Options) error {
 		if o.Binary == "" {
 			return errors.New("no gateway binary")
 		}
-		eg := &ExecGateways{Binary: o.Binary, RunDir: o.RunDir, Log: o.Log}
+		launcher, err := NewLauncher(ctx, o.Launcher, o.Log)
+		if err != nil {
+			return err
+		}
+		o.Log.Info("gateway launcher", zap.String("launcher", string(launcher.Mode())), zap.String("asked", string(o.Launcher)))
+		eg := &ExecGateways{Binary: o.Binary, RunDir: o.RunDir, Log: o.Log, Launcher: launcher}
 		if o.Memory != nil {
 			eg.Memory = o.Memory.Share
 		}

@@ -10,4 +10,7 @@
 // drive it with systemctl and read it back with systemctl show, journalctl and iser-blk status.
 // TestDeb installs the Debian package instead (dpkg -i, then -r and -P), after a make uninstall
 // if an earlier test had installed.
+// The TestCSILauncher* tests (csi_vm_test.go) run the CSI plugin itself in a transient service
+// and kill that service's whole cgroup, as a container runtime does, to show where its
+// gateways live (--launcher).
 package systemd_test
