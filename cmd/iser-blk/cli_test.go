@@ -136,7 +136,7 @@ func TestHelpGroupsFlags(t *testing.T) {
 		"stop":     "keep run-dir timeout",
 		"version":  "json",
 		// and those of the commands that came after
-		"csi": "debug endpoint initiator-name launcher max-volumes node-id pool pool-claims run-dir",
+		"csi": "debug endpoint initiator-name launcher max-volumes memory-budget node-id pool pool-claims pool-erase run-dir",
 	}
 	for name, flags := range old {
 		_, _, out := runOut(name, "--help")
