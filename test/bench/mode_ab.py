@@ -5,7 +5,7 @@ small enough to run by hand beside other work (`make bench` runs the whole suite
         before-wb=/tmp/iser-blk-before:writeback,after-wb=bin/iser-blk:writeback,off=bin/iser-blk:off \\
         randread-4k-qd1-cold,seqread-1m-qd8 6 3 results.json
 
-Systems are name=binary:cache-mode, each a `serve` on a unix socket in front of one tgtd with tgt's
+Systems are name=binary:cache-mode[:--flag=value...], each a `serve` on a unix socket in front of one tgtd with tgt's
 default parameters (bench.Tgtd, tuned=False) on /dev/shm; the client is fio's nbd engine. Before
 the pairs every system serves a 4 KiB random read pass (as default_ab.py does). Each pair runs
 every system once, the order rotated from pair to pair, so that a drift in the host's speed falls
@@ -48,10 +48,10 @@ def run(systems, jobs, pairs, runtime):
     servers, rows, region = {}, [], int(WORKING_SET[:-1]) // REGION_MB
     try:
         for name, spec in systems.items():
-            binary, mode = spec.rsplit(":", 1)
+            binary, mode, *extra = spec.split(":")
             sock = os.path.join(work, name + ".sock")
             servers[name] = bench.NBDServer(name, [binary, "serve", "--target", tgt.url, "--listen",
-                                                   f"unix://{sock}", "--cache", mode], sock, work)
+                                                   f"unix://{sock}", "--cache", mode, *extra], sock, work)
         names = list(systems)
         for s in names:
             bench.fio(servers[s].uri, "prefill", dict(rw="randread", bs="4k", iodepth=32, numjobs=1),
