@@ -1,0 +1,128 @@
+"""Interleaved A/B of gateway binaries and cache modes on the default mode's read path (issue 37),
+small enough to run by hand beside other work (`make bench` runs the whole suite):
+
+    python3 test/bench/mode_ab.py \\
+        before-wb=/tmp/iser-blk-before:writeback,after-wb=bin/iser-blk:writeback,off=bin/iser-blk:off \\
+        randread-4k-qd1-cold,seqread-1m-qd8 6 3 results.json
+
+Systems are name=binary:cache-mode[:--flag=value...], each a `serve` on a unix socket in front of one tgtd with tgt's
+default parameters (bench.Tgtd, tuned=False) on /dev/shm; the client is fio's nbd engine. Before
+the pairs every system serves a 4 KiB random read pass (as default_ab.py does). Each pair runs
+every system once, the order rotated from pair to pair, so that a drift in the host's speed falls
+on all alike. The gateway's CPU comes from /proc/PID/task/*/schedstat (nanoseconds, every thread)
+around each run. A cold 4 KiB QD1 read reads a 128 MiB region that no system has read before
+(fio's random map reads each block once), so with the cache on every read is a miss. Results,
+one row per run, go to the JSON file; the summary printed at the end gives, per job and system,
+the median and the median of the per-pair ratios to the last system, with their range.
+"""
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402  (beside this file)
+
+JOBS = {"seqread-1m-qd8": dict(rw="read", bs="1m", iodepth=8, numjobs=1),
+        "seqwrite-1m-qd8": dict(rw="write", bs="1m", iodepth=8, numjobs=1),
+        "randread-4k-qd1-cold": dict(rw="randread", bs="4k", iodepth=1, numjobs=1)}
+LUN_MB, REGION_MB, WORKING_SET = 4096, 128, "512m"
+
+
+def cpu_ns(pid):
+    """CPU time of every thread of pid so far, in nanoseconds (schedstat's first field)."""
+    t = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                t += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+    return t
+
+
+def run(systems, jobs, pairs, runtime):
+    work = tempfile.mkdtemp(prefix="mode-ab-")
+    tgt = bench.Tgtd(work, LUN_MB, tuned=False)
+    servers, rows, region = {}, [], int(WORKING_SET[:-1]) // REGION_MB
+    try:
+        for name, spec in systems.items():
+            binary, mode, *extra = spec.split(":")
+            sock = os.path.join(work, name + ".sock")
+            servers[name] = bench.NBDServer(name, [binary, "serve", "--target", tgt.url, "--listen",
+                                                   f"unix://{sock}", "--cache", mode, *extra], sock, work)
+        names = list(systems)
+        for s in names:
+            bench.fio(servers[s].uri, "prefill", dict(rw="randread", bs="4k", iodepth=32, numjobs=1),
+                      3, WORKING_SET, work)
+        for job in jobs:
+            for pair in range(pairs):
+                k = pair % len(names)
+                for s in names[k:] + names[:k]:
+                    pid = servers[s].proc.pid
+                    args, size = dict(JOBS[job]), WORKING_SET
+                    if job.endswith("-cold"):
+                        if (region + 1) * REGION_MB > LUN_MB:
+                            raise SystemExit(f"the {LUN_MB} MiB LUN has no cold region left: fewer pairs")
+                        args["offset"], size = f"{region * REGION_MB}m", f"{REGION_MB}m"
+                        region += 1
+                    load = os.getloadavg()[0]
+                    c0 = cpu_ns(pid)
+                    m = bench.fio(servers[s].uri, job, args, runtime, size, work)
+                    c1 = cpu_ns(pid)
+                    if bench.writes(args):
+                        bench.flush(servers[s].uri)  # untimed: no run pays an earlier one's write-back
+                    m.update(system=s, job=job, pair=pair, load1=load,
+                             gw_cpu_us_per_io=(c1 - c0) / 1e3 / max(m["ios"], 1))
+                    m["gw_cpu_us_per_mib"] = m["gw_cpu_us_per_io"] * (1 if "1m" in job else 256)
+                    rows.append(m)
+                    bench.log(f"{job} pair {pair} {s:12s} {m['bw_mib']:7.1f} MiB/s p50 {m['p50_us']:8.1f} µs "
+                              f"CPU {m['gw_cpu_us_per_io']:7.1f} µs/IO load {load:.1f} errors {m['errors']}")
+    finally:
+        for s in servers.values():
+            s.stop()
+        tgt.stop()
+    return dict(systems=systems, jobs=jobs, pairs=pairs, runtime=runtime, tgt=tgt.params, rows=rows)
+
+
+def summary(d):
+    """Per job and system: the median, and the medians (min–max) of the per-pair ratios to the
+    last system, of the job's metric and of the gateway's CPU per I/O."""
+    names, ref = list(d["systems"]), list(d["systems"])[-1]
+    out = []
+    for job in d["jobs"]:
+        key = "p50_us" if "qd1" in job else "bw_mib"
+        by = {}
+        for r in d["rows"]:
+            if r["job"] == job:
+                by.setdefault(r["pair"], {})[r["system"]] = r
+        full = [p for p in by.values() if all(s in p for s in names)]
+        out.append(f"{job}: {key} and CPU µs/IO, ratios to {ref} per pair: median (min–max), {len(full)} pairs")
+        for s in names:
+            v = [p[s][key] for p in full]
+            cpu = [p[s]["gw_cpu_us_per_io"] for p in full]
+            rat = [p[s][key] / p[ref][key] for p in full]
+            crat = [p[s]["gw_cpu_us_per_io"] / p[ref]["gw_cpu_us_per_io"] for p in full]
+            out.append(f"  {s:12s} {statistics.median(v):8.1f} ratio {statistics.median(rat):.3f} "
+                       f"({min(rat):.3f}–{max(rat):.3f})  CPU {statistics.median(cpu):7.1f} ratio "
+                       f"{statistics.median(crat):.3f} ({min(crat):.3f}–{max(crat):.3f})")
+    return "\n".join(out)
+
+
+def main():
+    if len(sys.argv) != 6:
+        raise SystemExit(__doc__)
+    systems = dict(s.split("=", 1) for s in sys.argv[1].split(","))
+    jobs = sys.argv[2].split(",")
+    for j in jobs:
+        if j not in JOBS:
+            raise SystemExit(f"unknown job {j!r} ({', '.join(JOBS)})")
+    d = run(systems, jobs, int(sys.argv[3]), int(sys.argv[4]))
+    with open(sys.argv[5], "w") as f:
+        json.dump(d, f, indent=1)
+    print(summary(d))
+
+
+if __name__ == "__main__":
+    main()
