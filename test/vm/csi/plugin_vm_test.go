@@ -84,7 +84,7 @@ func startPlugin(t testing.TB, dir, pool string) *plugin {
 		claims: filepath.Join(dir, "claims.json"), out: &syncbuf.Buffer{}}
 	p.args = []string{"csi", "--endpoint", "unix://" + p.sock, "--node-id", "vm-node",
 		"--pool", pool, "--pool-claims", p.claims, "--initiator-name", probeInitiator,
-		"--run-dir", p.runDir, "--max-volumes", "16", "--debug"}
+		"--run-dir", p.runDir, "--debug"}
 	p.start(t)
 	t.Cleanup(func() {
 		p.stop()
@@ -145,10 +145,22 @@ func (p *plugin) dial(t testing.TB) *grpc.ClientConn {
 	t.Cleanup(func() { conn.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	go func() { // a plugin that exits ends the wait for its socket at once
+		select {
+		case <-p.exited:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	for {
 		r, err := csipb.NewIdentityClient(conn).Probe(ctx, &csipb.ProbeRequest{}, grpc.WaitForReady(true))
 		if err == nil && r.GetReady().GetValue() {
 			return conn
+		}
+		select {
+		case <-p.exited: // before ctx: the goroutine above ends ctx when the plugin exits
+			t.Fatalf("the plugin exited before it served:\n%s", p.out)
+		default:
 		}
 		select {
 		case <-p.exited:
