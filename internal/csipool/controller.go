@@ -85,6 +85,12 @@ type Controller struct {
 	byName  map[string]*Claim
 	byLUN   map[string]*Claim
 	erasing map[string]*Erasing // by LUN key
+	// eraseFailed holds the LUNs being erased whose last attempt failed (target down): waiting
+	// for them is pointless.
+	eraseFailed map[string]bool
+	// erased is closed (and replaced) whenever an erase frees a LUN: CreateVolume waits on it
+	// when only LUNs being erased would fit.
+	erased chan struct{}
 }
 
 var _ csi.ControllerServer = (*Controller)(nil)
@@ -104,7 +110,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	c := &Controller{
 		pool: cfg.Pool, byKey: map[string]LUN{}, path: cfg.ClaimsFile, log: cfg.Logger, now: cfg.Now,
-		byID: map[string]*Claim{}, byName: map[string]*Claim{}, byLUN: map[string]*Claim{}, erasing: map[string]*Erasing{},
+		byID: map[string]*Claim{}, byName: map[string]*Claim{}, byLUN: map[string]*Claim{}, erasing: map[string]*Erasing{}, eraseFailed: map[string]bool{}, erased: make(chan struct{}),
 		eraser: cfg.Eraser, eraseRetry: cfg.EraseRetry, eraseSlots: make(chan struct{}, eraseParallel),
 	}
 	if cfg.NoErase {
@@ -312,19 +318,50 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err := c.sizes.probe(ctx, c.freeLUNs()); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
+	wait := time.NewTimer(MaxEraseWait)
+	defer wait.Stop()
+	for {
+		resp, erased, err := c.claim(name, required, limit, params)
+		if erased == nil {
+			return resp, err
+		}
+		// Only LUNs being erased would fit: one is free again within seconds to minutes (a CO
+		// retries a ResourceExhausted, csi-sanity does not), so wait for an erase to end,
+		// within the call's deadline and MaxEraseWait, and look again.
+		select {
+		case <-erased:
+		case <-ctx.Done():
+			return nil, err
+		case <-wait.C:
+			return nil, err
+		}
+	}
+}
+
+// MaxEraseWait bounds how long CreateVolume waits for an erase when only LUNs being erased
+// would fit the request.
+const MaxEraseWait = 2 * time.Minute
+
+// claim records a new volume name on the best free LUN. When none is free but a LUN being
+// erased would fit, erased is the channel the next freed LUN closes, beside the
+// ResourceExhausted error.
+func (c *Controller) claim(name string, required, limit int64, params Parameters) (resp *csi.CreateVolumeResponse, erased <-chan struct{}, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	// Another call may have created the name while the LUNs were probed.
+	// Another call may have created the name while the LUNs were probed, or while this one waited.
 	if resp, done, err := c.existingLocked(name, required, limit, params); done {
-		return resp, err
+		return resp, nil, err
 	}
 	lun, size, err := c.pickLocked(required, limit, params.Transport)
 	if err != nil {
-		return nil, err
+		if status.Code(err) == codes.ResourceExhausted && c.erasingFitsLocked(required, limit, params.Transport) {
+			return nil, c.erased, err
+		}
+		return nil, nil, err
 	}
 	id, err := NewVolumeID()
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "volume ID: %v", err)
+		return nil, nil, status.Errorf(codes.Internal, "volume ID: %v", err)
 	}
 	cl := &Claim{ID: id, Name: name, LUN: lun.Key, Size: size, Context: volumeContext(lun, params), Created: c.now().UTC()}
 	c.byID[id], c.byName[name], c.byLUN[lun.Key] = cl, cl, cl
@@ -333,10 +370,22 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		delete(c.byName, name)
 		delete(c.byLUN, lun.Key)
 		c.log.Error("claims file not written; the volume was not created", zap.String("name", name), zap.Error(err))
-		return nil, status.Errorf(codes.Internal, "recording the claim: %v", err)
+		return nil, nil, status.Errorf(codes.Internal, "recording the claim: %v", err)
 	}
 	c.log.Info("volume created", zap.String("name", name), zap.String("volume_id", id), zap.String("lun", lun.Key), zap.Int64("size", size))
-	return &csi.CreateVolumeResponse{Volume: volumeOf(cl)}, nil
+	return &csi.CreateVolumeResponse{Volume: volumeOf(cl)}, nil, nil
+}
+
+// erasingFitsLocked reports whether a LUN being erased (in the pool, its last attempt not
+// failed) would fit the request. c.mu is held.
+func (c *Controller) erasingFitsLocked(required, limit int64, transport string) bool {
+	for key, e := range c.erasing {
+		l, ok := c.byKey[key]
+		if ok && !c.eraseFailed[key] && (transport == "" || l.Transport == transport) && fits(e.Size, required, limit) {
+			return true
+		}
+	}
+	return false
 }
 
 // existing answers CreateVolume for a name that already holds a volume: done is false when it

@@ -127,7 +127,9 @@ func TestE2EEraseOnDelete(t *testing.T) {
 	if _, err := r.c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: resp.GetVolume().GetVolumeId()}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = r.c.CreateVolume(ctx, createReq("b", 0, 0, nil))
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond) // CreateVolume waits for the erase
+	_, err = r.c.CreateVolume(short, createReq("b", 0, 0, nil))
+	cancel()
 	wantCode(t, err, codes.ResourceExhausted)
 	if c, err := r.c.GetCapacity(ctx, &csi.GetCapacityRequest{}); err != nil || c.GetAvailableCapacity() != 0 {
 		t.Fatalf("capacity during the erase: %v, %v; want 0", c, err)

@@ -71,6 +71,9 @@ func (c *Controller) eraseLoop(e Erasing) {
 			// Erased again on the next attempt: rare, and cheaper than a second retry path.
 			err = fmt.Errorf("the LUN is erased but the claims file could not be written: %w", err)
 		}
+		c.mu.Lock()
+		c.eraseFailed[e.LUN] = true // CreateVolume does not wait for it
+		c.mu.Unlock()
 		log.Warn("erasing a returned LUN failed; it stays out of the pool and is tried again",
 			zap.Int("attempt", attempt), zap.Duration("retry_in", backoff), zap.Error(err))
 		t := time.NewTimer(backoff)
@@ -110,7 +113,10 @@ func (c *Controller) finishErase(key string, freed func()) error {
 		c.erasing[key] = e
 		return err
 	}
+	delete(c.eraseFailed, key)
 	c.sizes.set(key, e.Size)
 	freed()
+	close(c.erased) // CreateVolume calls waiting for a LUN look again
+	c.erased = make(chan struct{})
 	return nil
 }

@@ -149,7 +149,11 @@ func TestDeleteVolumeErasesBeforeFree(t *testing.T) {
 	if err != nil || capacity.GetAvailableCapacity() != 2*gib || capacity.GetMaximumVolumeSize().GetValue() != 2*gib {
 		t.Fatalf("GetCapacity during the erase: %v, %v; want LUN 2 alone", capacity, err)
 	}
-	_, err = r.c.CreateVolume(ctx, createReq("b", 0, gib, nil))
+	// only LUN 1 fits, and it is being erased: CreateVolume waits for the erase, here until its
+	// deadline
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	_, err = r.c.CreateVolume(short, createReq("b", 0, gib, nil))
+	cancel()
 	wantCode(t, err, codes.ResourceExhausted)
 	if !strings.Contains(err.Error(), "1 being erased") {
 		t.Errorf("the answer does not say a LUN is being erased: %v", err)
@@ -240,7 +244,9 @@ func TestEraseResumesAfterRestart(t *testing.T) {
 	}
 	c := r.open(t) // held again: the erase waits, and the LUN with it
 	waitFor(t, "the erase to start again", func() bool { return r.eraser.count(lunKey(1)) == 2 })
-	_, err := c.CreateVolume(ctx, createReq("b", 0, 0, nil))
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond) // CreateVolume waits for the erase
+	_, err := c.CreateVolume(short, createReq("b", 0, 0, nil))
+	cancel()
 	wantCode(t, err, codes.ResourceExhausted)
 	release()
 	waitErased(t, c, lunKey(1))
@@ -321,5 +327,43 @@ func TestNoErase(t *testing.T) {
 	}
 	if n := r.eraser.count(lunKey(1)); n != 1 {
 		t.Errorf("erases: %d, want only the one before NoErase", n)
+	}
+}
+
+// TestCreateVolumeWaitsForErase: when only a LUN being erased fits, CreateVolume waits for the
+// erase and then hands that LUN out (csi-sanity creates right after deleting; a CO would retry).
+func TestCreateVolumeWaitsForErase(t *testing.T) {
+	r := newRig(t, map[int]int64{1: 1 * gib})
+	ctx := context.Background()
+	release := r.eraser.hold(lunKey(1))
+	v := r.create(t, "a", 0, 0, nil)
+	if _, err := r.c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.GetVolumeId()}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the erase to start", func() bool { return r.eraser.running(lunKey(1)) })
+	type result struct {
+		resp *csi.CreateVolumeResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := r.c.CreateVolume(ctx, createReq("b", 0, 0, nil))
+		done <- result{resp, err}
+	}()
+	waitFor(t, "CreateVolume to wait", func() bool {
+		select {
+		case res := <-done:
+			t.Fatalf("CreateVolume answered during the erase: %v, %v", res.resp, res.err)
+		default:
+		}
+		return r.eraser.running(lunKey(1))
+	})
+	release()
+	res := <-done
+	if res.err != nil || res.resp.GetVolume().GetVolumeContext()[ContextTarget] != lunURL(1) {
+		t.Fatalf("after the erase: %v, %v; want LUN 1", res.resp, res.err)
+	}
+	if n := r.eraser.count(lunKey(1)); n != 1 {
+		t.Errorf("LUN 1 erased %d times, want once", n)
 	}
 }
