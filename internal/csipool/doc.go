@@ -3,9 +3,9 @@
 // LUNs (pool.go: one target URL per line, other portals of the same LUN after a comma, `#`
 // comments); each LUN's size is read from the LUN itself (sizes.go: READ CAPACITY through
 // backend/iser, behind the Prober interface so tests fake it); CreateVolume claims the smallest
-// free LUN that fits the capacity range and DeleteVolume returns it (controller.go) to be zeroed
-// in the background before it is free again (erasing.go runs the erases; erase.go zeroes a LUN
-// through backend/iser, behind the Eraser interface). Claims and erasing LUNs live in a JSON file
+// free LUN that fits the capacity range (create.go) and DeleteVolume returns it (controller.go)
+// to be zeroed in the background before it is free again (erasing.go runs the erases; erase.go
+// zeroes a LUN through backend/iser, behind the Eraser interface). Claims and erasing LUNs live in a JSON file
 // written atomically (claims.go), so a controller restart hands out nothing twice, and nothing
 // unerased.
 // The volume context a volume carries to the node plugin (context.go: target, transport, frontend,
