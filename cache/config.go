@@ -55,11 +55,11 @@ const (
 )
 
 // SizeFor is the default cache size for a process that may use memLimit bytes of memory
-// (internal/memlimit: MemTotal or its cgroups' limit; 0 when unknown, which gives DefaultSize): a
-// sixteenth of it, between 64 MiB and 1 GiB. A fixed 1 GiB (plus the NBD buffers) would be most
-// of a small VM's memory; a sixteenth reaches the 1 GiB cap at 16 GiB. It is rounded down to a whole MiB, so that --cache-size's
-// default, shown humanized in --help, is exactly the size used (a 2 GiB guest's MemTotal of
-// 1.97 GiB gave 123.24 MiB, shown and parsed back as 123 MiB).
+// (internal/memlimit: MemTotal or its cgroups' limit; 0 when unknown, which gives DefaultSize):
+// a sixteenth of it, between 64 MiB and 1 GiB. A fixed 1 GiB (plus the NBD buffers) would be
+// most of a small VM's memory; a sixteenth reaches the 1 GiB cap at 16 GiB. It is rounded down
+// to a whole MiB, so that --cache-size's default, shown humanized in --help, is exactly the size
+// used (a 2 GiB guest's MemTotal of 1.97 GiB gave 123.24 MiB, shown and parsed back as 123 MiB).
 func SizeFor(memLimit int64) int64 {
 	if memLimit <= 0 {
 		return DefaultSize
