@@ -1,0 +1,172 @@
+package journal
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/iser-blk/iser-blk/block"
+)
+
+// appendReq is one entry waiting for the batch writer.
+type appendReq struct {
+	lba    uint64
+	blocks uint32
+	data   []byte // nil: an invalidation
+	err    error
+	done   chan struct{}
+}
+
+var reqPool = sync.Pool{New: func() any { return &appendReq{done: make(chan struct{}, 1)} }}
+
+// append logs one entry and returns once the batch carrying it is written to the cache device
+// and applied to the index (durable at the next Flush). Appends that arrive while a batch is
+// being written wait and go together into the next one: the first of them writes it (group
+// commit, one system call per batch).
+func (j *Journal) append(lba uint64, blocks uint32, data []byte) error {
+	r := reqPool.Get().(*appendReq)
+	r.lba, r.blocks, r.data, r.err = lba, blocks, data, nil
+	j.amu.Lock()
+	j.pending = append(j.pending, r)
+	if j.writing {
+		j.amu.Unlock()
+	} else {
+		j.writing = true
+		j.writeLoop()
+	}
+	<-r.done
+	err := r.err
+	r.data = nil
+	reqPool.Put(r)
+	return err
+}
+
+// writeLoop writes batches until no append waits. amu is held on entry and released on return.
+func (j *Journal) writeLoop() {
+	for len(j.pending) > 0 {
+		reqs := j.pending
+		j.pending = j.spare[:0]
+		j.amu.Unlock()
+		for len(reqs) > 0 {
+			k := batchLen(reqs)
+			err := j.writeBatch(reqs[:k])
+			for _, r := range reqs[:k] {
+				r.err = err
+				r.done <- struct{}{}
+			}
+			reqs = reqs[k:]
+		}
+		j.amu.Lock()
+		j.spare = reqs[:0]
+	}
+	j.writing = false
+	j.amu.Unlock()
+}
+
+// batchLen is how many of reqs (at least one) fit one batch.
+func batchLen(reqs []*appendReq) int {
+	data := 0
+	for i, r := range reqs {
+		if i == MaxEntries || (i > 0 && data+len(r.data) > maxBatchData) {
+			return i
+		}
+		data += len(r.data)
+	}
+	return len(reqs)
+}
+
+// writeBatch writes one batch (with a wrap before it when it does not fit the rest of the ring),
+// waiting for write-back to free room, and applies it to the index.
+func (j *Journal) writeBatch(reqs []*appendReq) error {
+	h := &j.hdr
+	h.Kind, h.DataUnits, h.Entries = kindData, 0, h.Entries[:0]
+	j.iov = append(j.iov[:0], j.hdrBuf)
+	for _, r := range reqs {
+		e := Entry{LBA: r.lba, Blocks: r.blocks, Flags: entryInvalidate}
+		if r.data != nil {
+			e.Flags, e.CRC = entryData, checksum(r.data)
+			h.DataUnits += r.blocks
+			j.iov = append(j.iov, r.data)
+		}
+		h.Entries = append(h.Entries, e)
+	}
+	need := j.hdrU + uint64(h.DataUnits)
+	phys, err := j.reserve(need)
+	if err != nil {
+		return err
+	}
+	j.mu.Lock()
+	h.Instance, h.Seq, h.PrevSeq = j.inst, j.seq, j.prevSeq
+	j.mu.Unlock()
+	MarshalHeader(h, j.hdrBuf)
+	if err := j.m.WriteVAt(j.iov, j.unitOff(phys)); err != nil {
+		return j.fail(err)
+	}
+	clear(j.iov)
+	j.mu.Lock()
+	j.apply(h, phys+j.hdrU)
+	j.head += need
+	j.prevSeq, j.seq = h.Seq, h.Seq+1
+	quarter := (j.head-j.tail)*4 >= j.n
+	j.mu.Unlock()
+	if quarter {
+		j.kickClean()
+	}
+	j.appended.Add(1)
+	j.st.batches.Add(1)
+	return nil
+}
+
+// reserve waits until the ring has need contiguous free units at its head and returns the first
+// one. When the rest of the ring is too short it skips it first: with a wrap batch when a header
+// fits there, silently otherwise (recovery skips such a stub the same way).
+func (j *Journal) reserve(need uint64) (uint64, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for {
+		if j.failed != nil {
+			return 0, &ioError{j.failed}
+		}
+		phys := j.head % j.n
+		skip := uint64(0)
+		if j.n-phys < need {
+			skip = j.n - phys
+		}
+		if j.head+skip+need-j.tail <= j.n {
+			if skip == 0 {
+				return phys, nil
+			}
+			if err := j.wrapLocked(phys, skip); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		j.st.waits.Add(1)
+		ch := j.changed.wait()
+		j.mu.Unlock()
+		j.kickClean()
+		select {
+		case <-ch:
+		case <-j.stop:
+			j.mu.Lock()
+			return 0, fmt.Errorf("journal: %w", block.ErrClosed)
+		}
+		j.mu.Lock()
+	}
+}
+
+// wrapLocked ends the ring's lap at phys. mu is held; the batch writer is the only writer.
+func (j *Journal) wrapLocked(phys, skip uint64) error {
+	if skip >= j.hdrU {
+		w := Header{Instance: j.inst, Seq: j.seq, PrevSeq: j.prevSeq, Kind: kindWrap}
+		MarshalHeader(&w, j.wrapBuf)
+		if err := j.m.WriteVAt([][]byte{j.wrapBuf}, j.unitOff(phys)); err != nil {
+			j.mu.Unlock()
+			err = j.fail(err)
+			j.mu.Lock()
+			return err
+		}
+		j.prevSeq, j.seq = j.seq, j.seq+1
+	}
+	j.head += skip
+	return nil
+}

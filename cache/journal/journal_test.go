@@ -1,0 +1,205 @@
+package journal
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/block/blocktest"
+	"github.com/iser-blk/iser-blk/cache/internal/fakedev"
+)
+
+var ctx = context.Background()
+
+func targetLimits(bs uint32) block.Limits {
+	return block.Limits{LogicalBlockSize: bs, PhysicalBlockSize: bs, MaxTransfer: 1 << 20,
+		VolatileCache: true, CanFlush: true, CanFUA: true, CanDiscard: true, CanWriteZeroes: true,
+		DiscardZeroes: true}
+}
+
+var testID = Identity{URL: "iscsi://127.0.0.1:3260/iqn.2026-12.test:lun/0", WWN: "naa.6001405abcdef"}
+
+func openT(t *testing.T, m Media, be block.Device, opt Options) *Journal {
+	t.Helper()
+	j, err := Open(m, be, testID, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+func TestConformance(t *testing.T) {
+	for _, bs := range []uint32{512, 4096} {
+		t.Run(map[uint32]string{512: "512", 4096: "4096"}[bs], func(t *testing.T) {
+			blocktest.Run(t, func(t *testing.T) block.Device {
+				return openT(t, newMemMedia(32<<20), fakedev.New(16<<20, targetLimits(bs)), Options{})
+			})
+		})
+	}
+}
+
+func fill(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*7)
+	}
+	return b
+}
+
+// mustRead reads want's length at off, in requests of at most 1 MiB (the target's MaxTransfer).
+func mustRead(t *testing.T, d block.Device, off int64, want []byte) {
+	t.Helper()
+	got := make([]byte, len(want))
+	for o := 0; o < len(got); o += 1 << 20 {
+		if err := d.ReadAt(ctx, got[o:min(o+1<<20, len(got))], off+int64(o)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("read at %d: data differs", off)
+	}
+}
+
+// A flushed write survives kill -9 without reaching the target, is served again after the
+// restart, and is written back to the target by the detach.
+func TestKillKeepsWrites(t *testing.T) {
+	be := fakedev.New(16<<20, targetLimits(4096))
+	m := newMemMedia(32 << 20)
+	j := openT(t, m, be, Options{CleanAfter: time.Hour})
+	a, b := fill(8192, 1), fill(4096, 9)
+	if err := j.WriteAt(ctx, a, 1<<20, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.WriteAt(ctx, b, 4096, 0); err != nil { // acknowledged, not flushed
+		t.Fatal(err)
+	}
+	if got := be.Current(1<<20, 8192); bytes.Equal(got, a) {
+		t.Fatal("the target has the data before any write-back")
+	}
+	// kill -9: no Close; the page cache keeps everything acknowledged.
+	j2 := openT(t, m.reopened(), be, Options{CleanAfter: time.Hour})
+	mustRead(t, j2, 1<<20, a)
+	mustRead(t, j2, 4096, b)
+	if s := j2.Stats(); s.DirtyBytes != 12288 {
+		t.Fatalf("dirty after recovery: %d bytes, want 12288", s.DirtyBytes)
+	}
+	if err := j2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(be.Durable(1<<20, 8192), a) || !bytes.Equal(be.Durable(4096, 4096), b) {
+		t.Fatal("detach did not write everything back durably")
+	}
+}
+
+// The write-back cleans the log in the background and the ring is reused many times over.
+func TestRingWraps(t *testing.T) {
+	be := fakedev.New(8<<20, targetLimits(4096))
+	m := newMemMedia(16<<20 + LogStart)
+	j := openT(t, m, be, Options{CleanAfter: 5 * time.Millisecond})
+	model := make([]byte, 8<<20)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 20000 {
+		n := (1 + r.IntN(16)) * 4096
+		off := int64(r.IntN(8<<20-n)) &^ 4095
+		p := fill(n, byte(i))
+		if err := j.WriteAt(ctx, p, off, 0); err != nil {
+			t.Fatal(err)
+		}
+		copy(model[off:], p)
+		if i%1000 == 0 {
+			if err := j.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if s := j.Stats(); s.Rounds == 0 || s.Logged < 4*s.Capacity {
+		t.Fatalf("the ring did not wrap: %+v", s)
+	}
+	mustRead(t, j, 0, model)
+	j2 := openT(t, m.reopened(), be, Options{CleanAfter: time.Hour})
+	mustRead(t, j2, 0, model)
+	if err := j2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(be.Durable(0, 8<<20), model) {
+		t.Fatal("the target differs from the model after detach")
+	}
+}
+
+// Large writes, discards and write-zeroes go to the target around the log, and older log data
+// of their range is never replayed over them.
+func TestAroundInvalidates(t *testing.T) {
+	be := fakedev.New(8<<20, targetLimits(4096))
+	m := newMemMedia(32 << 20)
+	j := openT(t, m, be, Options{CleanAfter: time.Hour})
+	old := fill(64<<10, 3)
+	for _, off := range []int64{0, 1 << 20, 2 << 20} {
+		if err := j.WriteAt(ctx, old[:4096], off, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := fill(512<<10, 5)
+	if err := j.WriteAt(ctx, big, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Discard(ctx, 1<<20, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.WriteZeroes(ctx, 2<<20, 64<<10, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	zero := make([]byte, 64<<10)
+	check := func(d block.Device) {
+		t.Helper()
+		mustRead(t, d, 0, big)
+		mustRead(t, d, 1<<20, zero)
+		mustRead(t, d, 2<<20, zero)
+	}
+	check(j)
+	if s := j.Stats(); s.Around != 512<<10 {
+		t.Fatalf("around: %d", s.Around)
+	}
+	j2 := openT(t, m.powerCut(func(int) (bool, int) { return false, -1 }), be, Options{CleanAfter: time.Hour})
+	check(j2)
+	if err := j2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(be.Durable(0, 512<<10), big) || !bytes.Equal(be.Durable(1<<20, 64<<10), zero) {
+		t.Fatal("the target lost an operation that went around the log")
+	}
+}
+
+func TestRefusesForeign(t *testing.T) {
+	be := fakedev.New(8<<20, targetLimits(4096))
+	m := newMemMedia(32 << 20)
+	j := openT(t, m, be, Options{})
+	if err := j.Abandon(); err != nil {
+		t.Fatal(err)
+	}
+	other := testID
+	other.WWN = "naa.600140511111111"
+	if _, err := Open(m.reopened(), be, other, Options{}); !errors.Is(err, ErrForeign) {
+		t.Fatalf("another LUN's cache: %v", err)
+	}
+	if _, err := Open(m.reopened(), be, other, Options{Format: true}); err != nil {
+		t.Fatalf("--cache-dev-format: %v", err)
+	}
+	junk := newMemMedia(32 << 20)
+	junk.cur[100] = 1
+	if _, err := Open(junk, be, testID, Options{}); !errors.Is(err, ErrForeign) {
+		t.Fatalf("a device holding data: %v", err)
+	}
+	if _, err := Open(newMemMedia(MinSize-1), be, testID, Options{}); err == nil {
+		t.Fatal("a device below MinSize was accepted")
+	}
+}

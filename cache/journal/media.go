@@ -1,0 +1,100 @@
+package journal
+
+import (
+	"fmt"
+	"io"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// Media is the cache device's storage. Writes become durable at Sync; a crash may keep any
+// subset of the writes since the last Sync, each of them possibly torn.
+type Media interface {
+	io.ReaderAt
+	// WriteVAt writes the buffers one after the other at off, with one system call where it can.
+	WriteVAt(bufs [][]byte, off int64) error
+	// Sync makes every completed write durable (fdatasync).
+	Sync() error
+	// Size is the usable size in bytes.
+	Size() int64
+	Close() error
+}
+
+// fileMedia is a regular file or a block device.
+type fileMedia struct {
+	f    *os.File
+	size int64
+}
+
+// OpenFile opens the cache device at path. A path that does not exist, or a regular file that is
+// empty, is created (or grown) to newSize bytes with its blocks allocated, so that a full file
+// system shows at attach, not as a failed write later; newSize 0 then is an error.
+func OpenFile(path string, newSize int64) (Media, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("cache device: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cache device: %w", err)
+	}
+	size := st.Size()
+	if st.Mode().IsRegular() && size == 0 {
+		if newSize <= 0 {
+			f.Close()
+			return nil, fmt.Errorf("cache device %s is empty: give its size (--cache-dev-size)", path)
+		}
+		if err := unix.Fallocate(int(f.Fd()), 0, 0, newSize); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("cache device %s: allocating %d bytes: %w", path, newSize, err)
+		}
+		size = newSize
+	} else if !st.Mode().IsRegular() {
+		if size, err = f.Seek(0, io.SeekEnd); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("cache device %s: size: %w", path, err)
+		}
+	}
+	return &fileMedia{f: f, size: size}, nil
+}
+
+func (m *fileMedia) ReadAt(p []byte, off int64) (int, error) { return m.f.ReadAt(p, off) }
+
+func (m *fileMedia) WriteVAt(bufs [][]byte, off int64) error {
+	want := 0
+	for _, b := range bufs {
+		want += len(b)
+	}
+	n, err := unix.Pwritev(int(m.f.Fd()), bufs, off)
+	if err == nil && n < want {
+		// A short write to a file: finish it with plain writes.
+		for _, b := range bufs {
+			if n >= len(b) {
+				n -= len(b)
+				off += int64(len(b))
+				continue
+			}
+			if _, err = m.f.WriteAt(b[n:], off+int64(n)); err != nil {
+				break
+			}
+			off += int64(len(b))
+			n = 0
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("cache device: write: %w", err)
+	}
+	return nil
+}
+
+func (m *fileMedia) Sync() error {
+	if err := unix.Fdatasync(int(m.f.Fd())); err != nil {
+		return fmt.Errorf("cache device: fdatasync: %w", err)
+	}
+	return nil
+}
+
+func (m *fileMedia) Size() int64  { return m.size }
+func (m *fileMedia) Close() error { return m.f.Close() }
