@@ -244,3 +244,15 @@ type Layered interface {
 type Abandoner interface {
 	Abandon() error
 }
+
+// Persister is an optional interface of a Device that keeps acknowledged writes durably on local
+// storage of its own (a persistent write-back log: cache/journal), so that its Flush makes data
+// durable there and not on the device below. DirtyBytes is what the device below does not have
+// yet. Drain writes all of it to the device below (a detach, a stop); Keep makes the next Close
+// leave it where it is, durable, for a successor that opens the same storage (a planned restart,
+// a stop that keeps the device), where Close would otherwise drain.
+type Persister interface {
+	DirtyReporter
+	Drain(ctx context.Context) error
+	Keep()
+}

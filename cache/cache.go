@@ -314,7 +314,15 @@ func (c *Cache) Close() error {
 // CloseContext is Close with a deadline for the final flush. Callers are serialised: the first
 // does the work, and one that comes during or after it waits for it and returns nil, so the
 // backend is closed exactly once and no Close returns before the cache is closed.
-func (c *Cache) CloseContext(ctx context.Context) error {
+func (c *Cache) CloseContext(ctx context.Context) error { return c.closeContext(ctx, false) }
+
+// closeContext is CloseContext; abandon closes a backend that can be abandoned (block.Abandoner:
+// a persistent log below, which then keeps its data) with Abandon instead of Close.
+func (c *Cache) closeContext(ctx context.Context, abandon bool) error {
+	closeBelow := c.be.Close
+	if a, ok := c.be.(block.Abandoner); ok && abandon {
+		closeBelow = a.Abandon
+	}
 	c.closeMu.Lock()
 	defer c.closeMu.Unlock()
 	if c.closeDone {
@@ -322,7 +330,7 @@ func (c *Cache) CloseContext(ctx context.Context) error {
 	}
 	c.closeDone = true
 	if c.closed.Load() { // stopped without a flush (the model tests' crash): only the backend is left
-		return c.be.Close()
+		return closeBelow()
 	}
 	c.dmu.Lock()
 	c.closing = true
@@ -333,16 +341,17 @@ func (c *Cache) CloseContext(ctx context.Context) error {
 			zap.String("dirty", humanize.IBytes(uint64(c.DirtyBytes()))))
 	}
 	c.shutdown()
-	return errors.Join(ferr, c.be.Close())
+	return errors.Join(ferr, closeBelow())
 }
 
 // Abandon closes the cache without another write-back (block.Abandoner): after a final flush
 // that failed or was aborted, waiting for the same write-back again would only delay the
-// logout. Dirty data is lost, as the caller has already reported.
+// logout. Dirty data is lost, as the caller has already reported. A backend that can be
+// abandoned too is (a persistent log keeps what it holds for the next attach).
 func (c *Cache) Abandon() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	return c.CloseContext(ctx)
+	return c.closeContext(ctx, true)
 }
 
 // shutdown stops the flusher and releases page memory without flushing. It is also the

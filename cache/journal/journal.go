@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/block"
@@ -102,6 +103,7 @@ type Journal struct {
 	st       stats
 	closeMu  sync.Mutex
 	closed   atomic.Bool
+	keep     atomic.Bool  // Close leaves the log (Keep)
 	ops      atomic.Int64 // calls in progress
 }
 
@@ -136,6 +138,8 @@ func (n *notifier) broadcast() {
 // ErrFailed is wrapped by every error after the cache device failed a write or a sync: from then
 // on the page cache's state of the log is unknown (fsyncgate), so the journal takes no more writes
 // and fails every flush until the gateway is restarted and recovery reads the device again.
+var _ block.Persister = (*Journal)(nil)
+
 var ErrFailed = errors.New("journal: the cache device failed")
 
 // Size, BlockSize: the target's.
@@ -191,8 +195,9 @@ func (e *ioError) Is(target error) bool { return target == block.ErrIO }
 func (e *ioError) Unwrap() error        { return e.cause }
 
 // Close writes everything in the log back to the target (the detach), records the empty log,
-// and closes the cache device and the target. Data that could not be written back stays on the
-// cache device for the next attach, and Close reports it.
+// and closes the cache device and the target; after Keep it leaves the log as it is, durable. Data
+// that could not be written back stays on the cache device for the next attach, and Close reports
+// it.
 func (j *Journal) Close() error { return j.CloseContext(context.Background()) }
 
 // CloseContext is Close with a deadline for the write-back.
@@ -202,26 +207,51 @@ func (j *Journal) CloseContext(ctx context.Context) error {
 	if j.closed.Load() {
 		return nil
 	}
+	if j.keep.Load() {
+		return j.closeKeeping()
+	}
 	err := j.drainAll(ctx)
 	j.shutdown()
 	if err != nil {
 		j.log.Error("write-back at close failed; the data stays on the cache device for the next attach",
-			zap.Error(err), zap.Uint64("bytes", j.Stats().LogBytes))
+			zap.Error(err), zap.String("left", humanize.IBytes(j.Stats().DirtyBytes)))
 	}
 	return errors.Join(err, j.m.Close(), j.be.Close())
 }
 
-// Abandon closes without writing back (block.Abandoner): what the log holds stays on the cache
-// device, durable up to the last Flush, and the next attach of this LUN with this cache device
-// recovers it. A planned restart and a stop that keeps the device use it.
+// Drain writes everything in the log back to the target and records the empty log
+// (block.Persister), retrying failed write-backs until ctx is done.
+func (j *Journal) Drain(ctx context.Context) error {
+	if err := j.enter(); err != nil {
+		return err
+	}
+	defer j.exit()
+	return j.drainAll(ctx)
+}
+
+// Keep makes Close leave the log on the cache device (block.Persister).
+func (j *Journal) Keep() { j.keep.Store(true) }
+
+// Abandon closes without writing back (block.Abandoner), as Close after Keep: what the log holds
+// stays on the cache device, durable up to the last Flush, and the next attach of this LUN with
+// this cache device recovers it.
 func (j *Journal) Abandon() error {
 	j.closeMu.Lock()
 	defer j.closeMu.Unlock()
 	if j.closed.Load() {
 		return nil
 	}
+	return j.closeKeeping()
+}
+
+func (j *Journal) closeKeeping() error {
 	j.shutdown()
 	serr := j.m.Sync()
+	if serr != nil {
+		serr = fmt.Errorf("journal: keeping the log: %w", serr)
+	} else if left := j.Stats().DirtyBytes; left > 0 {
+		j.log.Info("the log stays on the cache device for the next attach", zap.String("dirty", humanize.IBytes(left)))
+	}
 	return errors.Join(serr, j.m.Close(), j.be.Close())
 }
 

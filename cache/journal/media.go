@@ -35,6 +35,14 @@ func OpenFile(path string, newSize int64) (Media, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache device: %w", err)
 	}
+	// One process at a time: two journals on one log would overwrite each other's batches.
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if err == unix.EWOULDBLOCK {
+			return nil, fmt.Errorf("cache device %s is in use by another process", path)
+		}
+		return nil, fmt.Errorf("cache device %s: lock: %w", path, err)
+	}
 	st, err := f.Stat()
 	if err != nil {
 		f.Close()

@@ -137,14 +137,16 @@ func (j *Journal) readSuper(id Identity) (*Super, error) {
 	return nil, nil
 }
 
-// sameLUN says why the LUN a superblock names is not id, or "". The WWN decides when both have
-// one (a portal address may change); otherwise the URL does. A LUN that grew keeps its cache.
+// sameLUN says why the LUN a superblock names is not id, or "". Both the URL (the caller makes
+// it portal-free: target name and LUN number) and the WWN, when both have one, must match: a WWN
+// alone is not enough, as some targets (tgtd) derive it from the target and LUN numbers, the same
+// on every host. A LUN that grew keeps its cache.
 func sameLUN(had, id Identity) string {
 	switch {
+	case had.URL != id.URL:
+		return "this LUN is " + id.URL
 	case had.WWN != "" && id.WWN != "" && had.WWN != id.WWN:
 		return fmt.Sprintf("WWN %s, this LUN's is %s", had.WWN, id.WWN)
-	case (had.WWN == "" || id.WWN == "") && had.URL != id.URL:
-		return "a different URL: " + id.URL
 	case had.BlockSize != id.BlockSize:
 		return fmt.Sprintf("block size %d, this LUN's is %d", had.BlockSize, id.BlockSize)
 	case had.Size > id.Size:
@@ -209,4 +211,29 @@ func (j *Journal) writeSuper(s *Super) error {
 	}
 	j.super = *s
 	return nil
+}
+
+// OpenPath is Open on the file or block device at path (OpenFile: created with newSize bytes
+// when it does not exist or is empty). On failure nothing stays open but be.
+func OpenPath(path string, newSize int64, be block.Device, id Identity, opt Options) (*Journal, error) {
+	m, err := OpenFile(path, newSize)
+	if err != nil {
+		return nil, err
+	}
+	j, err := Open(m, be, id, opt)
+	if err != nil {
+		m.Close()
+		return nil, fmt.Errorf("cache device %s: %w", path, err)
+	}
+	return j, nil
+}
+
+// IndexMemory is the RAM the index of a cache device of size bytes takes for a LUN with blocks of
+// blockSize bytes (see index).
+func IndexMemory(size int64, blockSize int) int64 {
+	units := min(uint64(max(size-LogStart, 0))/uint64(blockSize), 1<<32-1)
+	if units == 0 {
+		return 0
+	}
+	return memoryFor(units)
 }

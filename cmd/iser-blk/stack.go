@@ -49,7 +49,7 @@ func openStack(ctx context.Context, tf *targetFlags, ef *exportFlags, log *zap.L
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	if dev, err = ef.cache.wrap(target, p, log); err != nil {
+	if dev, err = ef.cache.wrap(target, ef.target, p, log); err != nil {
 		target.Close()
 		return nil, nil, 0, err
 	}
@@ -97,7 +97,10 @@ func newBufferPool(ef *exportFlags) (*pool.Pool, int64, error) {
 
 // cacheFlags are --cache, --cache-size, --cache-dirty and the cutoffs --cache-write-around and
 // --cache-read-around; Config parses them.
-type cacheFlags struct{ cache.Flags }
+type cacheFlags struct {
+	cache.Flags
+	dev cacheDevFlags
+}
 
 func (cf *cacheFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&cf.Mode, "cache", "writeback", "cache mode: writeback (a volatile write cache; clients' FLUSH/FUA make data durable), writethrough or off")
@@ -109,6 +112,7 @@ func (cf *cacheFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&cf.ReadAround, "cache-read-around", "256KiB", "reads this large, cached or not (a quarter of it for a miss continuing a sequential\n"+
 		"stream), are read straight from the target with dirty pages copied over, and not cached;\n"+
 		"0 caches every read")
+	cf.dev.register(fs)
 }
 
 // complete offers --cache's modes in shell completion.
@@ -119,17 +123,26 @@ func (cf *cacheFlags) complete(cmd *cobra.Command) {
 // wrap puts the cache in front of dev. Staging buffers for write-back and read misses come from
 // p (registered memory, so that iSER moves them without a copy). With --cache off dev is
 // returned unchanged.
-func (cf *cacheFlags) wrap(dev block.Device, p *pool.Pool, log *zap.Logger) (block.Device, error) {
+func (cf *cacheFlags) wrap(dev block.Device, rawTarget string, p *pool.Pool, log *zap.Logger) (block.Device, error) {
 	cfg, err := cf.Config()
 	if err != nil {
 		return nil, usagef("%v", err)
 	}
 	if cfg.Mode == cache.Off {
+		if cf.dev.path != "" {
+			return nil, usagef("--cache-dev needs --cache writeback (it is a write-back cache)")
+		}
 		return dev, nil
+	}
+	if dev, cfg, err = cf.dev.open(dev, cfg, rawTarget, log); err != nil {
+		return nil, err
 	}
 	cfg.IOPool = p
 	c, err := cache.New(dev, cfg, log)
 	if err != nil {
+		if cf.dev.path != "" {
+			_ = dev.(block.Abandoner).Abandon() // keeps the log; closes the target too
+		}
 		return nil, fmt.Errorf("cache: %w", err)
 	}
 	log.Info("cache", zap.String("mode", cf.Mode), zap.String("size", humanize.IBytes(uint64(cfg.Size))))

@@ -30,6 +30,16 @@ func CloseDevice(dev block.Device, log *zap.Logger, lm *lifecycle.Machine) int {
 	defer stop()
 	t0 := time.Now()
 	err := flushWithProgress(ctx, dev, log, lm)
+	if p := persister(dev); p != nil && err == nil {
+		if err = drainWithProgress(ctx, p, log, lm); err != nil {
+			// Nothing is lost: the log keeps it (Abandon leaves it on the cache device).
+			log.Error("WRITE-BACK OF THE CACHE DEVICE FAILED: the target lacks data that the cache device keeps; "+
+				"attach again with the same --cache-dev to write it back, and do not use the LUN without it meanwhile",
+				zap.String("left", humanize.IBytes(uint64(max(p.DirtyBytes(), 0)))), zap.Error(err))
+			closeAbandoned(dev)
+			return ExitFailure
+		}
+	}
 	switch {
 	case err == nil:
 		log.Info("device flushed", zap.Duration("took", time.Since(t0).Round(time.Millisecond)))
@@ -71,15 +81,26 @@ func abortOnSignal(log *zap.Logger) (ctx context.Context, stop func()) {
 // the rate it drains at when dev is a cache that can say, and reporting the same to lm (nil: no
 // one).
 func flushWithProgress(ctx context.Context, dev block.Device, log *zap.Logger, lm *lifecycle.Machine) error {
+	dr, _ := dev.(block.DirtyReporter)
+	return withProgress(ctx, dev.Flush, dr, "flushing dirty data to the target", log, lm)
+}
+
+// drainWithProgress writes everything a persistent write-back log holds back to the target
+// (block.Persister), with the same progress as a flush.
+func drainWithProgress(ctx context.Context, p block.Persister, log *zap.Logger, lm *lifecycle.Machine) error {
+	return withProgress(ctx, p.Drain, p, "writing the cache device's log back to the target", log, lm)
+}
+
+// withProgress runs op(ctx), reporting dr's progress (nil: none) as flushWithProgress does.
+func withProgress(ctx context.Context, op func(context.Context) error, dr block.DirtyReporter, what string, log *zap.Logger, lm *lifecycle.Machine) error {
 	done := make(chan error, 1)
-	go func() { done <- dev.Flush(ctx) }()
-	dr, ok := dev.(block.DirtyReporter)
-	if !ok {
+	go func() { done <- op(ctx) }()
+	if dr == nil {
 		return <-done
 	}
 	start := dr.DirtyBytes()
 	if start > 0 {
-		log.Info("flushing dirty data to the target", zap.String("dirty", humanize.IBytes(uint64(start))))
+		log.Info(what, zap.String("dirty", humanize.IBytes(uint64(start))))
 		if lm != nil {
 			lm.ReportFlush(lifecycle.FlushProgress{DirtyBytes: uint64(start)})
 		}
@@ -110,6 +131,22 @@ func flushWithProgress(ctx context.Context, dev block.Device, log *zap.Logger, l
 			last, lastT = left, now
 		}
 	}
+}
+
+// persister is the layer of dev's stack that keeps data on a cache device of its own
+// (block.Persister), or nil.
+func persister(dev block.Device) block.Persister {
+	for dev != nil {
+		if p, ok := dev.(block.Persister); ok {
+			return p
+		}
+		l, ok := dev.(block.Layered)
+		if !ok {
+			return nil
+		}
+		dev = l.Below()
+	}
+	return nil
 }
 
 // reportUnflushed says loudly that the final flush failed and how much acknowledged data is

@@ -93,8 +93,12 @@ func (g *Gateway) handOverDevice(ctx context.Context, kind handOverKind) (func()
 		zap.String("dirty_written_back", humanize.IBytes(uint64(written.dirtyBefore))),
 		zap.Int64("dirty_written_back_bytes", written.dirtyBefore),
 		zap.Uint64("write_back_sent_bytes", written.bytes))
-	// Everything is on the target; a failed close is only logged, as the state file says so
-	// and the successor logs in afresh.
+	// Everything is on the target, or durable in a cache device's log that the successor opens
+	// again (Keep: no write-back); a failed close is only logged, as the state file says so and
+	// the successor logs in afresh.
+	if p := persister(dev); p != nil {
+		p.Keep()
+	}
 	if err := dev.Close(); err != nil {
 		g.log.Warn("closing the device before handing it over", zap.Error(err))
 	}

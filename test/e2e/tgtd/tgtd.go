@@ -408,3 +408,19 @@ func randUint16() uint16 {
 	_, _ = rand.Read(b[:])
 	return uint16(b[0])<<8 | uint16(b[1])
 }
+
+// Pause stops tgtd with SIGSTOP: connections stay up and nothing is answered, as a hung target
+// or a partitioned network would; Resume (SIGCONT) lets it go on.
+func (tg *Target) Pause() error { return tg.signal(syscall.SIGSTOP) }
+
+// Resume continues tgtd after Pause.
+func (tg *Target) Resume() error { return tg.signal(syscall.SIGCONT) }
+
+func (tg *Target) signal(sig syscall.Signal) error {
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	if tg.proc == nil {
+		return fmt.Errorf("tgtd is not running")
+	}
+	return tg.proc.cmd.Process.Signal(sig)
+}
