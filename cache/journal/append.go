@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"context"
 	"fmt"
 	"sync"
 
@@ -12,6 +13,7 @@ type appendReq struct {
 	lba    uint64
 	blocks uint32
 	data   []byte // nil: an invalidation
+	part   int    // >= 0: data is part of unit lba at this offset, to merge with its contents; -1: whole units
 	err    error
 	done   chan struct{}
 }
@@ -23,8 +25,19 @@ var reqPool = sync.Pool{New: func() any { return &appendReq{done: make(chan stru
 // being written wait and go together into the next one: the first of them writes it (group
 // commit, one system call per batch).
 func (j *Journal) append(lba uint64, blocks uint32, data []byte) error {
+	return j.queue(lba, blocks, data, -1)
+}
+
+// appendMerge logs the bytes data at offset part of unit lba, merged with the unit's current
+// contents (from the log, else from the target). The batch writer does the merge, one such
+// append per batch, so that no other write to the unit comes between the read and the append.
+func (j *Journal) appendMerge(lba uint64, part int, data []byte) error {
+	return j.queue(lba, 1, data, part)
+}
+
+func (j *Journal) queue(lba uint64, blocks uint32, data []byte, part int) error {
 	r := reqPool.Get().(*appendReq)
-	r.lba, r.blocks, r.data, r.err = lba, blocks, data, nil
+	r.lba, r.blocks, r.data, r.part, r.err = lba, blocks, data, part, nil
 	j.amu.Lock()
 	j.pending = append(j.pending, r)
 	if j.writing {
@@ -62,16 +75,43 @@ func (j *Journal) writeLoop() {
 	j.amu.Unlock()
 }
 
-// batchLen is how many of reqs (at least one) fit one batch.
+// batchLen is how many of reqs (at least one) fit one batch. A merge goes alone.
 func batchLen(reqs []*appendReq) int {
+	if reqs[0].part >= 0 {
+		return 1
+	}
 	data := 0
 	for i, r := range reqs {
-		if i == MaxEntries || (i > 0 && data+len(r.data) > maxBatchData) {
+		if i == MaxEntries || r.part >= 0 || (i > 0 && data+len(r.data) > maxBatchData) {
 			return i
 		}
 		data += len(r.data)
 	}
 	return len(reqs)
+}
+
+// merged is the unit r names with r's bytes copied in, in the batch writer's buffer.
+func (j *Journal) merged(r *appendReq) ([]byte, error) {
+	buf := j.mergeBuf
+	j.rmu.RLock()
+	j.mu.Lock()
+	ru, ok := j.idx.get(r.lba)
+	j.mu.Unlock()
+	var err error
+	if ok {
+		_, err = j.m.ReadAt(buf, j.unitOff(ru))
+		j.rmu.RUnlock()
+		if err != nil {
+			return nil, &ioError{fmt.Errorf("journal: reading the cache device: %w", err)}
+		}
+	} else {
+		j.rmu.RUnlock()
+		if err = j.be.ReadAt(context.Background(), buf, int64(r.lba)*j.u); err != nil {
+			return nil, fmt.Errorf("journal: reading the rest of a block for a partial write: %w", err)
+		}
+	}
+	copy(buf[r.part:], r.data)
+	return buf, nil
 }
 
 // writeBatch writes one batch (with a wrap before it when it does not fit the rest of the ring),
@@ -83,9 +123,16 @@ func (j *Journal) writeBatch(reqs []*appendReq) error {
 	for _, r := range reqs {
 		e := Entry{LBA: r.lba, Blocks: r.blocks, Flags: entryInvalidate}
 		if r.data != nil {
-			e.Flags, e.CRC = entryData, checksum(r.data)
+			data := r.data
+			if r.part >= 0 {
+				var err error
+				if data, err = j.merged(r); err != nil {
+					return err
+				}
+			}
+			e.Flags, e.CRC = entryData, checksum(data)
 			h.DataUnits += r.blocks
-			j.iov = append(j.iov, r.data)
+			j.iov = append(j.iov, data)
 		}
 		h.Entries = append(h.Entries, e)
 	}

@@ -135,7 +135,7 @@ func (j *Journal) collect(start, end uint64) ([]blockRef, uint64, error) {
 	refs := j.refs[:0]
 	var h Header
 	pos := start
-	for pos < end && int64(pos-start)*j.bs < j.opt.RoundBytes {
+	for pos < end && int64(pos-start)*j.u < j.opt.RoundBytes {
 		phys := pos % j.n
 		if j.n-phys < j.hdrU {
 			pos += j.n - phys
@@ -196,9 +196,9 @@ func (j *Journal) seqAt(pos uint64) (uint64, error) {
 // writeBack writes refs (sorted by LBA) to the target in runs of adjacent blocks, Workers at a
 // time, and returns the bytes written.
 func (j *Journal) writeBack(ctx context.Context, refs []blockRef) (int64, error) {
-	maxRun := int(min(max(j.beLim.MaxTransfer, 0), 1<<20) / j.bs)
+	maxRun := int(min(max(j.beLim.MaxTransfer, 0), 1<<20) / j.u)
 	if maxRun == 0 {
-		maxRun = int((1 << 20) / j.bs)
+		maxRun = int((1 << 20) / j.u)
 	}
 	runs := make(chan []blockRef)
 	var (
@@ -209,7 +209,7 @@ func (j *Journal) writeBack(ctx context.Context, refs []blockRef) (int64, error)
 	)
 	for range min(j.opt.Workers, max(1, len(refs)/maxRun+1)) {
 		wg.Go(func() {
-			buf := make([]byte, maxRun*int(j.bs))
+			buf := make([]byte, maxRun*int(j.u))
 			for run := range runs {
 				n, err := j.writeRun(ctx, run, buf)
 				mu.Lock()
@@ -265,7 +265,7 @@ func (j *Journal) writeRun(ctx context.Context, run []blockRef, buf []byte) (int
 		if err != nil {
 			return written, err
 		}
-		written += int64(k) * j.bs
+		written += int64(k) * j.u
 		run = run[k:]
 	}
 	return written, nil
@@ -278,18 +278,18 @@ func (j *Journal) isNewest(r blockRef) bool {
 
 // writeRefs reads the data of refs (adjacent LBAs) from the log and writes it to the target.
 func (j *Journal) writeRefs(ctx context.Context, refs []blockRef, buf []byte) error {
-	buf = buf[:int64(len(refs))*j.bs]
+	buf = buf[:int64(len(refs))*j.u]
 	for i := 0; i < len(refs); {
 		k := i + 1
 		for k < len(refs) && refs[k].unit == refs[k-1].unit+1 {
 			k++
 		}
-		if _, err := j.m.ReadAt(buf[int64(i)*j.bs:int64(k)*j.bs], j.unitOff(refs[i].unit)); err != nil {
+		if _, err := j.m.ReadAt(buf[int64(i)*j.u:int64(k)*j.u], j.unitOff(refs[i].unit)); err != nil {
 			return j.fail(fmt.Errorf("reading the log for write-back: %w", err))
 		}
 		i = k
 	}
-	if err := j.be.WriteAt(ctx, buf, int64(refs[0].lba)*j.bs, 0); err != nil {
+	if err := j.be.WriteAt(ctx, buf, int64(refs[0].lba)*j.u, 0); err != nil {
 		return fmt.Errorf("journal: write-back: %w", err)
 	}
 	return nil

@@ -13,7 +13,8 @@ import (
 //
 //	offset 0          superblock copy A (SuperSize bytes)
 //	offset SuperSize  superblock copy B
-//	offset LogStart   the log: a ring of Unit-sized units, Unit = the LUN's logical block size
+//	offset LogStart   the log: a ring of units of Unit bytes (4 KiB; the LUN's block size when
+//	                  the LUN's size is not a multiple of 4 KiB)
 //
 // The log is a sequence of batches. A batch is one header (HeaderSize bytes, a whole number of
 // units) followed by the data units of its data entries, in entry order, and is written with one
@@ -54,7 +55,7 @@ type Identity struct {
 	URL       string // the target and LUN (credentials never included)
 	WWN       string // the LUN's world-wide name (VPD page 0x83) when the target reports one
 	Size      int64  // the LUN's size in bytes
-	BlockSize int    // the LUN's logical block size; the log's unit
+	BlockSize int    // the LUN's logical block size
 }
 
 // Super is one superblock copy.
@@ -62,6 +63,7 @@ type Super struct {
 	Seq       uint64   // bumped by every superblock write; the valid copy with the higher one wins
 	Instance  [16]byte // random at format: batches of another format never match
 	ID        Identity
+	Unit      int    // bytes of a ring unit: the granularity of the log and of its index
 	LogUnits  uint64 // units in the ring
 	TailPos   uint64 // checkpoint: the ring position (in units, never wrapping) of the oldest batch not yet written back
 	TailSeq   uint64 // and that batch's sequence number
@@ -83,6 +85,7 @@ func MarshalSuper(s *Super) ([]byte, error) {
 	le.PutUint64(b[16:], s.Seq)
 	copy(b[24:40], s.Instance[:])
 	le.PutUint32(b[40:], uint32(s.ID.BlockSize))
+	le.PutUint32(b[44:], uint32(s.Unit))
 	le.PutUint64(b[48:], uint64(s.ID.Size))
 	le.PutUint64(b[56:], LogStart)
 	le.PutUint64(b[64:], s.LogUnits)
@@ -137,15 +140,18 @@ func UnmarshalSuper(b []byte) (*Super, error) {
 	}
 	copy(s.Instance[:], b[24:40])
 	s.ID.BlockSize = int(le.Uint32(b[40:]))
+	s.Unit = int(le.Uint32(b[44:]))
 	s.ID.Size = int64(le.Uint64(b[48:]))
 	urlLen, wwnLen := int(le.Uint16(b[104:])), int(le.Uint16(b[106:]))
-	bs := s.ID.BlockSize
+	bs, u := s.ID.BlockSize, s.Unit
 	switch {
 	case bs < 512 || bs > HeaderSize || bs&(bs-1) != 0:
 		return nil, fmt.Errorf("%w: block size %d", ErrCorrupt, bs)
-	case s.ID.Size <= 0 || s.ID.Size%int64(bs) != 0:
+	case u < bs || u > HeaderSize || u&(u-1) != 0:
+		return nil, fmt.Errorf("%w: unit %d", ErrCorrupt, u)
+	case s.ID.Size <= 0 || s.ID.Size%int64(u) != 0:
 		return nil, fmt.Errorf("%w: LUN size %d", ErrCorrupt, s.ID.Size)
-	case s.LogUnits < 2*uint64(HeaderSize/bs) || s.LogUnits > 1<<40:
+	case s.LogUnits < 2*uint64(HeaderSize/u) || s.LogUnits > 1<<32-1:
 		return nil, fmt.Errorf("%w: log of %d units", ErrCorrupt, s.LogUnits)
 	case urlLen > maxURL || wwnLen > maxWWN:
 		return nil, fmt.Errorf("%w: identity lengths %d/%d", ErrCorrupt, urlLen, wwnLen)

@@ -8,7 +8,8 @@ import (
 )
 
 // WriteAt logs p and returns once it is in the log (durable at the next Flush, at once with
-// FUA). A write of Options.WriteAround bytes or more goes to the target instead (invalidate).
+// FUA). The whole units of a write of Options.WriteAround bytes or more go to the target instead
+// (writeAround); parts of units are merged with the unit's current contents (append.go).
 func (j *Journal) WriteAt(ctx context.Context, p []byte, off int64, flags block.WriteFlags) error {
 	if err := j.enter(); err != nil {
 		return err
@@ -20,24 +21,72 @@ func (j *Journal) WriteAt(ctx context.Context, p []byte, off int64, flags block.
 	if len(p) == 0 {
 		return nil
 	}
-	if (j.opt.WriteAround > 0 && int64(len(p)) >= j.opt.WriteAround) || len(p) > maxBatchData {
-		return j.writeAround(ctx, p, off, flags)
-	}
-	if err := j.append(uint64(off/j.bs), uint32(int64(len(p))/j.bs), p); err != nil {
+	err := j.edges(off, int64(len(p)), func(o, n int64) error {
+		return j.appendPart(o, p[o-off:o-off+n])
+	}, func(o, n int64) error {
+		return j.writeUnits(ctx, p[o-off:o-off+n], o, flags)
+	})
+	if err != nil {
 		return err
 	}
-	j.st.logged.Add(uint64(len(p)))
 	if flags&block.FUA != 0 {
 		return j.flush(ctx)
 	}
 	return nil
 }
 
-// writeAround sends a large write to the target, after making sure that no older copy of its
-// range in the log is served or written back over it, now or after a crash.
+// edges cuts [off, off+n) at unit boundaries: part runs for the bytes of a unit the range covers
+// only in part (at most one at each end), whole for the whole units between them.
+func (j *Journal) edges(off, n int64, part, whole func(o, n int64) error) error {
+	end := off + n
+	lo := min((off+j.u-1)/j.u*j.u, end)
+	hi := max(end/j.u*j.u, lo)
+	if lo > off {
+		if err := part(off, lo-off); err != nil {
+			return err
+		}
+	}
+	if hi > lo {
+		if err := whole(lo, hi-lo); err != nil {
+			return err
+		}
+	}
+	if end > hi {
+		return part(hi, end-hi)
+	}
+	return nil
+}
+
+// writeUnits writes whole units: around the log from Options.WriteAround bytes on, else into it
+// in appends of at most maxBatchData.
+func (j *Journal) writeUnits(ctx context.Context, p []byte, off int64, flags block.WriteFlags) error {
+	if j.opt.WriteAround > 0 && int64(len(p)) >= j.opt.WriteAround {
+		return j.writeAround(ctx, p, off, flags)
+	}
+	for len(p) > 0 {
+		c := min(len(p), maxBatchData)
+		if err := j.append(uint64(off/j.u), uint32(int64(c)/j.u), p[:c]); err != nil {
+			return err
+		}
+		j.st.logged.Add(uint64(c))
+		p, off = p[c:], off+int64(c)
+	}
+	return nil
+}
+
+// appendPart logs the bytes p at off, within one unit, merged with the unit's contents.
+func (j *Journal) appendPart(off int64, p []byte) error {
+	if err := j.appendMerge(uint64(off/j.u), int(off%j.u), p); err != nil {
+		return err
+	}
+	j.st.logged.Add(uint64(len(p)))
+	return nil
+}
+
+// writeAround sends whole units to the target, after making sure that no older copy of their
+// range in the log is served or written back over them, now or after a crash.
 func (j *Journal) writeAround(ctx context.Context, p []byte, off int64, flags block.WriteFlags) error {
-	lba, n := uint64(off/j.bs), uint64(int64(len(p))/j.bs)
-	if err := j.invalidate(ctx, lba, n); err != nil {
+	if err := j.invalidate(ctx, uint64(off/j.u), uint64(int64(len(p))/j.u)); err != nil {
 		return err
 	}
 	j.directs.Add(1)
@@ -124,7 +173,7 @@ func (j *Journal) Discard(ctx context.Context, off, length int64) error {
 	if !j.beLim.CanDiscard {
 		return fmt.Errorf("journal: discard: %w", block.ErrNotSupported)
 	}
-	return j.direct(ctx, off, length, func() error { return j.be.Discard(ctx, off, length) })
+	return j.direct(ctx, off, length, func(o, n int64) error { return j.be.Discard(ctx, o, n) })
 }
 
 // WriteZeroes passes the request to the target (invalidate).
@@ -132,10 +181,14 @@ func (j *Journal) WriteZeroes(ctx context.Context, off, length int64, flags bloc
 	if !j.beLim.CanWriteZeroes || (flags&block.FastOnly != 0 && !j.beLim.CanFastZero) {
 		return fmt.Errorf("journal: write zeroes: %w", block.ErrNotSupported)
 	}
-	return j.direct(ctx, off, length, func() error { return j.be.WriteZeroes(ctx, off, length, flags) })
+	return j.direct(ctx, off, length, func(o, n int64) error { return j.be.WriteZeroes(ctx, o, n, flags) })
 }
 
-func (j *Journal) direct(ctx context.Context, off, length int64, op func() error) error {
+// direct runs op on the whole units of [off, off+length) after invalidating them; the parts of
+// units at its ends are written with zeroes through the log instead (a discard that advertises
+// zeroes, and a write-zeroes, read back as zeroes; the log's newer data of the rest of such a
+// unit must stay).
+func (j *Journal) direct(ctx context.Context, off, length int64, op func(o, n int64) error) error {
 	if err := j.enter(); err != nil {
 		return err
 	}
@@ -146,14 +199,18 @@ func (j *Journal) direct(ctx context.Context, off, length int64, op func() error
 	if length == 0 {
 		return nil
 	}
-	if err := j.invalidate(ctx, uint64(off/j.bs), uint64(length/j.bs)); err != nil {
-		return err
-	}
-	j.directs.Add(1)
-	return op()
+	return j.edges(off, length, func(o, n int64) error {
+		return j.appendPart(o, j.zeroes[:n])
+	}, func(o, n int64) error {
+		if err := j.invalidate(ctx, uint64(o/j.u), uint64(n/j.u)); err != nil {
+			return err
+		}
+		j.directs.Add(1)
+		return op(o, n)
+	})
 }
 
-// ReadAt reads p: the blocks the log holds from the cache device, the others from the target.
+// ReadAt reads p: what the log holds from the cache device, the rest from the target.
 func (j *Journal) ReadAt(ctx context.Context, p []byte, off int64) error {
 	if err := j.enter(); err != nil {
 		return err
@@ -166,12 +223,12 @@ func (j *Journal) ReadAt(ctx context.Context, p []byte, off int64) error {
 	plan := segs[:0]
 	j.rmu.RLock()
 	j.mu.Lock()
-	plan = j.planRead(plan, uint64(off/j.bs), uint64(int64(len(p))/j.bs))
+	plan = j.planRead(plan, off, int64(len(p)))
 	j.mu.Unlock()
 	var err error
 	for _, s := range plan {
 		if s.inLog {
-			if _, err = j.m.ReadAt(p[s.i*j.bs:(s.i+s.n)*j.bs], j.unitOff(s.unit)); err != nil {
+			if _, err = j.m.ReadAt(p[s.at:s.at+s.n], s.logOff); err != nil {
 				break
 			}
 		}
@@ -182,7 +239,7 @@ func (j *Journal) ReadAt(ctx context.Context, p []byte, off int64) error {
 	}
 	for _, s := range plan {
 		if !s.inLog {
-			if err := j.be.ReadAt(ctx, p[s.i*j.bs:(s.i+s.n)*j.bs], off+s.i*j.bs); err != nil {
+			if err := j.be.ReadAt(ctx, p[s.at:s.at+s.n], off+s.at); err != nil {
 				return err
 			}
 		}
@@ -190,29 +247,34 @@ func (j *Journal) ReadAt(ctx context.Context, p []byte, off int64) error {
 	return nil
 }
 
-// segment is a run of a read's blocks: from ring unit unit on when inLog, else from the target.
+// segment is a run of a read's bytes p[at:at+n]: from the cache device at logOff when inLog,
+// else from the target.
 type segment struct {
-	i, n  int64 // first block of the read, count
-	unit  uint64
-	inLog bool
+	at, n  int64
+	logOff int64
+	inLog  bool
 }
 
-// planRead cuts the read of n blocks at lba into runs from the log and from the target. mu is
+// planRead cuts the read of n bytes at off into runs from the log and from the target. mu is
 // held.
-func (j *Journal) planRead(plan []segment, lba, n uint64) []segment {
+func (j *Journal) planRead(plan []segment, off, n int64) []segment {
 	if j.idx.live == 0 {
-		return append(plan, segment{n: int64(n)})
+		return append(plan, segment{n: n})
 	}
-	for i := range n {
-		u, ok := j.idx.get(lba + i)
-		if k := len(plan) - 1; k >= 0 {
-			last := &plan[k]
-			if last.inLog == ok && (!ok || last.unit+uint64(last.n) == u) {
-				last.n++
-				continue
-			}
+	for pos, end := off, off+n; pos < end; {
+		within := pos % j.u
+		take := min(j.u-within, end-pos)
+		ru, ok := j.idx.get(uint64(pos / j.u))
+		lo := int64(0)
+		if ok {
+			lo = j.unitOff(ru) + within
 		}
-		plan = append(plan, segment{i: int64(i), n: 1, unit: u, inLog: ok})
+		if k := len(plan) - 1; k >= 0 && plan[k].inLog == ok && (!ok || plan[k].logOff+plan[k].n == lo) {
+			plan[k].n += take
+		} else {
+			plan = append(plan, segment{at: pos - off, n: take, logOff: lo, inLog: ok})
+		}
+		pos += take
 	}
 	return plan
 }

@@ -55,9 +55,10 @@ type Journal struct {
 	opt   Options
 	lim   block.Limits // what the journal offers
 	beLim block.Limits // the target's
-	bs    int64
-	hdrU  uint64 // units of a batch header
-	n     uint64 // units in the ring
+	bs    int64        // the LUN's block size
+	u     int64        // bytes of a ring unit (unitFor)
+	hdrU  uint64       // units of a batch header
+	n     uint64       // units in the ring
 	inst  [16]byte
 
 	// rmu is held shared by readers of ring units from the lookup until their read completed,
@@ -81,10 +82,12 @@ type Journal struct {
 	spare   []*appendReq
 	writing bool
 	// The batch writer's (one at a time: the append that found writing unset).
-	hdr     Header
-	hdrBuf  []byte
-	wrapBuf []byte
-	iov     [][]byte
+	hdr      Header
+	hdrBuf   []byte
+	wrapBuf  []byte
+	mergeBuf []byte // a unit, for appendMerge
+	zeroes   []byte // a unit of zeroes (read-only)
+	iov      [][]byte
 
 	appended atomic.Uint64 // batches written
 	directs  atomic.Uint64 // operations sent to the target around the log

@@ -32,13 +32,62 @@ func openT(t *testing.T, m Media, be block.Device, opt Options) *Journal {
 	return j
 }
 
+// TestConformance runs blocktest on 4 KiB units (4 KiB blocks, and 512-byte blocks whose writes
+// of part of a unit are merged) and on 512-byte units (a LUN that does not end on 4 KiB).
 func TestConformance(t *testing.T) {
-	for _, bs := range []uint32{512, 4096} {
-		t.Run(map[uint32]string{512: "512", 4096: "4096"}[bs], func(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		bs   uint32
+		size int64
+	}{{"4096", 4096, 16 << 20}, {"512-merged", 512, 16 << 20}, {"512-units", 512, 16<<20 + 2048}} {
+		t.Run(c.name, func(t *testing.T) {
 			blocktest.Run(t, func(t *testing.T) block.Device {
-				return openT(t, newMemMedia(32<<20), fakedev.New(16<<20, targetLimits(bs)), Options{})
+				return openT(t, newMemMedia(32<<20), fakedev.New(c.size, targetLimits(c.bs)), Options{})
 			})
 		})
+	}
+}
+
+// Writes of 512-byte blocks that cover parts of 4 KiB units, interleaved with whole-unit writes,
+// discards and write-zeroes, read back as a byte model says, after kill -9 too, and reach the
+// target intact.
+func TestPartialUnits(t *testing.T) {
+	const size = 4 << 20
+	be := fakedev.New(size, targetLimits(512))
+	m := newMemMedia(32 << 20)
+	j := openT(t, m, be, Options{CleanAfter: 3 * time.Millisecond})
+	model := make([]byte, size)
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range 3000 {
+		n := int64(1+r.IntN(24)) * 512
+		off := int64(r.IntN(int(size-n)/512)) * 512
+		switch r.IntN(10) {
+		case 0:
+			if err := j.Discard(ctx, off, n); err != nil {
+				t.Fatal(err)
+			}
+			clear(model[off : off+n])
+		case 1:
+			if err := j.WriteZeroes(ctx, off, n, 0); err != nil {
+				t.Fatal(err)
+			}
+			clear(model[off : off+n])
+		default:
+			p := fill(int(n), byte(i))
+			if err := j.WriteAt(ctx, p, off, 0); err != nil {
+				t.Fatal(err)
+			}
+			copy(model[off:], p)
+		}
+	}
+	mustRead(t, j, 0, model)
+	j2 := openT(t, m.reopened(), be, Options{CleanAfter: time.Hour})
+	mustRead(t, j2, 0, model)
+	if err := j2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(be.Durable(0, size), model) {
+		t.Fatal("the target differs from the model after detach")
 	}
 }
 

@@ -33,10 +33,12 @@ func Open(m Media, be block.Device, id Identity, opt Options) (*Journal, error) 
 		return nil, fmt.Errorf("journal: the cache device holds %s; at least %s is needed",
 			humanize.IBytes(uint64(m.Size())), humanize.IBytes(MinSize))
 	}
-	j := &Journal{be: be, m: m, log: opt.Log, opt: opt, bs: bs, hdrU: uint64(HeaderSize / bs),
+	u := unitFor(be.Size(), bs)
+	j := &Journal{be: be, m: m, log: opt.Log, opt: opt, bs: bs, u: u, hdrU: uint64(HeaderSize / u),
 		kick: make(chan struct{}, 1), drain: make(chan struct{}, 1), stop: make(chan struct{}),
 		hdrBuf: make([]byte, HeaderSize), wrapBuf: make([]byte, HeaderSize), cleanHdr: make([]byte, HeaderSize)}
-	j.n = min(uint64(m.Size()-LogStart)/uint64(bs), 1<<32-1)
+	j.n = min(uint64(m.Size()-LogStart)/uint64(u), 1<<32-1)
+	j.mergeBuf, j.zeroes = make([]byte, u), make([]byte, u)
 	j.lim, j.beLim = be.Limits(), be.Limits()
 	j.lim.VolatileCache, j.lim.CanFlush, j.lim.CanFUA = true, true, true
 	if j.lim.ReadOnly {
@@ -50,6 +52,9 @@ func Open(m Media, be block.Device, id Identity, opt Options) (*Journal, error) 
 		if sup, err = j.format(id); err != nil {
 			return nil, err
 		}
+	}
+	if int64(sup.Unit) != j.u {
+		return nil, fmt.Errorf("%w: its log has units of %d bytes, this LUN needs %d", ErrForeign, sup.Unit, j.u)
 	}
 	j.super = *sup
 	j.inst = sup.Instance
@@ -65,14 +70,25 @@ func Open(m Media, be block.Device, id Identity, opt Options) (*Journal, error) 
 		return nil, err
 	}
 	j.log.Info("cache device ready",
-		zap.String("log", humanize.IBytes(j.n*uint64(bs))),
+		zap.String("log", humanize.IBytes(j.n*uint64(u))),
 		zap.String("index memory", humanize.IBytes(uint64(memoryFor(j.n)))),
 		zap.Int("batches recovered", batches),
-		zap.String("recovered", humanize.IBytes(uint64(j.idx.live)*uint64(bs))),
+		zap.String("recovered", humanize.IBytes(uint64(j.idx.live)*uint64(u))),
 		zap.Duration("scan", time.Since(start)))
 	j.wg.Add(1)
 	go j.cleaner()
 	return j, nil
+}
+
+// unitFor is the ring unit for a LUN of size bytes in blocks of bs: 4 KiB (an eighth of the
+// index a 512-byte unit would need; file systems write whole 4 KiB blocks), or bs when the LUN
+// does not end on a 4 KiB boundary. Writes of part of a unit are merged with its current
+// contents (append.go).
+func unitFor(size, bs int64) int64 {
+	if size%HeaderSize == 0 {
+		return HeaderSize
+	}
+	return bs
 }
 
 func (o Options) withDefaults() Options {
@@ -157,7 +173,7 @@ func sameLUN(had, id Identity) string {
 
 // format writes a new, empty cache.
 func (j *Journal) format(id Identity) (*Super, error) {
-	s := &Super{ID: id, LogUnits: j.n, TailSeq: 1, SeqFloor: 1, Formatted: time.Now().Unix()}
+	s := &Super{ID: id, Unit: int(j.u), LogUnits: j.n, TailSeq: 1, SeqFloor: 1, Formatted: time.Now().Unix()}
 	if _, err := rand.Read(s.Instance[:]); err != nil {
 		return nil, err
 	}
@@ -176,7 +192,7 @@ func (j *Journal) format(id Identity) (*Super, error) {
 		return nil, err
 	}
 	j.log.Info("formatted the cache device", zap.String("for", id.URL),
-		zap.String("log", humanize.IBytes(j.n*uint64(j.bs))))
+		zap.String("log", humanize.IBytes(j.n*uint64(j.u))))
 	return s, nil
 }
 
@@ -228,10 +244,10 @@ func OpenPath(path string, newSize int64, be block.Device, id Identity, opt Opti
 	return j, nil
 }
 
-// IndexMemory is the RAM the index of a cache device of size bytes takes for a LUN with blocks of
-// blockSize bytes (see index).
-func IndexMemory(size int64, blockSize int) int64 {
-	units := min(uint64(max(size-LogStart, 0))/uint64(blockSize), 1<<32-1)
+// IndexMemory is the RAM the index of a cache device of size bytes takes for a LUN of lunSize
+// bytes in blocks of blockSize (see index).
+func IndexMemory(size, lunSize int64, blockSize int) int64 {
+	units := min(uint64(max(size-LogStart, 0))/uint64(unitFor(lunSize, int64(blockSize))), 1<<32-1)
 	if units == 0 {
 		return 0
 	}

@@ -30,7 +30,7 @@ func (j *Journal) recover() (int, error) {
 		if phys+j.hdrU+uint64(h.DataUnits) > j.n {
 			break
 		}
-		size := int(h.DataUnits) * int(j.bs)
+		size := int(h.DataUnits) * int(j.u)
 		if cap(data) < size {
 			data = make([]byte, size)
 		}
@@ -67,7 +67,7 @@ func (j *Journal) dataIntact(h *Header, data []byte) bool {
 		if e.Flags != entryData {
 			continue
 		}
-		n := int(e.Blocks) * int(j.bs)
+		n := int(e.Blocks) * int(j.u)
 		if checksum(data[off:off+n]) != e.CRC {
 			return false
 		}
@@ -110,4 +110,4 @@ func (j *Journal) dropRange(lba, n uint64) {
 }
 
 // unitOff is the byte offset of ring unit u on the cache device.
-func (j *Journal) unitOff(u uint64) int64 { return LogStart + int64(u)*j.bs }
+func (j *Journal) unitOff(u uint64) int64 { return LogStart + int64(u)*j.u }

@@ -29,9 +29,9 @@ type Stats struct {
 func (j *Journal) Stats() Stats {
 	j.mu.Lock()
 	s := Stats{
-		Capacity:   j.n * uint64(j.bs),
-		LogBytes:   (j.head - j.tail) * uint64(j.bs),
-		DirtyBytes: uint64(j.idx.live) * uint64(j.bs),
+		Capacity:   j.n * uint64(j.u),
+		LogBytes:   (j.head - j.tail) * uint64(j.u),
+		DirtyBytes: uint64(j.idx.live) * uint64(j.u),
 	}
 	if j.failed != nil {
 		s.Failed = j.failed.Error()
