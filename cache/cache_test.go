@@ -1219,3 +1219,25 @@ func TestConcurrentCloseClosesOnce(t *testing.T) {
 		t.Errorf("backend closed %d times, want once", n)
 	}
 }
+
+// A cache size that is not a whole number of the page pool's slabs (--cache-size 1000000, or
+// the RAM left beside a cache device's index) starts: New used to wait forever for pages the
+// pool would never map.
+func TestOddSizeStarts(t *testing.T) {
+	done := make(chan error, 1)
+	go func() {
+		c, err := New(fakedev.New(1<<20, stdLimits(512)), Config{Size: 1000000}, nil)
+		if err == nil {
+			err = c.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("New with a 1000000-byte cache did not return within a minute")
+	}
+}

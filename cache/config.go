@@ -208,7 +208,8 @@ func resolve(cfg Config, bs int, backendMaxTransfer int64) (resolved, error) {
 	if err := r.resolveWriteBack(backendMaxTransfer); err != nil {
 		return r, err
 	}
-	r.nPages = int(r.Size / int64(r.PageSize))
+	// The page pool maps whole slabs: pages past the last whole one would never come.
+	r.nPages = int(pool.Usable(r.Size, r.PageSize) / int64(r.PageSize))
 	if r.nPages < 16 {
 		return r, fmt.Errorf("cache: --cache-size %s holds fewer than 16 pages", humanize.IBytes(uint64(r.Size)))
 	}

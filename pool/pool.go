@@ -135,6 +135,29 @@ type Pool struct {
 	hugeRegions                      atomic.Int32
 }
 
+// slabFor is the slab size of a pool bounded by maxBytes whose largest class is maxClass.
+func slabFor(maxBytes int64, maxClass int) int {
+	slab := maxClass
+	if slab < defaultSlabSize {
+		slab = (defaultSlabSize + maxClass - 1) / maxClass * maxClass
+	}
+	for int64(slab) > maxBytes && slab > maxClass {
+		slab -= maxClass
+	}
+	return slab
+}
+
+// Usable is how many bytes a pool with MaxBytes maxBytes and the one size class class can hand
+// out: maxBytes rounded down to whole slabs. A caller that takes all its buffers up front (the
+// cache's pages) sizes itself with it, or its last Get would wait forever.
+func Usable(maxBytes int64, class int) int64 {
+	if maxBytes < int64(class) {
+		return 0
+	}
+	slab := int64(slabFor(maxBytes, class))
+	return maxBytes / slab * slab
+}
+
 // New validates cfg and returns an empty pool; memory is mapped as Gets need it.
 func New(cfg Config) (*Pool, error) {
 	classes, maxClass, err := normalizeClasses(cfg)
@@ -144,13 +167,7 @@ func New(cfg Config) (*Pool, error) {
 	if cfg.MaxBytes < int64(maxClass) {
 		return nil, fmt.Errorf("pool: MaxBytes %d is smaller than the largest class %d", cfg.MaxBytes, maxClass)
 	}
-	slab := maxClass
-	if slab < defaultSlabSize {
-		slab = (defaultSlabSize + maxClass - 1) / maxClass * maxClass
-	}
-	for int64(slab) > cfg.MaxBytes && slab > maxClass {
-		slab -= maxClass
-	}
+	slab := slabFor(cfg.MaxBytes, maxClass)
 	totalSlabs64 := cfg.MaxBytes / int64(slab)
 	if totalSlabs64 > 1<<30 {
 		return nil, fmt.Errorf("pool: MaxBytes %d is too large", cfg.MaxBytes)

@@ -548,3 +548,24 @@ func TestTryGetNeverWaits(t *testing.T) {
 		t.Fatalf("mapped %d bytes, want exactly the 1 MiB bound", st.MappedBytes)
 	}
 }
+
+// A single-class pool hands out exactly Usable bytes: a caller that takes all its buffers up
+// front (the cache's pages) and sizes itself with Usable never waits for one that cannot come.
+func TestUsableIsWhatGetHandsOut(t *testing.T) {
+	for _, maxBytes := range []int64{1000000, 1 << 20, 1<<30 - 65552, 3 << 20} {
+		p, err := New(Config{MaxBytes: maxBytes, Classes: []int{4096}, MaxClass: 4096})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := Usable(maxBytes, 4096) / 4096
+		for i := int64(0); i < n; i++ {
+			if _, ok := p.TryGet(4096); !ok {
+				t.Fatalf("MaxBytes %d: buffer %d of the %d Usable promises was refused", maxBytes, i, n)
+			}
+		}
+		if _, ok := p.TryGet(4096); ok {
+			t.Fatalf("MaxBytes %d: more than Usable (%d buffers) handed out", maxBytes, n)
+		}
+		p.Close()
+	}
+}
