@@ -32,5 +32,10 @@ func (c *Cache) CacheStatus() status.Cache {
 		st.LastWriteBackError, st.LastWriteBackAt = s.LastWriteBackError, &at
 	}
 	st.SetHitRatio()
+	if d, ok := c.be.(interface{ CacheDeviceStatus() status.CacheDevice }); ok {
+		ds := d.CacheDeviceStatus()
+		st.Device = &ds
+		st.DirtyBytes += ds.DirtyBytes // what the target lacks, wherever it is held
+	}
 	return st
 }

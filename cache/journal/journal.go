@@ -32,6 +32,8 @@ type Options struct {
 	CleanAfter time.Duration
 	// Log receives the journal's messages; default none.
 	Log *zap.Logger
+	// Path names the cache device in status (OpenPath sets it).
+	Path string
 }
 
 // Defaults.

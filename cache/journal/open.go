@@ -236,6 +236,7 @@ func OpenPath(path string, newSize int64, be block.Device, id Identity, opt Opti
 	if err != nil {
 		return nil, err
 	}
+	opt.Path = path
 	j, err := Open(m, be, id, opt)
 	if err != nil {
 		m.Close()

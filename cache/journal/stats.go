@@ -1,6 +1,10 @@
 package journal
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/iser-blk/iser-blk/internal/status"
+)
 
 type stats struct {
 	batches, logged, around, flushes, syncs, waits atomic.Uint64
@@ -46,3 +50,12 @@ func (j *Journal) Stats() Stats {
 
 // DirtyBytes implements block.DirtyReporter: data the target does not have yet.
 func (j *Journal) DirtyBytes() int64 { return int64(j.Stats().DirtyBytes) }
+
+// CacheDeviceStatus is the cache device's part of `iser-blk status` and of the metrics (the RAM
+// cache above includes it in its own).
+func (j *Journal) CacheDeviceStatus() status.CacheDevice {
+	s := j.Stats()
+	return status.CacheDevice{Path: j.opt.Path, CapacityBytes: s.Capacity, LogBytes: s.LogBytes,
+		DirtyBytes: s.DirtyBytes, IndexMemoryBytes: s.IndexMemory, WrittenBackBytes: s.Cleaned,
+		WriteBackErrors: s.CleanErrors, Syncs: s.Syncs, Failed: s.Failed}
+}

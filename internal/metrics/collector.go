@@ -53,6 +53,12 @@ var (
 	cacheHits       = desc("cache_hits_total", "Reads answered from the cache.")
 	cacheMisses     = desc("cache_misses_total", "Reads that went to the target.")
 	writtenBack     = desc("cache_written_back_bytes_total", "Bytes written back from the cache to the target.")
+	devCapacity     = desc("cache_device_capacity_bytes", "Size of the --cache-dev log's ring.")
+	devLog          = desc("cache_device_log_bytes", "Bytes of the --cache-dev log not yet written back (data, superseded copies, headers).")
+	devDirty        = desc("cache_device_dirty_bytes", "Data on the --cache-dev log that the target does not have yet.")
+	devWrittenBack  = desc("cache_device_written_back_bytes_total", "Bytes written back from the --cache-dev log to the target.")
+	devErrors       = desc("cache_device_write_back_errors_total", "Write-back rounds of the --cache-dev log that failed (retried; the data stays).")
+	devFailed       = desc("cache_device_failed", "1 once the --cache-dev device failed a write or a sync: writes and flushes fail until restart.")
 	throttled       = desc("cache_throttled_seconds_total", "Time client writes waited for dirty space.")
 	writeBackErrors = desc("cache_write_back_errors_total", "Write-backs to the target that failed; their data stays dirty and the next flush fails.")
 	pathUp          = desc("path_up", "1 if the path to the portal carries I/O, else 0.", "portal", "transport")
@@ -154,6 +160,14 @@ func (e emitter) cache(c *status.Cache) {
 	e.counter(writtenBack, float64(c.WrittenBackBytes))
 	e.counter(throttled, c.ThrottledSeconds)
 	e.counter(writeBackErrors, float64(c.WriteBackErrors))
+	if d := c.Device; d != nil {
+		e.gauge(devCapacity, float64(d.CapacityBytes))
+		e.gauge(devLog, float64(d.LogBytes))
+		e.gauge(devDirty, float64(d.DirtyBytes))
+		e.counter(devWrittenBack, float64(d.WrittenBackBytes))
+		e.counter(devErrors, float64(d.WriteBackErrors))
+		e.gauge(devFailed, oneIf(d.Failed != ""))
+	}
 }
 
 func (e emitter) path(p status.Path) {

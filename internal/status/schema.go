@@ -139,6 +139,22 @@ type Cache struct {
 	WriteBackErrors    uint64     `json:"write_back_errors"` // write-backs that failed (each kept its data dirty)
 	LastWriteBackError string     `json:"last_write_back_error,omitempty"`
 	LastWriteBackAt    *time.Time `json:"last_write_back_error_at,omitempty"`
+	// Device is the persistent write-back log under the RAM cache (--cache-dev), when there is
+	// one: the RAM cache then writes through to it, and it holds the dirty data.
+	Device *CacheDevice `json:"device,omitempty"`
+}
+
+// CacheDevice is the state of a --cache-dev log (cache/journal).
+type CacheDevice struct {
+	Path             string `json:"path"`
+	CapacityBytes    uint64 `json:"capacity_bytes"`     // the log's ring
+	LogBytes         uint64 `json:"log_bytes"`          // ring in use: not yet written back, with superseded copies and headers
+	DirtyBytes       uint64 `json:"dirty_bytes"`        // data the target does not have yet
+	IndexMemoryBytes uint64 `json:"index_memory_bytes"` // RAM the log's index takes
+	WrittenBackBytes uint64 `json:"written_back_bytes"` // since the gateway started
+	WriteBackErrors  uint64 `json:"write_back_errors"`  // write-back rounds that failed (retried; the data stays)
+	Syncs            uint64 `json:"syncs"`              // fdatasyncs of the cache device (FLUSH, FUA)
+	Failed           string `json:"failed,omitempty"`   // why the cache device failed: writes and flushes fail
 }
 
 // SetHitRatio fills HitRatio from Hits and Misses; a provider calls it so that every reader

@@ -64,6 +64,14 @@ func writeCache(w io.Writer, c *Cache) {
 	if c.LastWriteBackError != "" {
 		fmt.Fprintf(w, "cache error\t%s\n", c.LastWriteBackError)
 	}
+	if d := c.Device; d != nil {
+		fmt.Fprintf(w, "cache device\t%s: %s of %s log used, %s dirty, %s written back, index %s\n",
+			d.Path, humanize.IBytes(d.LogBytes), humanize.IBytes(d.CapacityBytes), humanize.IBytes(d.DirtyBytes),
+			humanize.IBytes(d.WrittenBackBytes), humanize.IBytes(d.IndexMemoryBytes))
+		if d.Failed != "" {
+			fmt.Fprintf(w, "cache device error\t%s\n", d.Failed)
+		}
+	}
 }
 
 func writePath(w io.Writer, p Path) {

@@ -6,6 +6,7 @@
 package cachedev_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -85,13 +86,15 @@ func TestE2ECacheDevSurvivesKill9(t *testing.T) {
 	}
 	t.Logf("writes and FLUSH with the target frozen took %v", flushed)
 
-	s2 := gateway.Start(t, target, args...)
+	runDir := t.TempDir()
+	s2 := gateway.Start(t, target, append(args, "--name", "cd", "--run-dir", runDir)...)
 	rec := s2.WaitLog(t, "cache device ready", 1, 10*time.Second)
 	if strings.Contains(rec[0], `"batches recovered": 0`) {
 		t.Fatalf("nothing recovered from the log: %s", rec[0])
 	}
 	t.Logf("restarted: %s", rec[0])
 	qemuIO(t, s2.URI, verifyCmds()...)
+	checkStatus(t, runDir, dev)
 	s2.Stop(t) // SIGTERM: the final write-back of the log (a stop drains)
 
 	s3 := gateway.Start(t, target, "--cache", "off")
@@ -103,6 +106,32 @@ func TestE2ECacheDevSurvivesKill9(t *testing.T) {
 		t.Fatalf("the log was not empty after the stop's write-back: %s", ready[0])
 	}
 	s4.Stop(t)
+}
+
+// checkStatus: `iser-blk status --json` shows the cache device, its ring and index.
+func checkStatus(t *testing.T, runDir, dev string) {
+	t.Helper()
+	out, err := exec.Command(gateway.Binary(t), "status", "cd", "--json", "--run-dir", runDir).Output()
+	if err != nil {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+	var st struct {
+		Cache struct {
+			Mode   string `json:"mode"`
+			Device *struct {
+				Path          string `json:"path"`
+				CapacityBytes uint64 `json:"capacity_bytes"`
+				IndexMemory   uint64 `json:"index_memory_bytes"`
+			} `json:"device"`
+		} `json:"cache"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, out)
+	}
+	d := st.Cache.Device
+	if d == nil || d.Path != dev || d.CapacityBytes != 32<<20-8192 || d.IndexMemory == 0 {
+		t.Fatalf("status shows no (or a wrong) cache device: %s", out)
+	}
 }
 
 // TestE2ECacheDevRefusesAnotherLUN: a cache device is never used for a LUN other than the one
