@@ -154,7 +154,7 @@ func runAttach(ctx context.Context, tf *targetFlags, ef *exportFlags, af *attach
 	defer p.Close()
 	at.Opened(dev)
 	code := exitOK
-	if tk, err := prepareTakeover(sf, af.kind(), ef.target, ef.cache.Mode, dev, log); err != nil {
+	if tk, err := prepareTakeover(sf, af.kind(), ef.target, &ef.cache, dev, log); err != nil {
 		code = failTakeover(err)
 	} else {
 		at.TakeOver(tk)

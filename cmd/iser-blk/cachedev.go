@@ -5,6 +5,7 @@ package main
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 
 	"github.com/dustin/go-humanize"
@@ -30,6 +31,18 @@ func (f *cacheDevFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.size, "cache-dev-size", "4GiB", "the size of a --cache-dev file that does not exist yet or is empty")
 	fs.BoolVar(&f.format, "cache-dev-format", false, "format a --cache-dev that holds another LUN's cache or other data\n"+
 		"(what it held is lost)")
+}
+
+// absPath is --cache-dev as an absolute path ("" without one): what a state file records.
+func (f *cacheDevFlags) absPath() (string, error) {
+	if f.path == "" {
+		return "", nil
+	}
+	p, err := filepath.Abs(f.path)
+	if err != nil {
+		return "", usagef("--cache-dev %q: %v", f.path, err)
+	}
+	return p, nil
 }
 
 // open puts the journal of --cache-dev in front of target and returns it with the RAM cache's

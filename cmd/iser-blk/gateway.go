@@ -65,13 +65,20 @@ func identity(name string, kind modes.Frontend, path string, ef *exportFlags) st
 
 // prepareTakeover reads attach --name's state file (nil without --name: no state file). A
 // corrupt, foreign or other-kind state stops the attach (exit 7).
-func prepareTakeover(sf *serviceFlags, kind modes.Frontend, target, cacheMode string, dev block.Device, log *zap.Logger) (*takeover.Takeover, error) {
+func prepareTakeover(sf *serviceFlags, kind modes.Frontend, target string, cf *cacheFlags, dev block.Device, log *zap.Logger) (*takeover.Takeover, error) {
 	if sf.name == "" {
 		return nil, nil
 	}
-	mode, err := modes.ParseCache(cacheMode) // "wb", "none", ...: the state file spells it one way
+	mode, err := modes.ParseCache(cf.Mode) // "wb", "none", ...: the state file spells it one way
 	if err != nil {
 		return nil, usagef("%v", err)
+	}
+	cacheDev, err := cf.dev.absPath()
+	if err != nil {
+		return nil, err
+	}
+	if cacheDev != "" {
+		mode = modes.WriteThrough // every acknowledged write is in the log: a crash loses none
 	}
 	if err := control.ValidateName(sf.name); err != nil {
 		return nil, usagef("--name: %v", err)
@@ -84,7 +91,7 @@ func prepareTakeover(sf *serviceFlags, kind modes.Frontend, target, cacheMode st
 	// 0x83 name (Identity.DeviceID) is left empty: tgtd derives it from the target id and LUN
 	// number, so it would refuse a legitimate successor when targets come back in another order
 	// and still not tell two LUNs behind one IQN and number apart.
-	return takeover.Prepare(takeover.Options{Dir: dir, Name: sf.name, Kind: kind, CacheMode: mode, Log: log,
+	return takeover.Prepare(takeover.Options{Dir: dir, Name: sf.name, Kind: kind, CacheMode: mode, CacheDev: cacheDev, Log: log,
 		LUN: statefile.Identity{Target: iser.RedactURL(target), Size: dev.Size(), BlockSize: dev.BlockSize()}})
 }
 

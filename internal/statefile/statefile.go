@@ -43,8 +43,11 @@ type State struct {
 	LUN       Identity       `json:"lun"`
 	CacheMode modes.Cache    `json:"cache_mode"`
 	Dirty     bool           `json:"dirty"` // the write-back cache may hold acknowledged writes
-	PID       int            `json:"pid"`   // the gateway that wrote the file
-	Updated   time.Time      `json:"updated"`
+	// CacheDev is the cache device (--cache-dev, an absolute path) whose log holds this device's
+	// written data until it is written back: a successor must use the same one.
+	CacheDev string    `json:"cache_dev,omitempty"`
+	PID      int       `json:"pid"` // the gateway that wrote the file
+	Updated  time.Time `json:"updated"`
 }
 
 // Path is NAME's state file in dir.

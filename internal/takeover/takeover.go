@@ -45,7 +45,11 @@ type Options struct {
 	// LUN is the identity a predecessor's state must match (credentials already redacted).
 	LUN       statefile.Identity
 	CacheMode modes.Cache
-	Log       *zap.Logger
+	// CacheDev is the gateway's --cache-dev (absolute), "" for none. A write-back log there keeps
+	// every acknowledged write across a crash of the process, so such a gateway runs with
+	// CacheMode write-through here: its death never fences.
+	CacheDev string
+	Log      *zap.Logger
 }
 
 // Takeover is what one gateway knows about its predecessor and records for its successor.
@@ -54,6 +58,7 @@ type Takeover struct {
 	name      string
 	lun       statefile.Identity
 	cacheMode modes.Cache
+	cacheDev  string
 	log       *zap.Logger
 
 	mu        sync.Mutex // guards everything below
@@ -73,7 +78,7 @@ func Prepare(opts Options) (*Takeover, error) {
 		opts.Log = zap.NewNop()
 	}
 	path := statefile.Path(opts.Dir, opts.Name)
-	t := &Takeover{path: path, name: opts.Name, cacheMode: opts.CacheMode, lun: opts.LUN,
+	t := &Takeover{path: path, name: opts.Name, cacheMode: opts.CacheMode, cacheDev: opts.CacheDev, lun: opts.LUN,
 		log: opts.Log.With(zap.String("state_file", path))}
 	prev, err := statefile.Read(path)
 	switch {
@@ -86,6 +91,11 @@ func Prepare(opts Options) (*Takeover, error) {
 	}
 	if err := prev.CheckIdentity(opts.LUN); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNoResume, err)
+	}
+	if prev.CacheDev != "" && prev.CacheDev != opts.CacheDev {
+		// Served without that log, the device would show the target's older data.
+		return nil, fmt.Errorf("%w: the device's data is partly in the cache device %s (not yet written back); attach with --cache-dev %s",
+			ErrNoResume, prev.CacheDev, prev.CacheDev)
 	}
 	t.prev = &prev
 	return t, nil
@@ -176,6 +186,7 @@ func (t *Takeover) Record(kind modes.Frontend, devID int) error {
 func (t *Takeover) stateLocked(kind modes.Frontend, devID int) statefile.State {
 	st := statefile.Fresh(t.name, kind, devID, t.lun, t.cacheMode, os.Getpid())
 	st.Dirty = t.dirty || (t.prev != nil && t.prev.Dirty)
+	st.CacheDev = t.cacheDev
 	return st
 }
 

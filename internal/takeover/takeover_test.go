@@ -207,3 +207,46 @@ func TestRecordFlushed(t *testing.T) {
 		}
 	})
 }
+
+// A device whose gateway kept written data in a cache device's log (--cache-dev) is resumed only
+// by a gateway with the same cache device: without it, the target's older data would show. It
+// is never fenced for a crash (the log keeps every acknowledged write), and a successor may add a
+// cache device to a device that had none.
+func TestCacheDevMustFollow(t *testing.T) {
+	dir := t.TempDir()
+	dev := memDevice(t, 1<<20)
+	opts := func(cacheDev string) Options {
+		return Options{Dir: dir, Name: "cd", Kind: modes.Ublk, CacheMode: modes.WriteThrough, CacheDev: cacheDev,
+			LUN: statefile.Identity{Target: testTarget, Size: dev.Size(), BlockSize: dev.BlockSize()}}
+	}
+	tk, err := Prepare(opts("/var/lib/iser-blk/cd.cache"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.Serving(dev)
+	if err := tk.Record(modes.Ublk, 3); err != nil {
+		t.Fatal(err)
+	}
+	if st := readState(t, tk); st.CacheDev != "/var/lib/iser-blk/cd.cache" || st.Dirty {
+		t.Fatalf("state: %+v", st)
+	}
+	for _, other := range []string{"", "/elsewhere.cache"} {
+		if _, err := Prepare(opts(other)); !errors.Is(err, ErrNoResume) || !strings.Contains(err.Error(), "--cache-dev /var/lib/iser-blk/cd.cache") {
+			t.Errorf("successor with cache device %q: %v", other, err)
+		}
+	}
+	same, err := Prepare(opts("/var/lib/iser-blk/cd.cache"))
+	if err != nil || same.FenceReason() != "" {
+		t.Fatalf("successor with the same cache device: %v, fenced %q", err, same.FenceReason())
+	}
+	if err := os.Remove(tk.Path()); err != nil {
+		t.Fatal(err)
+	}
+	plain := mustPrepare(t, dir, "cd", modes.Ublk, modes.WriteThrough, dev)
+	if err := plain.Record(modes.Ublk, 3); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Prepare(opts("/var/lib/iser-blk/cd.cache")); err != nil {
+		t.Fatalf("adding a cache device: %v", err)
+	}
+}
