@@ -28,7 +28,8 @@ type Options struct {
 	// checkpoint; default 64 MiB.
 	RoundBytes int64
 	// CleanAfter is how long data stays in the log before write-back starts without another
-	// reason (the log a quarter full, a detach); default 1 s.
+	// reason (the log a quarter full, a detach); default 10 s, the RAM cache's age limit: rewrites
+	// of hot blocks in between are written back once.
 	CleanAfter time.Duration
 	// Log receives the journal's messages; default none.
 	Log *zap.Logger
@@ -41,7 +42,7 @@ const (
 	DefaultWriteAround = 256 << 10
 	DefaultWorkers     = 8
 	DefaultRoundBytes  = 64 << 20
-	DefaultCleanAfter  = time.Second
+	DefaultCleanAfter  = 10 * time.Second
 	// MinSize is the smallest cache device: a ring that holds a few rounds of small writes.
 	MinSize = 16 << 20
 	// maxBatchData bounds the data of one batch (one write system call).

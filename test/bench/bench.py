@@ -315,6 +315,8 @@ def fio(uri, job, args, runtime, size, work, preexec=None):
     pct = side["clat_ns"].get("percentile", {})
     res["p50_us"] = pct.get("50.000000", 0) / 1000
     res["p99_us"] = pct.get("99.000000", 0) / 1000
+    sync = j.get("sync", {}).get("lat_ns", {}).get("percentile", {})  # fsync=N jobs: the FLUSHes
+    res["sync_p50_us"] = sync.get("50.000000", 0) / 1000
     return res
 
 

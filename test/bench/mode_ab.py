@@ -26,7 +26,9 @@ import bench  # noqa: E402  (beside this file)
 
 JOBS = {"seqread-1m-qd8": dict(rw="read", bs="1m", iodepth=8, numjobs=1),
         "seqwrite-1m-qd8": dict(rw="write", bs="1m", iodepth=8, numjobs=1),
-        "randread-4k-qd1-cold": dict(rw="randread", bs="4k", iodepth=1, numjobs=1)}
+        "randread-4k-qd1-cold": dict(rw="randread", bs="4k", iodepth=1, numjobs=1),
+        # issue 39: a commit, a 4 KiB write followed by a FLUSH (fio's fsync=1 on the nbd engine)
+        "write-4k-qd1-fsync": dict(rw="randwrite", bs="4k", iodepth=1, numjobs=1, fsync=1)}
 LUN_MB, REGION_MB, WORKING_SET = 4096, 128, "512m"
 
 
@@ -76,6 +78,8 @@ def run(systems, jobs, pairs, runtime):
                     m.update(system=s, job=job, pair=pair, load1=load,
                              gw_cpu_us_per_io=(c1 - c0) / 1e3 / max(m["ios"], 1))
                     m["gw_cpu_us_per_mib"] = m["gw_cpu_us_per_io"] * (1 if "1m" in job else 256)
+                    if "fsync" in args:  # one write and one FLUSH per I/O: the commit's whole cost
+                        m["commit_us"] = 1e6 / max(m["iops"], 1e-9)
                     rows.append(m)
                     bench.log(f"{job} pair {pair} {s:12s} {m['bw_mib']:7.1f} MiB/s p50 {m['p50_us']:8.1f} µs "
                               f"CPU {m['gw_cpu_us_per_io']:7.1f} µs/IO load {load:.1f} errors {m['errors']}")
@@ -92,7 +96,7 @@ def summary(d):
     names, ref = list(d["systems"]), list(d["systems"])[-1]
     out = []
     for job in d["jobs"]:
-        key = "p50_us" if "qd1" in job else "bw_mib"
+        key = "commit_us" if "fsync" in job else "p50_us" if "qd1" in job else "bw_mib"
         by = {}
         for r in d["rows"]:
             if r["job"] == job:
