@@ -252,3 +252,16 @@ func TestRefusesForeign(t *testing.T) {
 		t.Fatal("a device below MinSize was accepted")
 	}
 }
+
+// The index of a 64 GiB cache device takes 256 MiB (4 MiB per GiB: docs/cache-dev.md), for
+// 512-byte and 4 KiB LUNs alike: it fits the default --cache-size of 1 GiB.
+func TestIndexMemory(t *testing.T) {
+	for _, bs := range []int{512, 4096} {
+		if got := IndexMemory(64<<30+LogStart, 1<<40, bs); got != 256<<20 {
+			t.Errorf("%d-byte blocks: %d bytes, want 256 MiB", bs, got)
+		}
+	}
+	if got := IndexMemory(64<<30+LogStart, 1<<40+512, 512); got != 8*256<<20 {
+		t.Errorf("512-byte units: %d bytes, want 2 GiB", got)
+	}
+}
