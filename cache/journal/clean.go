@@ -97,7 +97,7 @@ func (j *Journal) cleanRound(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	seq, err := j.seqAt(stop)
+	stop, seq, err := j.checkpointAt(stop)
 	if err != nil {
 		return err
 	}
@@ -175,22 +175,28 @@ func (j *Journal) collect(start, end uint64) ([]blockRef, uint64, error) {
 	return refs, pos, nil
 }
 
-// seqAt is the sequence number of the batch at ring position pos (complete, or the next one).
-func (j *Journal) seqAt(pos uint64) (uint64, error) {
+// checkpointAt is the checkpoint for a round that ends at ring position pos: the position of the
+// next batch (past a stub at the end of the ring that the writer has skipped meanwhile) and its
+// sequence number, read from its header, or the next one to be assigned when it is not written
+// yet.
+func (j *Journal) checkpointAt(pos uint64) (uint64, uint64, error) {
 	j.mu.Lock()
+	if pos < j.head && j.n-pos%j.n < j.hdrU {
+		pos += j.n - pos%j.n
+	}
 	if pos == j.head {
 		defer j.mu.Unlock()
-		return j.seq, nil
+		return pos, j.seq, nil
 	}
 	j.mu.Unlock()
 	var h Header
 	if _, err := j.m.ReadAt(j.cleanHdr, j.unitOff(pos%j.n)); err != nil {
-		return 0, j.fail(err)
+		return 0, 0, j.fail(err)
 	}
 	if err := UnmarshalHeader(j.cleanHdr, &h); err != nil {
-		return 0, j.fail(fmt.Errorf("the log at unit %d changed under the journal: %w", pos%j.n, err))
+		return 0, 0, j.fail(fmt.Errorf("the log at unit %d changed under the journal: %w", pos%j.n, err))
 	}
-	return h.Seq, nil
+	return pos, h.Seq, nil
 }
 
 // writeBack writes refs (sorted by LBA) to the target in runs of adjacent blocks, Workers at a

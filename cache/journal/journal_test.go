@@ -147,16 +147,27 @@ func TestKillKeepsWrites(t *testing.T) {
 	}
 }
 
-// The write-back cleans the log in the background and the ring is reused many times over.
+// The write-back cleans the log in the background and the ring is reused many times over, with
+// 4 KiB units and with 512-byte units (whose ring ends in stubs too short for a header).
 func TestRingWraps(t *testing.T) {
-	be := fakedev.New(8<<20, targetLimits(4096))
-	m := newMemMedia(16<<20 + LogStart)
+	for _, c := range []struct {
+		name string
+		bs   uint32
+		size int64
+	}{{"4096", 4096, 8 << 20}, {"512-units", 512, 8<<20 + 2048}} {
+		t.Run(c.name, func(t *testing.T) { testRingWraps(t, c.bs, c.size) })
+	}
+}
+
+func testRingWraps(t *testing.T, bs uint32, size int64) {
+	be := fakedev.New(size, targetLimits(bs))
+	m := newMemMedia(16<<20 + LogStart + 1536) // 1536: the 512-byte ring does not end on a header
 	j := openT(t, m, be, Options{CleanAfter: 5 * time.Millisecond})
-	model := make([]byte, 8<<20)
+	model := make([]byte, size)
 	r := rand.New(rand.NewPCG(1, 2))
 	for i := range 20000 {
 		n := (1 + r.IntN(16)) * 4096
-		off := int64(r.IntN(8<<20-n)) &^ 4095
+		off := int64(r.IntN(int(size)-n)) / int64(bs) * int64(bs)
 		p := fill(n, byte(i))
 		if err := j.WriteAt(ctx, p, off, 0); err != nil {
 			t.Fatal(err)
@@ -177,7 +188,7 @@ func TestRingWraps(t *testing.T) {
 	if err := j2.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(be.Durable(0, 8<<20), model) {
+	if !bytes.Equal(be.Durable(0, size), model) {
 		t.Fatal("the target differs from the model after detach")
 	}
 }

@@ -10,7 +10,7 @@ func (j *Journal) recover() (int, error) {
 	hdr := make([]byte, HeaderSize)
 	var data []byte
 	var h Header
-	pos, prev, batches := j.tail, j.tailSeq-1, 0
+	pos, prev, batches, first := j.tail, j.tailSeq-1, 0, true
 	for pos-j.tail < j.n {
 		phys := pos % j.n
 		if j.n-phys < j.hdrU { // no room for a header: the writer went on at the start
@@ -20,9 +20,10 @@ func (j *Journal) recover() (int, error) {
 		if _, err := j.m.ReadAt(hdr, j.unitOff(phys)); err != nil {
 			return 0, err
 		}
-		if !j.continues(hdr, &h, pos == j.tail, prev) {
+		if !j.continues(hdr, &h, first, prev) {
 			break
 		}
+		first = false
 		if h.Kind == kindWrap {
 			pos, prev = pos+j.n-phys, h.Seq
 			continue
