@@ -276,3 +276,34 @@ func TestIndexMemory(t *testing.T) {
 		t.Errorf("512-byte units: %d bytes, want 2 GiB", got)
 	}
 }
+
+// Keep (a planned restart) makes Close leave the log as it is: nothing is written back, and the
+// successor recovers all of it; without Keep, Close writes everything back first.
+func TestKeepLeavesTheLog(t *testing.T) {
+	be := fakedev.New(8<<20, targetLimits(4096))
+	m := newMemMedia(32 << 20)
+	j := openT(t, m, be, Options{CleanAfter: time.Hour})
+	p := fill(64<<10, 7)
+	if err := j.WriteAt(ctx, p, 1<<20, 0); err != nil {
+		t.Fatal(err)
+	}
+	j.Keep()
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(be.Current(1<<20, 64<<10), p) {
+		t.Fatal("Close after Keep wrote the log back")
+	}
+	be.Reopen() // the successor logs in again
+	j2 := openT(t, m.reopened(), be, Options{CleanAfter: time.Hour})
+	if s := j2.Stats(); s.DirtyBytes != 64<<10 {
+		t.Fatalf("the successor recovered %d bytes, want %d", s.DirtyBytes, 64<<10)
+	}
+	mustRead(t, j2, 1<<20, p)
+	if err := j2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(be.Durable(1<<20, 64<<10), p) {
+		t.Fatal("Close without Keep did not write the log back")
+	}
+}
