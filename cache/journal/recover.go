@@ -20,7 +20,7 @@ func (j *Journal) recover() (int, error) {
 		if _, err := j.m.ReadAt(hdr, j.unitOff(phys)); err != nil {
 			return 0, err
 		}
-		if !j.continues(hdr, &h, pos == j.tail, prev) {
+		if !j.continues(hdr, &h, pos == j.tail, prev) || !j.withinLUN(&h) {
 			break
 		}
 		if h.Kind == kindWrap {
@@ -58,6 +58,18 @@ func (j *Journal) continues(hdr []byte, h *Header, first bool, prev uint64) bool
 		return h.Seq == j.tailSeq
 	}
 	return h.PrevSeq == prev && h.Seq > prev
+}
+
+// withinLUN reports whether every entry of h lies on the LUN. One that does not can only come
+// from a corrupt batch whose checksums hold; replaying it would make write-back fail for ever.
+func (j *Journal) withinLUN(h *Header) bool {
+	blocks := uint64(j.be.Size() / j.bs)
+	for _, e := range h.Entries {
+		if e.LBA >= blocks || uint64(e.Blocks) > blocks-e.LBA {
+			return false
+		}
+	}
+	return true
 }
 
 // dataIntact checks every data entry's checksum.
