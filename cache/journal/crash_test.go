@@ -652,8 +652,8 @@ func TestCrashConsistency(t *testing.T) {
 	}
 	for i := range configs {
 		configs[i].stride = 1
-		if raceEnabled { // a sample: a third of the sync marks, a sixth of the random points
-			configs[i].stride, configs[i].random = 3, configs[i].random/6
+		if raceEnabled { // a sample: a quarter of the sync marks, an eighth of the random points
+			configs[i].stride, configs[i].random = 4, configs[i].random/8
 		}
 	}
 	if testing.Short() {
