@@ -110,6 +110,12 @@ func (j *Journal) cleanRound(ctx context.Context) error {
 			return fmt.Errorf("journal: flushing the target after write-back: %w", err)
 		}
 	}
+	// The round skipped blocks that a newer batch (or an invalidation) superseded, and that
+	// batch may still be only in the page cache: it must be durable before the checkpoint that
+	// drops the older copy can be, since the device may persist the superblock write first.
+	if err := j.m.Sync(); err != nil {
+		return j.fail(err)
+	}
 	s := j.super
 	s.TailPos, s.TailSeq, s.Cleaned = stop, seq, s.Cleaned+uint64(written)
 	if err := j.writeSuper(&s); err != nil {

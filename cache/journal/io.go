@@ -1,8 +1,10 @@
 package journal
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/iser-blk/iser-blk/block"
 )
@@ -108,19 +110,29 @@ func (j *Journal) beFUA(flags block.WriteFlags) block.WriteFlags {
 }
 
 // invalidate prepares [lba, lba+n) for an operation that goes to the target around the log. When
-// the log holds data of the range, an invalidation entry is logged first (so that recovery never
-// replays that older data over the operation) and the index drops it (so that reads go to the
-// target). Then it waits for write-backs of the range in flight, which carry older data.
+// the log holds data of the range, that data is first written back to the target and the target
+// flushed, then an invalidation entry is logged (so that recovery never replays that older data
+// over the operation) and the index drops it (so that reads go to the target). Then it waits for
+// write-backs of the range in flight, which carry older data.
+//
+// The write-back comes first because the invalidation can become durable on the cache device (at
+// any sync: a Flush, a checkpoint) before the operation is durable on the target: after a power
+// cut of both, the log no longer has the range's data and the target must have it.
 func (j *Journal) invalidate(ctx context.Context, lba, n uint64) error {
 	j.mu.Lock()
 	has := j.holdsAny(lba, n)
 	j.mu.Unlock()
-	for has && n > 0 {
-		c := min(n, 1<<31)
-		if err := j.append(lba, uint32(c), nil); err != nil {
+	if has {
+		if err := j.writeBackRange(ctx, lba, n); err != nil {
 			return err
 		}
-		lba, n = lba+c, n-c
+	}
+	for i := uint64(0); has && i < n; {
+		c := min(n-i, 1<<31)
+		if err := j.append(lba+i, uint32(c), nil); err != nil {
+			return err
+		}
+		i += c
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -134,6 +146,43 @@ func (j *Journal) invalidate(ctx context.Context, lba, n uint64) error {
 			return fmt.Errorf("journal: waiting for write-back: %w", block.ContextError(ctx.Err()))
 		}
 		j.mu.Lock()
+	}
+	return nil
+}
+
+// writeBackRange writes the log's data of [lba, lba+n) to the target and flushes the target. It
+// excludes cleaning rounds, so that no unit it reads is reclaimed meanwhile and no round writes
+// the same blocks at the same time.
+func (j *Journal) writeBackRange(ctx context.Context, lba, n uint64) error {
+	j.cleanMu.Lock()
+	defer j.cleanMu.Unlock()
+	var refs []blockRef
+	j.mu.Lock()
+	if n <= j.n {
+		for i := range n {
+			if u, ok := j.idx.get(lba + i); ok {
+				refs = append(refs, blockRef{lba + i, u})
+			}
+		}
+	} else {
+		for u := range j.idx.rev {
+			if b, ok := j.idx.liveAt(uint64(u)); ok && b >= lba && b-lba < n {
+				refs = append(refs, blockRef{b, uint64(u)})
+			}
+		}
+		slices.SortFunc(refs, func(a, b blockRef) int { return cmp.Compare(a.lba, b.lba) })
+	}
+	j.mu.Unlock()
+	if len(refs) == 0 {
+		return nil
+	}
+	if _, err := j.writeBack(ctx, refs); err != nil {
+		return err
+	}
+	if j.beLim.CanFlush {
+		if err := j.be.Flush(ctx); err != nil {
+			return fmt.Errorf("journal: flushing the target after write-back: %w", err)
+		}
 	}
 	return nil
 }

@@ -48,6 +48,12 @@ func Open(m Media, be block.Device, id Identity, opt Options) (*Journal, error) 
 	if err != nil {
 		return nil, err
 	}
+	if sup != nil && sup.LogUnits > j.n {
+		// A device that shrank, or a superblock whose fields are wrong under a good checksum:
+		// the index would be sized by the superblock's claim (up to 2^40 units).
+		return nil, fmt.Errorf("%w: its superblock describes a log of %d blocks of %d bytes, more than the device holds; give --cache-dev-format to drop it",
+			ErrForeign, sup.LogUnits, bs)
+	}
 	if sup == nil {
 		if sup, err = j.format(id); err != nil {
 			return nil, err

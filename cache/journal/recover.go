@@ -20,7 +20,7 @@ func (j *Journal) recover() (int, error) {
 		if _, err := j.m.ReadAt(hdr, j.unitOff(phys)); err != nil {
 			return 0, err
 		}
-		if !j.continues(hdr, &h, first, prev) {
+		if !j.continues(hdr, &h, first, prev) || !j.withinLUN(&h) {
 			break
 		}
 		first = false
@@ -59,6 +59,18 @@ func (j *Journal) continues(hdr []byte, h *Header, first bool, prev uint64) bool
 		return h.Seq == j.tailSeq
 	}
 	return h.PrevSeq == prev && h.Seq > prev
+}
+
+// withinLUN reports whether every entry of h lies on the LUN. One that does not can only come
+// from a corrupt batch whose checksums hold; replaying it would make write-back fail for ever.
+func (j *Journal) withinLUN(h *Header) bool {
+	blocks := uint64(j.be.Size() / j.u) // entries count units
+	for _, e := range h.Entries {
+		if e.LBA >= blocks || uint64(e.Blocks) > blocks-e.LBA {
+			return false
+		}
+	}
+	return true
 }
 
 // dataIntact checks every data entry's checksum.
