@@ -97,8 +97,11 @@ func (c *Cache) flush(ctx context.Context) error {
 		c.flushTarget = snap
 	}
 	c.backoffUntil = time.Time{} // a Flush retries at once
+	clean := c.head < 0 || c.slots[c.head].dirtySeq > snap
 	c.dmu.Unlock()
-	c.doKick()
+	if !clean { // nothing to write back (write-through, an idle cache): no flusher to wake
+		c.doKick()
+	}
 	for {
 		ch := c.progress.wait()
 		c.dmu.Lock()
