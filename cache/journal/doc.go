@@ -23,6 +23,12 @@
 //     every batch acknowledged before it and recovery finds them as an unbroken chain.
 //   - Units are reused only after the checkpoint passed them and no reader still reads them (rmu).
 //
+// One precondition on the caller: a write of part of a unit is never issued while a discard, a
+// write-zeroes or a large write that covers that unit is in flight. The merge of a partial write
+// reads the unit from the target when the log has none of it, and would read it mid-operation.
+// The RAM cache above (the only user) never does: its direct operations and large writes exclude
+// write-backs of their pages, and its pages are units.
+//
 // # Locks
 //
 // rmu (readers of ring units, shared; the reclaim of units, exclusive) → mu (index, ring
