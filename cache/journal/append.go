@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/iser-blk/iser-blk/block"
 )
@@ -151,6 +152,9 @@ func (j *Journal) writeBatch(reqs []*appendReq) error {
 	clear(j.iov)
 	j.mu.Lock()
 	j.apply(h, phys+j.hdrU)
+	if j.dirtySince.IsZero() {
+		j.dirtySince = time.Now()
+	}
 	j.head += need
 	j.prevSeq, j.seq = h.Seq, h.Seq+1
 	quarter := (j.head-j.tail)*4 >= j.n

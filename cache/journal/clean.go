@@ -30,11 +30,12 @@ func (j *Journal) kickClean() {
 	}
 }
 
-// cleaner writes the log back: every CleanAfter, and at once when kicked (the log a quarter
-// full, a writer waiting for room). A failed round is retried with back-off.
+// cleaner writes the log back once its oldest data has waited CleanAfter, and at once when
+// kicked (the log a quarter full, a writer waiting for room); then until the log is empty. A
+// failed round is retried with back-off.
 func (j *Journal) cleaner() {
 	defer j.wg.Done()
-	t := time.NewTicker(j.opt.CleanAfter)
+	t := time.NewTicker(min(j.opt.CleanAfter/4, time.Second))
 	defer t.Stop()
 	backoff := 10 * time.Millisecond
 	for {
@@ -43,6 +44,9 @@ func (j *Journal) cleaner() {
 			return
 		case <-j.kick:
 		case <-t.C:
+			if !j.due() {
+				continue
+			}
 		}
 		for !j.empty() {
 			if err := j.cleanRound(context.Background()); err != nil {
@@ -59,6 +63,14 @@ func (j *Journal) cleaner() {
 			backoff = 10 * time.Millisecond
 		}
 	}
+}
+
+// due reports whether the log holds data older than CleanAfter: since it last became non-empty
+// (a round that leaves data behind is followed by the next at once, so that is the oldest).
+func (j *Journal) due() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return !j.dirtySince.IsZero() && time.Since(j.dirtySince) >= j.opt.CleanAfter
 }
 
 func (j *Journal) empty() bool {
@@ -127,6 +139,9 @@ func (j *Journal) cleanRound(ctx context.Context) error {
 		j.idx.dropUnit(p % j.n)
 	}
 	j.tail, j.tailSeq = stop, seq
+	if j.tail == j.head {
+		j.dirtySince = time.Time{}
+	}
 	j.mu.Unlock()
 	j.rmu.Unlock()
 	j.changed.broadcast()

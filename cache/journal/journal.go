@@ -76,8 +76,11 @@ type Journal struct {
 	seq      uint64 // the next batch's sequence number
 	prevSeq  uint64 // the last batch's
 	cleaning []lbaRange
-	failed   error // the cache device failed: every write and flush fails from now on
-	changed  notifier
+	// dirtySince is when the log last went from empty to holding data (zero: empty): the
+	// cleaner starts once that is CleanAfter ago.
+	dirtySince time.Time
+	failed     error // the cache device failed: every write and flush fails from now on
+	changed    notifier
 
 	// amu guards the queue of appends waiting for the batch writer.
 	amu     sync.Mutex

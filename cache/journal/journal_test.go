@@ -307,3 +307,32 @@ func TestKeepLeavesTheLog(t *testing.T) {
 		t.Fatal("Close without Keep did not write the log back")
 	}
 }
+
+// Data waits CleanAfter in the log, counted from when the log became non-empty, and is then
+// written back without any other reason (no kick, no Flush, no Close).
+func TestCleanAfterAge(t *testing.T) {
+	be := fakedev.New(8<<20, targetLimits(4096))
+	const age = 300 * time.Millisecond
+	j := openT(t, newMemMedia(32<<20), be, Options{CleanAfter: age})
+	defer j.Close()
+	p := fill(8192, 5)
+	t0 := time.Now()
+	if err := j.WriteAt(ctx, p, 1<<20, 0); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(be.Current(1<<20, 8192), p) {
+		t.Fatal("written back at once")
+	}
+	for !bytes.Equal(be.Durable(1<<20, 8192), p) || j.Stats().LogBytes != 0 {
+		if time.Since(t0) > 10*time.Second {
+			t.Fatalf("not written back 10 s after the write (CleanAfter %v): %+v", age, j.Stats())
+		}
+		time.Sleep(5 * time.Millisecond) // polling the target's state, not synchronising
+	}
+	if took := time.Since(t0); took < age {
+		t.Fatalf("written back after %v, before CleanAfter %v", took, age)
+	}
+	if s := j.Stats(); s.DirtyBytes != 0 || s.Rounds == 0 {
+		t.Fatalf("after the write-back: %+v", s)
+	}
+}

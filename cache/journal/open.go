@@ -72,6 +72,9 @@ func Open(m Media, be block.Device, id Identity, opt Options) (*Journal, error) 
 	if err != nil {
 		return nil, err
 	}
+	if j.head != j.tail { // recovered data waits CleanAfter like any, then goes to the target
+		j.dirtySince = time.Now()
+	}
 	if err := j.reopen(id); err != nil {
 		return nil, err
 	}
