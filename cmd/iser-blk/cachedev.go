@@ -1,21 +1,15 @@
 package main
 
-// --cache-dev: a persistent write-back log on a local file or block device (cache/journal) under
-// the RAM cache, which then writes through to it.
+// --cache-dev's flags (internal/cachedev puts the log into the stack).
 
 import (
-	"fmt"
 	"path/filepath"
-	"strings"
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
-	"github.com/iser-blk/iser-blk/backend/iser"
-	"github.com/iser-blk/iser-blk/block"
-	"github.com/iser-blk/iser-blk/cache"
-	"github.com/iser-blk/iser-blk/cache/journal"
+	"github.com/iser-blk/iser-blk/internal/cachedev"
 )
 
 // cacheDevFlags are --cache-dev, --cache-dev-size and --cache-dev-format.
@@ -45,42 +39,11 @@ func (f *cacheDevFlags) absPath() (string, error) {
 	return p, nil
 }
 
-// open puts the journal of --cache-dev in front of target and returns it with the RAM cache's
-// configuration adjusted: write-through onto the journal (whose log is the write-back cache),
-// its page memory less the journal's index. Without --cache-dev it returns target and cfg.
-func (f *cacheDevFlags) open(target block.Device, cfg cache.Config, rawTarget string, log *zap.Logger) (block.Device, cache.Config, error) {
-	if f.path == "" {
-		return target, cfg, nil
-	}
-	if cfg.Mode != cache.WriteBack {
-		return nil, cfg, usagef("--cache-dev needs --cache writeback (it is a write-back cache)")
-	}
+// options parses --cache-dev-size into the options of internal/cachedev.
+func (f *cacheDevFlags) options(rawTarget string, log *zap.Logger) (cachedev.Options, error) {
 	size, err := humanize.ParseBytes(f.size)
 	if err != nil || size > 1<<50 {
-		return nil, cfg, usagef("--cache-dev-size %q: want a size", f.size)
+		return cachedev.Options{}, usagef("--cache-dev-size %q: want a size", f.size)
 	}
-	j, err := journal.OpenPath(f.path, int64(size), target, lunIdentity(target, rawTarget),
-		journal.Options{Format: f.format, WriteAround: cfg.WriteAround, Log: log.Named("cache-dev")})
-	if err != nil {
-		return nil, cfg, err
-	}
-	idx := j.Stats().IndexMemory
-	cfg.Mode = cache.WriteThrough
-	cfg.Size = max(cfg.Size-int64(idx), cache.MinAutoSize/4)
-	log.Info("cache device", zap.String("path", f.path), zap.String("log", humanize.IBytes(j.Stats().Capacity)),
-		zap.String("index memory", humanize.IBytes(uint64(idx))))
-	return j, cfg, nil
-}
-
-// lunIdentity names the LUN for the cache device's superblock: its IQN and LUN number (not the
-// portal, which multipath and a moved target change) and its WWN when the target reports one.
-func lunIdentity(target block.Device, raw string) journal.Identity {
-	id := journal.Identity{URL: iser.RedactURL(raw)}
-	if t, err := iser.ParseURL(raw); err == nil && !strings.HasPrefix(raw, "mem://") {
-		id.URL = fmt.Sprintf("%s/%d", t.IQN, t.LUN)
-	}
-	if d, ok := target.(interface{ Info() iser.Info }); ok {
-		id.WWN = d.Info().WWN
-	}
-	return id
+	return cachedev.Options{Path: f.path, NewSize: int64(size), Format: f.format, Target: rawTarget, Log: log}, nil
 }

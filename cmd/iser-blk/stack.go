@@ -19,6 +19,7 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/cache"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
+	"github.com/iser-blk/iser-blk/internal/cachedev"
 	"github.com/iser-blk/iser-blk/internal/cli"
 	"github.com/iser-blk/iser-blk/internal/memlimit"
 	"github.com/iser-blk/iser-blk/pool"
@@ -128,14 +129,20 @@ func (cf *cacheFlags) wrap(dev block.Device, rawTarget string, p *pool.Pool, log
 	if err != nil {
 		return nil, usagef("%v", err)
 	}
+	if cf.dev.path != "" && cfg.Mode != cache.WriteBack {
+		return nil, usagef("--cache-dev needs --cache writeback (it is a write-back cache)")
+	}
 	if cfg.Mode == cache.Off {
-		if cf.dev.path != "" {
-			return nil, usagef("--cache-dev needs --cache writeback (it is a write-back cache)")
-		}
 		return dev, nil
 	}
-	if dev, cfg, err = cf.dev.open(dev, cfg, rawTarget, log); err != nil {
-		return nil, err
+	if cf.dev.path != "" {
+		o, err := cf.dev.options(rawTarget, log)
+		if err != nil {
+			return nil, err
+		}
+		if dev, cfg, err = cachedev.Open(dev, cfg, o); err != nil {
+			return nil, err
+		}
 	}
 	cfg.IOPool = p
 	c, err := cache.New(dev, cfg, log)
