@@ -121,3 +121,26 @@ func (x *index) removeSlot(i uint64) {
 	}
 	x.slots[i] = 0
 }
+
+// each calls fn for every block of [lba, lba+n) the index maps, with the unit holding it, until
+// fn returns false: block by block for a range no longer than the ring, by a walk of the reverse
+// map for a longer one (a discard of the whole LUN), so that it costs at most one pass over the
+// ring. fn may drop the block it is given. The order is by LBA for a short range only.
+func (x *index) each(lba, n uint64, fn func(lba, u uint64) bool) {
+	if x.live == 0 {
+		return
+	}
+	if n <= uint64(len(x.rev)) {
+		for i := range n {
+			if u, ok := x.get(lba + i); ok && !fn(lba+i, u) {
+				return
+			}
+		}
+		return
+	}
+	for u := range x.rev {
+		if b, ok := x.liveAt(uint64(u)); ok && b >= lba && b-lba < n && !fn(b, uint64(u)) {
+			return
+		}
+	}
+}

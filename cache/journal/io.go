@@ -158,20 +158,11 @@ func (j *Journal) writeBackRange(ctx context.Context, lba, n uint64) error {
 	defer j.cleanMu.Unlock()
 	var refs []blockRef
 	j.mu.Lock()
-	if n <= j.n {
-		for i := range n {
-			if u, ok := j.idx.get(lba + i); ok {
-				refs = append(refs, blockRef{lba + i, u})
-			}
-		}
-	} else {
-		for u := range j.idx.rev {
-			if b, ok := j.idx.liveAt(uint64(u)); ok && b >= lba && b-lba < n {
-				refs = append(refs, blockRef{b, uint64(u)})
-			}
-		}
-		slices.SortFunc(refs, func(a, b blockRef) int { return cmp.Compare(a.lba, b.lba) })
-	}
+	j.idx.each(lba, n, func(b, u uint64) bool {
+		refs = append(refs, blockRef{b, u})
+		return true
+	})
+	slices.SortFunc(refs, func(a, b blockRef) int { return cmp.Compare(a.lba, b.lba) })
 	j.mu.Unlock()
 	if len(refs) == 0 {
 		return nil
@@ -189,23 +180,12 @@ func (j *Journal) writeBackRange(ctx context.Context, lba, n uint64) error {
 
 // holdsAny reports whether the index maps a block of [lba, lba+n). mu is held.
 func (j *Journal) holdsAny(lba, n uint64) bool {
-	if j.idx.live == 0 {
+	found := false
+	j.idx.each(lba, n, func(_, _ uint64) bool {
+		found = true
 		return false
-	}
-	if n <= j.n {
-		for i := range n {
-			if _, ok := j.idx.get(lba + i); ok {
-				return true
-			}
-		}
-		return false
-	}
-	for _, b := range j.idx.rev {
-		if b != noLBA && b >= lba && b-lba < n {
-			return true
-		}
-	}
-	return false
+	})
+	return found
 }
 
 func (j *Journal) cleaningOverlaps(lo, hi uint64) bool {

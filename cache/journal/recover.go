@@ -103,23 +103,12 @@ func (j *Journal) apply(h *Header, u uint64) {
 	}
 }
 
-// dropRange unmaps every block of [lba, lba+n): block by block for a short range, by a walk of
-// the ring's reverse map for a long one (a discard of the whole LUN).
+// dropRange unmaps every block of [lba, lba+n).
 func (j *Journal) dropRange(lba, n uint64) {
-	if j.idx.live == 0 {
-		return
-	}
-	if n <= j.n {
-		for i := range n {
-			j.idx.drop(lba + i)
-		}
-		return
-	}
-	for u, b := range j.idx.rev {
-		if b != noLBA && b >= lba && b-lba < n {
-			j.idx.dropUnit(uint64(u))
-		}
-	}
+	j.idx.each(lba, n, func(b, _ uint64) bool {
+		j.idx.drop(b)
+		return true
+	})
 }
 
 // unitOff is the byte offset of ring unit u on the cache device.
