@@ -25,6 +25,10 @@
 #                default: a fresh directory per run, removed afterwards unless the run failed
 #   VM_RW        more host dirs shared read-write, ':'-separated
 #   VM_ENV       names of more variables to pass into the guest (space-separated)
+#   VM_DISKS     host files attached as virtio disks, ':'-separated; in the guest they are
+#                /dev/disk/by-id/virtio-iserblk-disk1, -disk2, ... (the order given; no udev, so
+#                run.sh makes those links) — a local SSD for the guest, or storage that survives
+#                a killed guest (the host file keeps every write QEMU was handed)
 #   VM_KERNEL_PKG Debian kernel package                                 default linux-image-6.12-amd64
 #   VM_TB_MB     TCG translation cache MiB (QEMU's own default, 1 GiB, shows up as host RSS)  256
 #   VM_RUN_ID    a name for this VM (QEMU's -name; lets a caller find its own QEMU with pgrep -f)
@@ -279,6 +283,17 @@ EOS
 	done
 	# configfs (LIO) exists only once its module is loaded
 	echo 'modprobe configfs && { mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config; }'
+	if [ -n "${VM_DISKS:-}" ]; then
+		# VM_DISKS: no udev in the guest, so the by-id links a test names its disks by are made here
+		cat <<'EOS'
+modprobe virtio_blk
+mkdir -p /dev/disk/by-id
+for _ in $(seq 100); do ls /sys/block/vd* >/dev/null 2>&1 && break; sleep 0.1; done
+for b in /sys/block/vd*; do
+	[ -e "$b/serial" ] && ln -sf "../../${b##*/}" "/dev/disk/by-id/virtio-$(cat "$b/serial")"
+done
+EOS
+	fi
 	printf 'cd %q 2>/dev/null || cd /\n' "$PWD"
 	echo ': >/run/vm/booted || exit 1 # from here on, a death belongs to the command: never booted again'
 	printf '('
@@ -312,6 +327,18 @@ for d in "${rwdirs[@]}"; do
 	i=$((i + 1))
 	qargs+=(-fsdev "local,id=rw$i,path=$d,security_model=none" -device "virtio-9p-pci,fsdev=rw$i,mount_tag=rw$i")
 	echo "rw$i $d" >>"$job/shares"
+done
+# VM_DISKS: each file a virtio-blk disk whose serial names it; QEMU's writeback cache honours the
+# guest's flushes (fdatasync on the host file), so what the guest synced survives QEMU's death
+IFS=: read -r -a vmdisks <<<"${VM_DISKS:-}"
+n=0
+for f in "${vmdisks[@]}"; do
+	[ -n "$f" ] || continue
+	[ -f "$f" ] || [ -b "$f" ] || die "VM_DISKS: no such file or block device: $f"
+	case "$f" in *[[:space:],]*) die "VM_DISKS: path must not contain spaces or commas: $f" ;; esac
+	n=$((n + 1))
+	qargs+=(-drive "file=$f,format=raw,if=none,id=disk$n,cache=writeback,aio=threads"
+		-device "virtio-blk-pci,drive=disk$n,serial=iserblk-disk$n")
 done
 append="console=ttyS0 panic=-1 net.ifnames=0 iserblk.kdir=$kroot"
 [ "$VM_VERBOSE" = 1 ] || append+=" quiet loglevel=3"
