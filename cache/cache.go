@@ -21,6 +21,7 @@ type Cache struct {
 	sub    block.Submitter          // be's asynchronous path, or nil (submit.go)
 	subLim block.SubmitWriteLimiter // the largest write sub takes, when it says (submit.go)
 	psub   block.PipeSubmitter      // be's spliced reads, or nil (submitaround.go)
+	cw     block.CachedWriter       // be's non-waiting write (the --cache-dev log), or nil (writethrough.go)
 	lim    block.Limits             // of the backend
 	cfg    resolved
 	log    *zap.Logger
@@ -224,6 +225,7 @@ func (c *Cache) initAsync(dev block.Device) {
 	c.arounds.New = func() any { return new(asyncAround) }
 	c.readArounds.New = func() any { return new(asyncReadAround) }
 	c.sub, _ = dev.(block.Submitter)
+	c.cw, _ = dev.(block.CachedWriter)
 	if c.sub != nil {
 		c.psub, _ = dev.(block.PipeSubmitter)
 		c.subLim, _ = dev.(block.SubmitWriteLimiter)

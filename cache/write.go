@@ -42,8 +42,13 @@ func (c *Cache) WriteAt(ctx context.Context, p []byte, off int64, flags block.Wr
 // WriteCached implements block.CachedWriter: in write-back mode it copies p into cache pages and
 // marks them dirty when that needs no waiting (dirty room and free pages are available), exactly
 // as WriteAt without flags would. A later Flush covers it like any acknowledged write. It declines
-// writes that go around the pages (Config.WriteAround): they wait for the backend.
+// writes that go around the pages (Config.WriteAround): they wait for the backend. In
+// write-through mode it does the same when the backend, too, takes the write without waiting
+// (writethrough.go).
 func (c *Cache) WriteCached(p []byte, off int64) bool {
+	if c.cfg.Mode == WriteThrough && c.cw != nil {
+		return c.writeCachedThrough(p, off)
+	}
 	if c.cfg.Mode != WriteBack || c.lim.ReadOnly || len(p) == 0 || c.writesAround(off, len(p)) {
 		return false
 	}

@@ -149,15 +149,7 @@ func (c *Cache) runJob(ctx context.Context, j *job, flags block.WriteFlags, bg b
 		}
 		buf = j.buf[:n]
 	}
-	for _, jp := range j.pages {
-		a := int64(bits.TrailingZeros64(jp.mask))
-		cnt := int64(bits.OnesCount64(jp.mask))
-		dst := jp.page*c.ps + a*c.bs - j.off
-		sh := c.shard(jp.page)
-		sh.mu.Lock()
-		copy(buf[dst:dst+cnt*c.bs], c.bufs[jp.slot][a*c.bs:])
-		sh.mu.Unlock()
-	}
+	c.gather(j, buf)
 	err := c.be.WriteAt(ctx, buf, j.off, flags)
 	if pooled {
 		c.cfg.IOPool.Put(buf)
@@ -167,6 +159,19 @@ func (c *Cache) runJob(ctx context.Context, j *job, flags block.WriteFlags, bg b
 	}
 	c.complete(j, err, bg)
 	return err
+}
+
+// gather copies the job's dirty sectors from their pages into buf (j.end-j.off bytes).
+func (c *Cache) gather(j *job, buf []byte) {
+	for _, jp := range j.pages {
+		a := int64(bits.TrailingZeros64(jp.mask))
+		cnt := int64(bits.OnesCount64(jp.mask))
+		dst := jp.page*c.ps + a*c.bs - j.off
+		sh := c.shard(jp.page)
+		sh.mu.Lock()
+		copy(buf[dst:dst+cnt*c.bs], c.bufs[jp.slot][a*c.bs:])
+		sh.mu.Unlock()
+	}
 }
 
 // complete ends a write-back: pages whose generation did not change lose the dirty sectors that

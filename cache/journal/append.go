@@ -2,6 +2,7 @@ package journal
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -62,7 +63,7 @@ func (j *Journal) writeLoop() {
 		j.amu.Unlock()
 		for len(reqs) > 0 {
 			k := batchLen(reqs)
-			err := j.writeBatch(reqs[:k])
+			err := j.writeBatch(reqs[:k], true)
 			for _, r := range reqs[:k] {
 				r.err = err
 				r.done <- struct{}{}
@@ -74,6 +75,40 @@ func (j *Journal) writeLoop() {
 	}
 	j.writing = false
 	j.amu.Unlock()
+}
+
+// errNoRoom is reserve's answer, without wait, when the ring is too full for the batch.
+var errNoRoom = errors.New("journal: no room in the ring without waiting for write-back")
+
+// tryAppend is append for a caller that must not wait (WriteCached): it logs whole units as a
+// batch of their own when no batch is being written and the ring has room now, and reports false
+// having logged nothing otherwise, or when the batch failed (the caller's WriteAt then meets the
+// error). Appends that queue meanwhile are written after it, by a goroutine that takes over as
+// batch writer, so that the caller never writes batches for others.
+func (j *Journal) tryAppend(lba uint64, blocks uint32, data []byte) bool {
+	j.amu.Lock()
+	if j.writing {
+		j.amu.Unlock()
+		return false
+	}
+	j.writing = true
+	j.amu.Unlock()
+	r := &j.tryReq
+	r.lba, r.blocks, r.data, r.part = lba, blocks, data, -1
+	j.tryReqs[0] = r
+	err := j.writeBatch(j.tryReqs[:], false)
+	r.data = nil
+	j.amu.Lock()
+	if len(j.pending) > 0 {
+		go func() {
+			j.amu.Lock()
+			j.writeLoop()
+		}()
+	} else {
+		j.writing = false
+		j.amu.Unlock()
+	}
+	return err == nil
 }
 
 // batchLen is how many of reqs (at least one) fit one batch. A merge goes alone.
@@ -116,8 +151,9 @@ func (j *Journal) merged(r *appendReq) ([]byte, error) {
 }
 
 // writeBatch writes one batch (with a wrap before it when it does not fit the rest of the ring),
-// waiting for write-back to free room, and applies it to the index.
-func (j *Journal) writeBatch(reqs []*appendReq) error {
+// waiting for write-back to free room (without wait: errNoRoom instead), and applies it to the
+// index.
+func (j *Journal) writeBatch(reqs []*appendReq, wait bool) error {
 	h := &j.hdr
 	h.Kind, h.DataUnits, h.Entries = kindData, 0, h.Entries[:0]
 	j.iov = append(j.iov[:0], j.hdrBuf)
@@ -138,8 +174,9 @@ func (j *Journal) writeBatch(reqs []*appendReq) error {
 		h.Entries = append(h.Entries, e)
 	}
 	need := j.hdrU + uint64(h.DataUnits)
-	phys, err := j.reserve(need)
+	phys, err := j.reserve(need, wait)
 	if err != nil {
+		clear(j.iov)
 		return err
 	}
 	j.mu.Lock()
@@ -168,9 +205,10 @@ func (j *Journal) writeBatch(reqs []*appendReq) error {
 }
 
 // reserve waits until the ring has need contiguous free units at its head and returns the first
-// one. When the rest of the ring is too short it skips it first: with a wrap batch when a header
-// fits there, silently otherwise (recovery skips such a stub the same way).
-func (j *Journal) reserve(need uint64) (uint64, error) {
+// one (without wait it returns errNoRoom instead of waiting). When the rest of the ring is too
+// short it skips it first: with a wrap batch when a header fits there, silently otherwise
+// (recovery skips such a stub the same way).
+func (j *Journal) reserve(need uint64, wait bool) (uint64, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	for {
@@ -190,6 +228,9 @@ func (j *Journal) reserve(need uint64) (uint64, error) {
 				return 0, err
 			}
 			continue
+		}
+		if !wait {
+			return 0, errNoRoom
 		}
 		j.st.waits.Add(1)
 		ch := j.changed.wait()

@@ -221,7 +221,13 @@ func runWorkload(t *testing.T, cfg crashConfig) ([]event, *model) {
 			if o.fua {
 				fl = block.FUA
 			}
-			do(o, data, func() error { return j.WriteAt(ctx, data, off, fl) })
+			cached := !o.fua && r.IntN(2) == 0 // as the RAM cache above tries it first
+			do(o, data, func() error {
+				if cached && j.WriteCached(data, off) {
+					return nil
+				}
+				return j.WriteAt(ctx, data, off, fl)
+			})
 		case p < 63:
 			o.kind = opAround
 			data := crashData(len(md.ops), off, n)

@@ -91,8 +91,10 @@ type Journal struct {
 	hdr      Header
 	hdrBuf   []byte
 	wrapBuf  []byte
-	mergeBuf []byte // a unit, for appendMerge
-	zeroes   []byte // a unit of zeroes (read-only)
+	mergeBuf []byte        // a unit, for appendMerge
+	tryReq   appendReq     // tryAppend's entry
+	tryReqs  [1]*appendReq // tryAppend's batch
+	zeroes   []byte        // a unit of zeroes (read-only)
 	iov      [][]byte
 
 	appended atomic.Uint64 // batches written

@@ -74,6 +74,10 @@ func TestPartialUnits(t *testing.T) {
 			clear(model[off : off+n])
 		default:
 			p := fill(int(n), byte(i))
+			if r.IntN(2) == 0 && j.WriteCached(p, off) {
+				copy(model[off:], p)
+				break
+			}
 			if err := j.WriteAt(ctx, p, off, 0); err != nil {
 				t.Fatal(err)
 			}
@@ -88,6 +92,64 @@ func TestPartialUnits(t *testing.T) {
 	}
 	if !bytes.Equal(be.Durable(0, size), model) {
 		t.Fatal("the target differs from the model after detach")
+	}
+}
+
+// WriteCached logs whole units below WriteAround without waiting, and declines what would need
+// a merge, goes around the log, or would wait for room in the ring; what it logged survives a
+// kill -9 like any write.
+func TestWriteCached(t *testing.T) {
+	const lun = 64 << 20
+	be := fakedev.New(lun, targetLimits(512))
+	m := newMemMedia(LogStart + MinSize) // a ring of 16 MiB
+	j := openT(t, m, be, Options{CleanAfter: time.Hour})
+	a := fill(8192, 3)
+	if !j.WriteCached(a, 4096) {
+		t.Fatal("WriteCached declined two whole units")
+	}
+	for _, c := range []struct {
+		name   string
+		n, off int64
+	}{{"part of a unit", 512, 0}, {"unaligned", 4096, 512}, {"around the log", DefaultWriteAround, 1 << 20},
+		{"past the end", 4096, lun}, {"empty", 0, 0}} {
+		if j.WriteCached(make([]byte, c.n), c.off) {
+			t.Errorf("WriteCached took a write it must decline: %s", c.name)
+		}
+	}
+	// A target that fails every write: write-back frees no room, and the ring fills.
+	be.SetFault(func(op fakedev.Op) error {
+		if op.Kind == fakedev.Write {
+			return errors.New("target down")
+		}
+		return nil
+	})
+	filled := 0
+	for off := int64(2 << 20); j.WriteCached(fill(64<<10, byte(off>>16)), off); off += 64 << 10 {
+		filled++
+		if filled > MinSize/(64<<10) {
+			t.Fatal("WriteCached took more than the ring holds")
+		}
+	}
+	if filled < MinSize/(64<<10)/2 {
+		t.Fatalf("WriteCached declined after %d writes of 64 KiB into a ring of 16 MiB", filled)
+	}
+	if s := j.Stats(); s.Waits != 0 {
+		t.Fatalf("WriteCached waited for room %d times", s.Waits)
+	}
+	m2 := m.reopened() // kill -9
+	be.SetFault(nil)
+	if err := j.Abandon(); err != nil { // the killed process's goroutines end; it closed the target
+		t.Fatal(err)
+	}
+	be.Reopen()
+	j2 := openT(t, m2, be, Options{CleanAfter: time.Hour})
+	mustRead(t, j2, 4096, a)
+	mustRead(t, j2, 2<<20, fill(64<<10, byte((2<<20)>>16)))
+	if err := j2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(be.Durable(4096, 8192), a) {
+		t.Fatal("detach did not write the logged data back")
 	}
 }
 
