@@ -7,6 +7,7 @@
 #                                   the systemd unit's tests and the .deb's (TestDeb: dpkg -i, -r, -P) in a
 #                                   guest with systemd as PID 1
 #   make vm-systemd [VM_RUN=TestKill9]   only the systemd unit's tests (test/vm/systemd)
+#   make vm-powercut                only the power cut under a cache device (test/vm/powercut.sh)
 #   make vm-smoke                   only the smoke suite (one guest boot)
 #   make vm-go-test [VM_PKG=./frontend/nbd] [VM_RUN=TestKernelAttach]   vm-tagged Go tests
 #   make vm-run VM_CMD='dmesg | tail' [VM_INIT=systemd]                  any command in a guest
@@ -19,7 +20,7 @@ VM_RUN ?=
 VM_CMD ?= uname -a
 VM_INIT ?= bash
 
-.PHONY: test-vm vm-smoke vm-selftest vm-go-test vm-systemd vm-run bench-vm
+.PHONY: test-vm vm-smoke vm-selftest vm-go-test vm-systemd vm-powercut vm-run bench-vm
 
 # TALLY (set by the top-level Makefile) collects the counts for `make test`'s total line.
 test-vm:
@@ -38,6 +39,9 @@ vm-go-test: build
 
 vm-systemd: build
 	@VM_INIT=systemd $(VM_DIR)/run.sh go-test ./test/vm/systemd $(if $(VM_RUN),-run '$(VM_RUN)') -v
+
+vm-powercut: build
+	@$(VM_DIR)/powercut.sh
 
 vm-run:
 	@VM_INIT=$(VM_INIT) $(VM_DIR)/run.sh bash -c '$(VM_CMD)'

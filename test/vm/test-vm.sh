@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test/vm/test-vm.sh — the whole VM tier, as `make test-vm` runs it: the runner's self-test
-# (host), the smoke suite (one guest boot), every vm-tagged Go test (one more boot) and the
-# systemd unit's tests (test/vm/systemd, a third boot with systemd as PID 1). Every part
+# (host), the smoke suite (one guest boot), every vm-tagged Go test (one more boot), the
+# systemd unit's tests (test/vm/systemd, a third boot with systemd as PID 1) and the power cut
+# under a cache device (powercut.sh: two boots, QEMU killed with SIGKILL between). Every part
 # runs even when an earlier one failed; prints each part's wall time and a closing
 # "vm: N passed, M failed" line; exits non-zero on any failure. TALLY=FILE collects per-part counts
 # for `make test`'s total line, and "FAILED part what" lines for its recap.
@@ -54,6 +55,7 @@ part "runner self-test (host)" env TALLY="$tally" "$here/selftest.sh"
 part "smoke suite (guest)" smoke
 part "Go tests tagged vm (guest)" env TALLY="$tally" "$here/gotest.sh"
 part "Go tests of the systemd unit (guest, systemd as PID 1)" env TALLY="$tally" VM_INIT=systemd "$here/gotest.sh"
+part "power cut under a cache device (two guest boots, QEMU killed between)" env TALLY="$tally" "$here/powercut.sh"
 
 read -r p f s < <(awk '$1 != "FAILED" {p+=$2; f+=$3; s+=$4} END {print p+0, f+0, s+0}' "$tally")
 if [ -n "${TALLY:-}" ]; then cat "$tally" >>"$TALLY"; fi

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # test/vm/guest/lio-target.sh — inside the VM: configure a Linux-IO (LIO) iSCSI target through
-# plain configfs writes (no targetcli): one LUN backed by RAM (rd_mcp) or a file (fileio), one
-# portal serving iSCSI/TCP and, on the same ip:port, iSER over soft-RoCE; open (demo mode), or
-# restricted to initiator ACLs; optional CHAP and mutual CHAP. This is the reference target the
+# plain configfs writes (no targetcli): one LUN backed by RAM (rd_mcp), a file (fileio) or a block
+# device (iblock), one portal serving iSCSI/TCP and, on the same ip:port, iSER over soft-RoCE; open
+# (demo mode), or restricted to initiator ACLs; optional CHAP and mutual CHAP. This is the reference target the
 # project's initiator is compared against.
 #
 #   lio-target.sh [options]
@@ -13,9 +13,11 @@
 #
 # Options:
 #   --iqn IQN              target name            (default iqn.2003-01.org.linux-iscsi.iserblk-vm:target1)
-#   --backstore rd|file    RAM or file LUN        (default rd)
+#   --backstore rd|file|block  RAM, file or block-device LUN (default rd); block is iblock: the
+#                          device's own write cache, SYNCHRONIZE CACHE a flush of it
 #   --size-mib N           LUN size               (default 64)
-#   --file PATH            fileio backing file    (default /run/iserblk-lio/<name>.img, sparse)
+#   --file PATH            fileio backing file    (default /run/iserblk-lio/<name>.img, sparse);
+#                          with --backstore block the device (--size-mib is then its size)
 #   --block-size N         logical block size 512|4096 (default: the backstore's, 512)
 #   --addr IP              portal address         (default: rxe-up.sh's address, 192.168.77.1)
 #   --port N               portal port            (default 3260)
@@ -79,7 +81,8 @@ name=$(printf '%s' "${iqn##*:}" | tr -c 'A-Za-z0-9_-' '_')
 case "$backstore" in
 rd) hba=$CFS/core/rd_mcp_1 ;;
 file) hba=$CFS/core/fileio_1 ;;
-*) die "--backstore must be rd or file" ;;
+block) hba=$CFS/core/iblock_1 ;;
+*) die "--backstore must be rd, file or block" ;;
 esac
 BS=$hba/$name
 
@@ -130,7 +133,7 @@ if [ $teardown = 1 ]; then
 	[ -d $CFS ] || exit 0
 	remove_target "$fabric"
 	# backstores of this name (either kind); files we created go too
-	for d in "$CFS"/core/rd_mcp_1/"$name" "$CFS"/core/fileio_1/"$name"; do
+	for d in "$CFS"/core/rd_mcp_1/"$name" "$CFS"/core/fileio_1/"$name" "$CFS"/core/iblock_1/"$name"; do
 		[ -d "$d" ] || continue
 		rmdir "$d"
 	done
@@ -145,6 +148,7 @@ case "$size_mib" in '' | *[!0-9]*) die "--size-mib must be a number" ;; esac
 
 # 1. modules: LIO core, the iSCSI fabric, iSER (ib_isert) and the backstores
 modprobe -a configfs target_core_mod iscsi_target_mod target_core_file
+[ "$backstore" != block ] || modprobe target_core_iblock
 mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
 if [ $iser = 1 ]; then
 	modprobe ib_isert
@@ -175,6 +179,12 @@ file)
 	fi
 	truncate -s "$size_bytes" "$file"
 	echo "fd_dev_name=$file,fd_dev_size=$size_bytes" >"$BS/control"
+	;;
+block)
+	[ -b "$file" ] || die "--backstore block needs --file BLOCK_DEVICE"
+	size_bytes=$(blockdev --getsize64 "$file")
+	size_mib=$((size_bytes >> 20))
+	echo "udev_path=$file" >"$BS/control"
 	;;
 esac
 echo "iserblk-$name" >"$BS/wwn/vpd_unit_serial"
