@@ -150,10 +150,17 @@ func (g *Gateway) checkHolders(force bool) error {
 	return control.Refused("%s is in use: %s; unmount or close it, or use --force", path, strings.Join(what, "; "))
 }
 
-// writtenBack is the cache's write-back byte counter (0 without a cache).
+// writtenBack counts the bytes the cache wrote back to the target (0 without a cache): with a
+// cache device (--cache-dev) the log's write-back, since the RAM cache then writes through into
+// the log, not to the target.
 func writtenBack(dev block.Device) uint64 {
-	if c, ok := dev.(status.CacheProvider); ok {
-		return c.CacheStatus().WrittenBackBytes
+	c, ok := dev.(status.CacheProvider)
+	if !ok {
+		return 0
 	}
-	return 0
+	s := c.CacheStatus()
+	if s.Device != nil {
+		return s.Device.WrittenBackBytes
+	}
+	return s.WrittenBackBytes
 }

@@ -95,7 +95,7 @@ func TestE2ECacheDevSurvivesKill9(t *testing.T) {
 	t.Logf("restarted: %s", rec[0])
 	qemuIO(t, s2.URI, verifyCmds()...)
 	checkStatus(t, runDir, dev)
-	s2.Stop(t) // SIGTERM: the final write-back of the log (a stop drains)
+	detachReports(t, tg, s2, runDir)
 
 	s3 := gateway.Start(t, target, "--cache", "off")
 	qemuIO(t, s3.URI, verifyCmds()...)
@@ -106,6 +106,35 @@ func TestE2ECacheDevSurvivesKill9(t *testing.T) {
 		t.Fatalf("the log was not empty after the stop's write-back: %s", ready[0])
 	}
 	s4.Stop(t)
+}
+
+// detachReports: `detach` writes the log back and reports what reached the target — the log's
+// write-back, not the RAM cache's write-through into the log. The target is frozen until the
+// detach has begun, so that the cleaner cannot write the log back before it (it would count for
+// nothing then): all 204 KiB the writes left must be in the figure.
+func detachReports(t *testing.T, tg *tgtd.Target, s *gateway.Server, runDir string) {
+	t.Helper()
+	if err := tg.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(gateway.Binary(t), "detach", "cd", "--run-dir", runDir, "--timeout", "1m")
+	res := make(chan error, 1)
+	var out []byte
+	go func() {
+		var err error
+		out, err = cmd.CombinedOutput()
+		res <- err
+	}()
+	s.WaitLog(t, "writing the cache device's log back to the target", 1, 20*time.Second) // the detach began
+	if err := tg.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-res; err != nil || !strings.Contains(string(out), "204 KiB written back") {
+		t.Fatalf("detach: %v, want success and \"204 KiB written back\":\n%s", err, out)
+	}
+	if err := s.Wait(t, 60*time.Second); err != nil {
+		t.Fatalf("the gateway after detach: %v", err)
+	}
 }
 
 // checkStatus: `iser-blk status --json` shows the cache device, its ring and index.
