@@ -326,6 +326,43 @@ func TestRefusesForeign(t *testing.T) {
 	}
 }
 
+// A first format cut short (one superblock copy torn, the other never written) is formatted
+// again: nothing can have been acknowledged through it. Two torn copies, or a copy that is not
+// ours beside a zero one (a partition table), are still refused.
+func TestTornFirstFormat(t *testing.T) {
+	be := fakedev.New(8<<20, targetLimits(4096))
+	formatted := newMemMedia(32 << 20)
+	if err := openT(t, formatted, be, Options{}).Abandon(); err != nil {
+		t.Fatal(err)
+	}
+	be.Reopen()
+	torn := func(copies ...int) *memMedia {
+		m := newMemMedia(32 << 20)
+		for _, c := range copies {
+			copy(m.cur[c*SuperSize:c*SuperSize+512], formatted.cur[c*SuperSize:]) // one sector of it
+		}
+		return m
+	}
+	for _, c := range []int{0, 1} {
+		j, err := Open(torn(c), be, testID, Options{})
+		if err != nil {
+			t.Fatalf("copy %d torn, the other blank: %v", c, err)
+		}
+		if err := j.Abandon(); err != nil {
+			t.Fatal(err)
+		}
+		be.Reopen()
+	}
+	if _, err := Open(torn(0, 1), be, testID, Options{}); !errors.Is(err, ErrForeign) {
+		t.Fatalf("both copies torn: %v", err)
+	}
+	mbr := newMemMedia(32 << 20)
+	mbr.cur[510], mbr.cur[511] = 0x55, 0xaa
+	if _, err := Open(mbr, be, testID, Options{}); !errors.Is(err, ErrForeign) {
+		t.Fatalf("a partition table: %v", err)
+	}
+}
+
 // The index of a 64 GiB cache device takes 256 MiB (4 MiB per GiB: docs/cache-dev.md), for
 // 512-byte and 4 KiB LUNs alike: it fits the default --cache-size of 1 GiB.
 func TestIndexMemory(t *testing.T) {

@@ -128,9 +128,11 @@ func (j *Journal) readSuper(id Identity) (*Super, error) {
 	}
 	var best *Super
 	var corrupt error
-	present := false
+	present, zeroCopy := false, false
 	for c := range 2 {
-		s, err := UnmarshalSuper(buf[c*SuperSize:])
+		cp := buf[c*SuperSize : (c+1)*SuperSize]
+		zeroCopy = zeroCopy || bytes.Equal(cp, make([]byte, SuperSize))
+		s, err := UnmarshalSuper(cp)
 		switch {
 		case errors.Is(err, errNotSuper):
 		case err != nil:
@@ -154,6 +156,12 @@ func (j *Journal) readSuper(id Identity) (*Super, error) {
 			return nil, fmt.Errorf("%w: it holds the cache of %s (%s); give --cache-dev-format to drop it", ErrForeign, best.ID.URL, why)
 		}
 		return best, nil
+	case present && zeroCopy:
+		// One copy ours but torn, the other never written: only a first format cut short leaves
+		// that (it writes both copies before anything else, and later superblock writes replace
+		// one valid copy at a time), so nothing was ever acknowledged through this device.
+		j.log.Warn("formatting the cache device again: its first format was cut short", zap.NamedError("torn superblock", corrupt))
+		return nil, nil
 	case present:
 		return nil, fmt.Errorf("%w: both superblock copies are corrupt (%v); give --cache-dev-format to drop what it held", ErrForeign, corrupt)
 	case !bytes.Equal(buf, make([]byte, len(buf))):
