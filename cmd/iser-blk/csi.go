@@ -71,6 +71,7 @@ type csiFlags struct {
 	budget     string
 	runDir     string
 	launcher   string
+	cacheDir   string
 	debug      bool
 }
 
@@ -99,6 +100,7 @@ func newCSICmd() *cobra.Command {
 	})
 	cli.Group(cmd, groupService, func(fs *pflag.FlagSet) {
 		fs.StringVar(&f.runDir, "run-dir", "", "the gateways' run directory, on a hostPath (default: $"+control.RunDirEnv+" or "+control.DefaultRunDir+")")
+		fs.StringVar(&f.cacheDir, "cache-dev-dir", "", "where volumes with the cache-dev-size attribute keep their persistent write-back log (a directory on a local disk, kept across reboots); without it such volumes are refused")
 		fs.StringVar(&f.launcher, "launcher", string(csi.LaunchAuto), "where the gateways live: systemd-scope (a scope unit of the host's systemd: they outlive the plugin's container), process (the plugin's cgroup), or auto: systemd-scope when the host's systemd answers")
 	})
 	cmd.Flags().BoolVar(&f.debug, "debug", false, "debug logging")
@@ -159,7 +161,7 @@ func runCSI(ctx context.Context, f *csiFlags, fitVolumes bool, stderr io.Writer)
 		return fail("csi", err)
 	}
 	o := csi.Options{Endpoint: f.endpoint, NodeID: f.nodeID, Memory: &plan,
-		RunDir: control.RunDir(f.runDir), Binary: bin, Launcher: launcher, Log: log}
+		RunDir: control.RunDir(f.runDir), Binary: bin, Launcher: launcher, CacheDevDir: f.cacheDir, Log: log}
 	if f.pool != "" {
 		ctl, err := newPoolController(pool, f.claims, f.initiator, f.poolErase, log)
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -80,6 +81,9 @@ func (g *ExecGateways) Args(spec GatewaySpec) []string {
 	}
 	for _, t := range spec.Targets {
 		args = append(args, "--target", t)
+	}
+	if spec.CacheDev != "" {
+		args = append(args, "--cache-dev", spec.CacheDev, "--cache-dev-size", strconv.FormatInt(spec.CacheDevSize, 10))
 	}
 	if spec.CHAPUser != "" {
 		args = append(args, "--chap-user", spec.CHAPUser, "--chap-secret-file", spec.CHAPSecretFile)

@@ -13,6 +13,10 @@ type GatewaySpec struct {
 	Targets  []string       // one --target per portal
 	Frontend modes.Frontend // FrontendAuto: ublk where the kernel has it, else nbd
 	Cache    modes.Cache
+	// CacheDev is the cache device file (--cache-dev, created at CacheDevSize when missing);
+	// empty: none.
+	CacheDev     string
+	CacheDevSize int64
 	// CHAP: the user names go on the command line (they are not secret); the secrets only as
 	// files (--chap-secret-file, --target-secret-file), never argv or the environment of a
 	// process that outlives the call.

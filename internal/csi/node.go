@@ -19,6 +19,7 @@ type Node struct {
 	gateways   Gateways
 	mounter    Mounter
 	records    Records
+	cacheDir   string // NodeOptions.CacheDevDir
 	log        *zap.Logger
 	locks      volumeLocks
 	// admit serialises admitting a new volume (counting the records, then saving one), so that
@@ -34,7 +35,10 @@ type NodeOptions struct {
 	RunDir     string // the gateways' run directory; the records live in RUNDIR/csi
 	Gateways   Gateways
 	Mounter    Mounter
-	Log        *zap.Logger
+	// CacheDevDir holds the cache device files of volumes that ask for one (KeyCacheDevSize),
+	// one per volume, named after its gateway; empty: such volumes are refused.
+	CacheDevDir string
+	Log         *zap.Logger
 }
 
 // NewNode returns the Node service.
@@ -43,7 +47,7 @@ func NewNode(o NodeOptions) *Node {
 		o.Log = zap.NewNop()
 	}
 	return &Node{nodeID: o.NodeID, maxVolumes: o.MaxVolumes, gateways: o.Gateways, mounter: o.Mounter,
-		records: RecordsIn(o.RunDir), log: o.Log}
+		records: RecordsIn(o.RunDir), cacheDir: o.CacheDevDir, log: o.Log}
 }
 
 // NodeGetCapabilities implements csi.NodeServer.

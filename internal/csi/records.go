@@ -42,6 +42,11 @@ type Record struct {
 	// device is refused.
 	Served    modes.Frontend `json:"served_frontend,omitempty"`
 	SizeBytes int64          `json:"size_bytes,omitempty"`
+	// CacheDev is the volume's cache device file (--cache-dev) and CacheDevSize its size; empty:
+	// none. The path is kept, not derived again from the plugin's --cache-dev-dir: a gateway
+	// restarted without its log would be refused (and must never serve without it).
+	CacheDev     string `json:"cache_dev,omitempty"`
+	CacheDevSize int64  `json:"cache_dev_size,omitempty"`
 }
 
 // sameVolume reports whether r and o ask for the same volume the same way (Device, Served and
@@ -50,7 +55,8 @@ func (r Record) sameVolume(o Record) bool {
 	return r.VolumeID == o.VolumeID && strings.Join(r.Targets, ",") == strings.Join(o.Targets, ",") &&
 		r.Frontend == o.Frontend && r.Cache == o.Cache && r.CHAPUser == o.CHAPUser &&
 		r.TargetUser == o.TargetUser && r.MutualCHAP == o.MutualCHAP && r.Block == o.Block &&
-		r.FSType == o.FSType && strings.Join(r.MountFlags, ",") == strings.Join(o.MountFlags, ",")
+		r.FSType == o.FSType && strings.Join(r.MountFlags, ",") == strings.Join(o.MountFlags, ",") &&
+		r.CacheDevSize == o.CacheDevSize
 }
 
 // Records is the directory of volume records: RUNDIR/csi.

@@ -46,6 +46,9 @@ type Options struct {
 	// Launcher is where the gateways Serve starts live (when Gateways is nil): launch.go.
 	// Zero: LaunchProcess.
 	Launcher LaunchMode
+	// CacheDevDir is where volumes that ask for a cache device (KeyCacheDevSize) keep it; empty:
+	// such volumes are refused.
+	CacheDevDir string
 }
 
 // Serve runs the plugin until ctx ends (the command cancels it on SIGTERM), then stops
@@ -99,7 +102,7 @@ func Serve(ctx context.Context, o Options) error {
 		return err
 	}
 	node := NewNode(NodeOptions{NodeID: o.NodeID, MaxVolumes: o.MaxVolumes, RunDir: o.RunDir,
-		Gateways: o.Gateways, Mounter: o.Mounter, Log: o.Log})
+		Gateways: o.Gateways, Mounter: o.Mounter, CacheDevDir: o.CacheDevDir, Log: o.Log})
 	srv := grpc.NewServer(grpc.UnaryInterceptor(logCalls(o.Log)))
 	csipb.RegisterIdentityServer(srv, &Identity{controller: o.Controller != nil})
 	csipb.RegisterNodeServer(srv, node)

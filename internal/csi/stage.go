@@ -2,6 +2,8 @@ package csi
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -46,6 +48,12 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 	want := Record{VolumeID: id, Name: name, Targets: vol.Targets, Frontend: vol.Frontend, Cache: vol.Cache,
 		CHAPUser: chap.User, TargetUser: chap.TargetUser, MutualCHAP: chap.TargetSecret != "",
 		Block: cp.block, FSType: cp.fsType, MountFlags: cp.flags, StagingPath: filepath.Clean(staging)}
+	if vol.CacheDevSize > 0 {
+		if n.cacheDir == "" {
+			return nil, errf(codes.FailedPrecondition, "volume context %q asks for a cache device, but this node's plugin has no --cache-dev-dir", KeyCacheDevSize)
+		}
+		want.CacheDev, want.CacheDevSize = filepath.Join(n.cacheDir, name+".cache"), vol.CacheDevSize
+	}
 	have, staged, err := n.records.Load(name)
 	if err != nil {
 		return nil, internalf(ctx, "%v", err)
@@ -60,6 +68,9 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 			return nil, errf(codes.AlreadyExists, "volume is staged with another capability or volume context")
 		}
 		want.Device, want.SizeBytes, want.Served = have.Device, have.SizeBytes, have.Served
+		if have.CacheDev != "" {
+			want.CacheDev = have.CacheDev // where its log is, whatever --cache-dev-dir says now
+		}
 	}
 	// The secrets and the record go first: a plugin that dies from here on leaves what the
 	// healer and NodeUnstage need to find and undo the gateway.
@@ -186,7 +197,8 @@ func (n *Node) saveSecrets(name string, chap CHAP) error {
 
 // spec is the gateway of record r.
 func (n *Node) spec(r Record) GatewaySpec {
-	s := GatewaySpec{Name: r.Name, Targets: r.Targets, Frontend: r.Frontend, Cache: r.Cache}
+	s := GatewaySpec{Name: r.Name, Targets: r.Targets, Frontend: r.Frontend, Cache: r.Cache,
+		CacheDev: r.CacheDev, CacheDevSize: r.CacheDevSize}
 	if r.Served != "" {
 		s.Frontend = r.Served // the kind the waiting device is
 	}
@@ -197,6 +209,17 @@ func (n *Node) spec(r Record) GatewaySpec {
 		s.TargetUser, s.TargetSecretFile = r.TargetUser, n.records.SecretFile(r.Name, SecretTargetSecret)
 	}
 	return s
+}
+
+// cacheDevLeft says whether r's cache device file is still there when no gateway ran to detach:
+// its log may hold acknowledged writes the target lacks (the gateway died, and its device did
+// not wait for a successor), so a gateway is started to recover and write it back.
+func cacheDevLeft(r Record) bool {
+	if r.CacheDev == "" {
+		return false
+	}
+	_, err := os.Stat(r.CacheDev)
+	return err == nil
 }
 
 // NodeUnstageVolume implements csi.NodeServer: unmount the staging path, detach the gateway
@@ -227,12 +250,15 @@ func (n *Node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolu
 		}
 	}
 	// The gateway is detached by name even without a record: the name is the volume's.
+	_, err = n.gateways.Status(ctx, name)
+	ran := err == nil
 	if err := n.gateways.Detach(ctx, name); err != nil {
 		return nil, detachErr(ctx, name, err)
 	}
-	if n.gateways.Waiting(name) {
-		// The gateway died and its device waits for a successor (a ublk device waits forever):
-		// one is started to take it over, only to detach it.
+	if n.gateways.Waiting(name) || (staged && !ran && cacheDevLeft(rec)) {
+		// The gateway died and its device waits for a successor (a ublk device waits forever),
+		// or left a cache device whose log the target may lack: one is started to take it over
+		// (recovering the log), only to detach it (writing the log back).
 		if !staged {
 			return nil, errf(codes.Internal, "the device of gateway %s waits for a successor, but the volume's record is gone: "+
 				"run `iser-blk attach --name %s` with its target and detach it", name, name)
@@ -243,6 +269,12 @@ func (n *Node) NodeUnstageVolume(ctx context.Context, req *csipb.NodeUnstageVolu
 		}
 		if err := n.gateways.Detach(ctx, name); err != nil {
 			return nil, detachErr(ctx, name, err)
+		}
+	}
+	// A detach wrote the cache device's log back: its file goes with the volume.
+	if staged && rec.CacheDev != "" {
+		if err := os.Remove(rec.CacheDev); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, internalf(ctx, "removing the cache device: %v", err)
 		}
 	}
 	if err := n.records.Remove(name); err != nil {

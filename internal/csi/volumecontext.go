@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/dustin/go-humanize"
+
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/internal/modes"
 )
@@ -25,10 +27,18 @@ const (
 	KeyFrontend = "frontend"
 	// KeyCache is the gateway's --cache mode: writeback (default), writethrough or off.
 	KeyCache = "cache"
+	// KeyCacheDevSize asks for a persistent write-back log (--cache-dev) of this size ("4GiB")
+	// in a file on the node, in the plugin's --cache-dev-dir (docs/cache-dev.md): fsync at
+	// local-disk speed. Only with the write-back cache.
+	KeyCacheDevSize = "cache-dev-size"
 )
 
+// minCacheDevSize is the smallest cache device a volume may ask for (the journal's MinSize plus
+// its two superblocks: cache/journal refuses less).
+const minCacheDevSize = 16<<20 + 8192
+
 // knownKeys are the keys ParseVolumeContext accepts.
-var knownKeys = []string{KeyTargets, KeyLUN, KeyTransport, KeyFrontend, KeyCache}
+var knownKeys = []string{KeyTargets, KeyLUN, KeyTransport, KeyFrontend, KeyCache, KeyCacheDevSize}
 
 // coPrefixes are the key prefixes a CO adds on its own (Kubernetes: the pod information of
 // podInfoOnMount, the provisioner's identity); they are not the user's, so strictness does not
@@ -54,6 +64,8 @@ type Volume struct {
 	Targets  []string       // full target URLs, LUN included, without user@; one per portal
 	Frontend modes.Frontend // modes.Ublk, modes.NBD or FrontendAuto
 	Cache    modes.Cache
+	// CacheDevSize is the size of the volume's cache device on the node; 0: none.
+	CacheDevSize int64
 }
 
 // CHAP is a node-stage secret's credentials; the zero value is no CHAP.
@@ -133,6 +145,16 @@ func ParseVolumeContext(vc map[string]string) (Volume, error) {
 			return Volume{}, fmt.Errorf("volume context %q: %q, want writeback, writethrough or off", KeyCache, c)
 		}
 		v.Cache = m
+	}
+	if raw, ok := vc[KeyCacheDevSize]; ok {
+		n, err := humanize.ParseBytes(strings.TrimSpace(raw))
+		if err != nil || n < minCacheDevSize || n > 1<<50 {
+			return Volume{}, fmt.Errorf("volume context %q: %q, want a size of at least 16MiB, like 4GiB", KeyCacheDevSize, raw)
+		}
+		if v.Cache != modes.WriteBack {
+			return Volume{}, fmt.Errorf("volume context %q needs the write-back cache, but %q is %s", KeyCacheDevSize, KeyCache, v.Cache)
+		}
+		v.CacheDevSize = int64(n)
 	}
 	return v, nil
 }

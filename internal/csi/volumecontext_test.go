@@ -27,6 +27,8 @@ func TestParseVolumeContext(t *testing.T) {
 		{map[string]string{KeyTargets: "iser://[fd00::1]/iqn.2001-04.com.example:disk1/3", KeyTransport: "iser", KeyFrontend: "ublk", KeyCache: "writethrough",
 			"csi.storage.k8s.io/pod.name": "db-0", "storage.kubernetes.io/csiProvisionerIdentity": "x"},
 			Volume{Targets: []string{"iser://[fd00::1]:3260/iqn.2001-04.com.example:disk1/3"}, Frontend: modes.Ublk, Cache: modes.WriteThrough}},
+		{map[string]string{KeyTargets: testTarget, KeyCache: "writeback", KeyCacheDevSize: "4GiB"},
+			Volume{Targets: []string{testTargetNorm}, CacheDevSize: 4 << 30}},
 	} {
 		got, err := ParseVolumeContext(tt.vc)
 		if err != nil {
@@ -66,6 +68,9 @@ func TestParseVolumeContextStrict(t *testing.T) {
 		{map[string]string{KeyTargets: testTarget, KeyFrontend: "nbd-socket"}, KeyFrontend},
 		{map[string]string{KeyTargets: testTarget, KeyCache: "fast"}, KeyCache},
 		{map[string]string{KeyTargets: testTarget, KeyCache: ""}, KeyCache},
+		{map[string]string{KeyTargets: testTarget, KeyCacheDevSize: "big"}, KeyCacheDevSize},
+		{map[string]string{KeyTargets: testTarget, KeyCacheDevSize: "1MiB"}, KeyCacheDevSize}, // below the minimum
+		{map[string]string{KeyTargets: testTarget, KeyCacheDevSize: "1GiB", KeyCache: "off"}, "write-back"},
 	} {
 		_, err := ParseVolumeContext(tt.vc)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
