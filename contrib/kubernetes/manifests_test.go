@@ -314,8 +314,20 @@ func TestNodePlugin(t *testing.T) {
 	ds := only[*appsv1.DaemonSet](t, manifests(t))
 	spec := ds.Spec.Template.Spec
 	plugin := container(t, spec, "iser-blk")
-	if want := []string{"csi", "--endpoint", "unix:///csi/csi.sock", "--node-id", "$(NODE_NAME)", "--launcher", "systemd-scope"}; !slices.Equal(plugin.Args, want) {
+	if want := []string{"csi", "--endpoint", "unix:///csi/csi.sock", "--node-id", "$(NODE_NAME)", "--launcher", "systemd-scope",
+		"--cache-dev-dir", "/var/lib/iser-blk/cache-dev"}; !slices.Equal(plugin.Args, want) {
 		t.Errorf("node plugin args %q, want %q", plugin.Args, want)
+	}
+	// The gateways run on the host (systemd scopes) and open the cache device by the path the
+	// plugin gives: the directory must be a hostPath mounted at its own path.
+	sameOnHost := false
+	for name, hp := range hostPaths(spec) {
+		if m := mountOf(plugin, name); m != nil && m.MountPath == hp && strings.HasPrefix("/var/lib/iser-blk/cache-dev", hp+"/") {
+			sameOnHost = true
+		}
+	}
+	if !sameOnHost {
+		t.Error("--cache-dev-dir is not on a hostPath mounted at the same path in the plugin")
 	}
 	nodeNameEnv(t, plugin)
 	if plugin.SecurityContext == nil || plugin.SecurityContext.Privileged == nil || !*plugin.SecurityContext.Privileged {

@@ -19,7 +19,7 @@ func TestStageCacheDev(t *testing.T) {
 	req.VolumeContext = map[string]string{KeyTargets: testTarget, KeyCacheDevSize: "64MiB"}
 	wantCode(t, "stage without --cache-dev-dir", r.stage(req), codes.FailedPrecondition)
 
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "cache-dev") // made at the first stage
 	r.node.cacheDir = dir
 	r.ok("stage", r.stage(req))
 	name := GatewayName("vol-cd")

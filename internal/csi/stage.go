@@ -52,6 +52,9 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csipb.NodeStageVolumeRe
 		if n.cacheDir == "" {
 			return nil, errf(codes.FailedPrecondition, "volume context %q asks for a cache device, but this node's plugin has no --cache-dev-dir", KeyCacheDevSize)
 		}
+		if err := os.MkdirAll(n.cacheDir, 0o700); err != nil {
+			return nil, internalf(ctx, "the cache device directory: %v", err)
+		}
 		want.CacheDev, want.CacheDevSize = filepath.Join(n.cacheDir, name+".cache"), vol.CacheDevSize
 	}
 	have, staged, err := n.records.Load(name)
