@@ -30,7 +30,8 @@ func newRestartCmd() *cobra.Command {
 	cmd := cli.Leaf("restart NAME [--timeout D] [--run-dir DIR]",
 		"planned restart of a running gateway: write back, re-exec, keep the device",
 		"Restart the attach gateway NAME in place: it stops taking requests, finishes those in flight,\n"+
-			"writes back every dirty byte (progress is shown here), records a clean state and re-executes\n"+
+			"writes back every dirty byte held in RAM (progress is shown here; a --cache-dev log is kept, not\n"+
+			"written back), records a clean state and re-executes\n"+
 			"its binary from its path on disk with the same arguments and PID; the new image takes the\n"+
 			"device over, which stays (same node, mounts stay). Installing a new binary and running\n"+
 			"restart upgrades the gateway (systemd ExecReload may call it). Needs attach --name.", 1,
@@ -59,7 +60,8 @@ func newStopCmd() *cobra.Command {
 	cmd := cli.Leaf("stop --keep NAME [--timeout D] [--run-dir DIR]",
 		"stop a gateway and keep its device for a successor (--keep)",
 		"Stop the attach gateway NAME and keep its kernel device: it stops taking requests, finishes\n"+
-			"those in flight, writes back every dirty byte (progress is shown here), records a clean state\n"+
+			"those in flight, writes back every dirty byte held in RAM (progress is shown here; a --cache-dev\n"+
+			"log is kept for the successor, not written back), records a clean state\n"+
 			"and exits 0. The device stays (same node, mounts stay, I/O waits) until the same attach command\n"+
 			"is run again (ublk: within any time; nbd: within --dead-conn-timeout). To remove the device,\n"+
 			"use detach. Needs attach --name. systemd's restart of iser-blk@NAME runs this.", 1,
