@@ -435,67 +435,89 @@ func lastLine(s, sub string) string {
 	return fmt.Sprint(last)
 }
 
-// TestVMCacheDevPlannedRestart: `iser-blk restart` of a --cache-dev gateway writes nothing back
-// (the log is kept, Keep) and the re-executed image recovers it: the same process and device,
-// the batches written just before served again from the log, not fenced; a detach then writes
-// them back and the target alone reads them.
+// TestVMCacheDevPlannedRestart: a planned hand-over of a --cache-dev gateway writes nothing back
+// (the log is kept, Keep) and the next image recovers it — `iser-blk restart` (the same process
+// re-executed) and `stop --keep` followed by the same attach command (a new process): the same
+// device, the batches written just before served again from the log, not fenced; a detach then
+// writes them back and the target alone reads them.
 func TestVMCacheDevPlannedRestart(t *testing.T) {
 	for _, fe := range frontends {
-		t.Run(fe.name, func(t *testing.T) {
-			b := bin(t)
-			name := "gw-cdp-" + fe.name
-			if fe.name == "nbd" {
-				fe.args = []string{"--nbd", "/dev/nbd5", "--connections", "2"} // not the other tests' devices
-			}
-			args, runDir, _ := setup(t, fe, name)
-			g := start(t, args...)
-			waitLog(t, g, "cache device ready", time.Minute)
-			// Written within CleanAfter (10 s) of the restart, which follows at once: still in the
-			// log when it comes (the write-back starts once the oldest data has waited 10 s).
-			data := make([]byte, 4<<20)
-			if _, err := rand.Read(data); err != nil {
-				t.Fatal(err)
-			}
-			src := filepath.Join(t.TempDir(), "data")
-			if err := os.WriteFile(src, data, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			run(t, "dd", "if="+src, "of="+g.Device, "bs=64k", "oflag=direct", "conv=fsync", "status=none")
-			out := run(t, b, "restart", name, "--run-dir", runDir)
-			deadline := time.Now().Add(time.Minute)
-			for strings.Count(g.Stderr.String(), "cache device ready") < 2 {
-				if time.Now().After(deadline) {
-					t.Fatalf("the restarted image did not open the cache device within a minute:\n%s", g.Stderr)
+		for _, how := range []string{"restart", "stop-keep"} {
+			t.Run(fe.name+"/"+how, func(t *testing.T) {
+				if fe.name == "nbd" {
+					fe.args = []string{"--nbd", "/dev/nbd5", "--connections", "2"} // not the other tests' devices
 				}
-				time.Sleep(50 * time.Millisecond) // polling the log, not synchronising
-			}
-			ready := lastLine(g.Stderr.String(), "cache device ready")
-			m := batchesRe.FindStringSubmatch(ready)
-			if m == nil || m[1] == "0" {
-				t.Fatalf("the restarted image recovered nothing from the log (was it written back before the re-exec?): %s\n%s", ready, g.Stderr)
-			}
-			t.Logf("restart: %s; the new image: %s", strings.TrimSpace(out), ready)
-			waitLog(t, g, fe.resumed, time.Minute)
-			checkStatus(t, b, name, runDir)
-			if !bytes.Equal(readHead(t, g.Device, len(data)), data) {
-				t.Fatal("the data written before the restart does not read back after it")
-			}
-			if out, err := exec.Command(b, "detach", name, "--run-dir", runDir).CombinedOutput(); err != nil {
-				t.Fatalf("detach: %v\n%s", err, out)
-			}
-			<-g.Exited
-			if g.Err != nil {
-				t.Fatalf("gateway after detach: %v", g.Err)
-			}
-			plain := append(append([]string{args[0], args[1]}, fe.args...), "--cache", "off")
-			p := start(t, plain...)
-			if !bytes.Equal(readHead(t, p.Device, len(data)), data) {
-				t.Fatal("after detach the target alone does not hold the data written before the restart")
-			}
-			p.Cmd.Process.Signal(os.Interrupt)
-			<-p.Exited
-		})
+				testPlannedHandOver(t, fe, how)
+			})
+		}
 	}
+}
+
+func testPlannedHandOver(t *testing.T, fe frontend, how string) {
+	b := bin(t)
+	name := "gw-cdp-" + fe.name
+	args, runDir, _ := setup(t, fe, name)
+	g := start(t, args...)
+	waitLog(t, g, "cache device ready", time.Minute)
+	// Written within CleanAfter (10 s) of the hand-over, which follows at once: still in the
+	// log when it comes (the write-back starts once the oldest data has waited 10 s).
+	data := make([]byte, 4<<20)
+	if _, err := rand.Read(data); err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Join(t.TempDir(), "data")
+	if err := os.WriteFile(src, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "dd", "if="+src, "of="+g.Device, "bs=64k", "oflag=direct", "conv=fsync", "status=none")
+	next := g // the image that recovers the log
+	var out string
+	if how == "restart" {
+		out = run(t, b, "restart", name, "--run-dir", runDir)
+		deadline := time.Now().Add(time.Minute)
+		for strings.Count(g.Stderr.String(), "cache device ready") < 2 {
+			if time.Now().After(deadline) {
+				t.Fatalf("the restarted image did not open the cache device within a minute:\n%s", g.Stderr)
+			}
+			time.Sleep(50 * time.Millisecond) // polling the log, not synchronising
+		}
+	} else {
+		out = run(t, b, "stop", "--keep", name, "--run-dir", runDir)
+		<-g.Exited
+		if g.Err != nil {
+			t.Fatalf("the gateway after stop --keep: %v\n%s", g.Err, g.Stderr)
+		}
+		next = start(t, args...)
+		waitLog(t, next, "cache device ready", time.Minute)
+	}
+	ready := lastLine(next.Stderr.String(), "cache device ready")
+	m := batchesRe.FindStringSubmatch(ready)
+	if m == nil || m[1] == "0" {
+		t.Fatalf("the next image recovered nothing from the log (was it written back at the hand-over?): %s\n%s", ready, next.Stderr)
+	}
+	t.Logf("%s: %s; the next image: %s", how, strings.TrimSpace(out), ready)
+	waitLog(t, next, fe.resumed, time.Minute)
+	checkStatus(t, b, name, runDir)
+	if next.Device != g.Device {
+		t.Fatalf("the next image serves %s, not the device kept for it (%s)", next.Device, g.Device)
+	}
+	if !bytes.Equal(readHead(t, next.Device, len(data)), data) {
+		t.Fatalf("the data written before the %s does not read back after it", how)
+	}
+	if out, err := exec.Command(b, "detach", name, "--run-dir", runDir).CombinedOutput(); err != nil {
+		t.Fatalf("detach: %v\n%s", err, out)
+	}
+	<-next.Exited
+	if next.Err != nil {
+		t.Fatalf("gateway after detach: %v", next.Err)
+	}
+	plain := append(append([]string{args[0], args[1]}, fe.args...), "--cache", "off")
+	p := start(t, plain...)
+	if !bytes.Equal(readHead(t, p.Device, len(data)), data) {
+		t.Fatalf("after detach the target alone does not hold the data written before the %s", how)
+	}
+	p.Cmd.Process.Signal(os.Interrupt)
+	<-p.Exited
 }
 
 // readHead reads the first n bytes of dev, bypassing the page cache.
