@@ -53,12 +53,13 @@ EARLIER_TIER = "unit 5 0 0"  # a tier that ran before: every writer appends afte
 
 
 class VMTierTallyTest(unittest.TestCase):
-    """test-vm.sh with stub parts: selftest.sh and gotest.sh write their own lines to $TALLY (as the
-    real ones do), run.sh prints what a smoke guest would. gotest.sh runs twice: for the vm-tagged
-    tests, and with VM_INIT=systemd for the systemd unit's (gotest_systemd)."""
+    """test-vm.sh with stub parts: selftest.sh, gotest.sh and powercut.sh write their own lines to
+    $TALLY (as the real ones do), run.sh prints what a smoke guest would. gotest.sh runs twice: for
+    the vm-tagged tests, and with VM_INIT=systemd for the systemd unit's (gotest_systemd)."""
 
     def run_vm_tier(self, selftest, smoke_output, smoke_status, gotest,
-                    gotest_systemd='echo "vm-systemd 6 0 0" >>"$TALLY"\n'):
+                    gotest_systemd='echo "vm-systemd 6 0 0" >>"$TALLY"\n',
+                    powercut='echo "vm-powercut 2 0 0" >>"$TALLY"\n'):
         """Runs test-vm.sh with these stubs; its process, the lines it appended to a tally that
         already held EARLIER_TIER (checked to stay first), and the files it left in TMPDIR."""
         with tempfile.TemporaryDirectory() as tmp:
@@ -73,6 +74,7 @@ class VMTierTallyTest(unittest.TestCase):
             write_script(os.path.join(vm, "run.sh"),
                          f'cat "{tmp}/smoke-output"\necho "run.sh: stub stderr" >&2\nexit {smoke_status}\n')
             write_script(os.path.join(vm, "smoke.sh"), "exit 99  # run.sh's argument, never run here\n")
+            write_script(os.path.join(vm, "powercut.sh"), powercut)
             tally = os.path.join(tmp, "tally")
             with open(tally, "w") as f:
                 f.write(EARLIER_TIER + "\n")
@@ -97,9 +99,9 @@ class VMTierTallyTest(unittest.TestCase):
             dict(selftest='echo "vm-self 8 0 0" >>"$TALLY"\n',
                  smoke_output="PASS [  1.2s] serve and read\n14 passed, 0 failed\n", smoke_status=0,
                  gotest='echo "vm-go 338 0 2" >>"$TALLY"\n'),
-            0, ["vm-self 8 0 0", "vm-smoke 14 0 0", "vm-go 338 0 2", "vm-systemd 6 0 0"],
-            "vm: 366 passed, 0 failed, 2 skipped")
-        self.assertEqual(make_tally([EARLIER_TIER] + lines), ["total: 371 passed, 0 failed, 2 skipped"])
+            0, ["vm-self 8 0 0", "vm-smoke 14 0 0", "vm-go 338 0 2", "vm-systemd 6 0 0", "vm-powercut 2 0 0"],
+            "vm: 368 passed, 0 failed, 2 skipped")
+        self.assertEqual(make_tally([EARLIER_TIER] + lines), ["total: 373 passed, 0 failed, 2 skipped"])
         self.assertEqual(leftovers, [], "the tier's own tally and smoke log are removed")
 
     def test_failures_are_counted_once_and_named(self):
@@ -112,11 +114,11 @@ class VMTierTallyTest(unittest.TestCase):
                  smoke_output="PASS [  1.0s] serve and read\nFAIL [ 12.5s] attach, mkfs, fsck\n13 passed, 1 failed\n",
                  smoke_status=1, gotest="exit 2\n"),
             1, ["vm-self 7 1 0", "FAILED vm-self hung guest not killed", "vm-smoke 13 1 0",
-                "FAILED vm-smoke attach, mkfs, fsck", "vm 0 1 0", gotest_failure, "vm-systemd 6 0 0"],
-            "vm: 26 passed, 3 failed, 0 skipped")
+                "FAILED vm-smoke attach, mkfs, fsck", "vm 0 1 0", gotest_failure, "vm-systemd 6 0 0", "vm-powercut 2 0 0"],
+            "vm: 28 passed, 3 failed, 0 skipped")
         self.assertEqual(make_tally([EARLIER_TIER] + lines), [
             "FAILED: vm-self hung guest not killed", "FAILED: vm-smoke attach, mkfs, fsck",
-            "FAILED: " + gotest_failure[len("FAILED "):], "total: 31 passed, 3 failed, 0 skipped"])
+            "FAILED: " + gotest_failure[len("FAILED "):], "total: 33 passed, 3 failed, 0 skipped"])
 
     def test_a_part_that_counted_no_failure_but_failed(self):
         # gotest.sh when the guest times out after the summary was written: its counts say 0 failed
@@ -125,8 +127,8 @@ class VMTierTallyTest(unittest.TestCase):
                  smoke_status=0, gotest='echo "vm-go 338 0 0" >>"$TALLY"\nexit 124\n'),
             1, ["vm-self 8 0 0", "vm-smoke 14 0 0", "vm-go 338 0 0", "vm 0 1 0",
                 "FAILED vm Go tests tagged vm (guest): exit 124 without a counted failure (see its output)",
-                "vm-systemd 6 0 0"],
-            "vm: 366 passed, 1 failed, 0 skipped")
+                "vm-systemd 6 0 0", "vm-powercut 2 0 0"],
+            "vm: 368 passed, 1 failed, 0 skipped")
 
     def test_the_systemd_part_counts_and_fails_on_its_own(self):
         # the systemd guest's tests count as their own tier; their failure fails the VM tier
@@ -136,8 +138,19 @@ class VMTierTallyTest(unittest.TestCase):
                  gotest_systemd='echo "vm-systemd 4 2 0" >>"$TALLY"\n'
                                 'echo "FAILED vm-systemd systemd_test.TestReloadKeepsPID" >>"$TALLY"\nexit 1\n'),
             1, ["vm-self 8 0 0", "vm-smoke 14 0 0", "vm-go 338 0 0", "vm-systemd 4 2 0",
-                "FAILED vm-systemd systemd_test.TestReloadKeepsPID"],
-            "vm: 364 passed, 2 failed, 0 skipped")
+                "FAILED vm-systemd systemd_test.TestReloadKeepsPID", "vm-powercut 2 0 0"],
+            "vm: 366 passed, 2 failed, 0 skipped")
+
+    def test_the_power_cut_part_counts_and_fails_on_its_own(self):
+        # powercut.sh writes its own counts and one FAILED line per frontend that lost data
+        self.expect(
+            dict(selftest='echo "vm-self 8 0 0" >>"$TALLY"\n', smoke_output="14 passed, 0 failed\n",
+                 smoke_status=0, gotest='echo "vm-go 338 0 0" >>"$TALLY"\n',
+                 powercut='echo "vm-powercut 1 1 0" >>"$TALLY"\n'
+                          'echo "FAILED vm-powercut nbd: durable records lost" >>"$TALLY"\nexit 1\n'),
+            1, ["vm-self 8 0 0", "vm-smoke 14 0 0", "vm-go 338 0 0", "vm-systemd 6 0 0", "vm-powercut 1 1 0",
+                "FAILED vm-powercut nbd: durable records lost"],
+            "vm: 367 passed, 1 failed, 0 skipped")
 
     def test_a_smoke_guest_that_dies_before_its_closing_line(self):
         # one failure for the smoke part, not a second one from part(); a failed check's log,
@@ -150,8 +163,8 @@ class VMTierTallyTest(unittest.TestCase):
             1, ["vm-self 8 0 0", "vm-smoke 0 1 0",
                 "FAILED vm-smoke the guest ended before the suite's closing line (run.sh exit 125); its last lines: "
                 "PASS [  2.0s] detach|booting the kernel|Kernel panic - not syncing|run.sh: stub stderr|",
-                "vm-go 338 0 0", "vm-systemd 6 0 0"],
-            "vm: 352 passed, 1 failed, 0 skipped")
+                "vm-go 338 0 0", "vm-systemd 6 0 0", "vm-powercut 2 0 0"],
+            "vm: 354 passed, 1 failed, 0 skipped")
 
 
 class FuzzTallyTest(unittest.TestCase):
