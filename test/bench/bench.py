@@ -130,6 +130,48 @@ def client_preexec(placement):
     return lambda: os.sched_setaffinity(0, cpus)
 
 
+class SyscallCount:
+    """System calls a process makes while a job runs (issue 37: how many times per I/O the server
+    enters the kernel), counted by `perf stat -e raw_syscalls:sys_enter` attached to every thread
+    of the process for the job's duration. A counting tracepoint costs each system call a few
+    tens of nanoseconds, so the CPU columns carry that much too, for every server alike. None
+    where perf is missing or refused."""
+
+    def __init__(self, pid, work):
+        self.out = os.path.join(work, f"perf-syscalls-{pid}.csv")
+        self.proc = None
+        if shutil.which("perf"):
+            self.proc = subprocess.Popen(["perf", "stat", "-x,", "-e", "raw_syscalls:sys_enter", "-p",
+                                          str(pid), "-o", self.out], stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL)
+
+    def stop(self):
+        """The count, or None."""
+        if self.proc is None:
+            return None
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return None
+        return parse_perf_count(self.out)
+
+
+def parse_perf_count(path):
+    """The first counter of a `perf stat -x,` output file, or None (not counted, not supported)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                fields = line.strip().split(",")
+                if len(fields) > 2 and "raw_syscalls" in fields[2]:
+                    return int(fields[0]) if fields[0].isdigit() else None
+    except OSError:
+        return None
+    return None
+
+
 def cpu_seconds(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -669,9 +711,13 @@ def run_pass(a, jobs, tgt, work, prof, rep, placement, wanted):
                     pname = vname if placement == "shared" else f"{vname}-{placement}"
                     pt = prof.start(pname, job, a.runtime) if prof and vname.startswith("iser-blk") else None
                     reset_peak_rss(srv.proc.pid)
+                    sc = SyscallCount(srv.proc.pid, work)
                     c0, t0 = cpu_seconds(srv.proc.pid), cpu_seconds(tgt.proc.pid)
                     m = fio(srv.uri, job, args, a.runtime, a.size, work, pre)
                     c1, t1 = cpu_seconds(srv.proc.pid), cpu_seconds(tgt.proc.pid)
+                    calls = sc.stop()
+                    if calls is not None:
+                        m["gw_syscalls_per_io"] = calls / max(m["ios"], 1)
                     m["gw_peak_rss_mib"] = peak_rss_mib(srv.proc.pid)
                     if pt:
                         prof.finish(pt, pname, job)
@@ -787,8 +833,8 @@ def placement_report(a, jobs, results, placement, work):
         unit = {"p50_us": "p50 µs", "iops": "IOPS", "bw_mib": "MiB/s"}[key]
         lines.append(f"\n## {job} ({unit}{', lower is better' if key == 'p50_us' else ''})\n")
         lines.append("| system | " + unit + " | p99 µs | ratio to qemu-nbd | gateway CPU µs/IO | tgtd CPU µs/IO | "
-                     "fio CPU µs/IO | server peak RSS MiB |")
-        lines.append("|---|---|---|---|---|---|---|---|")
+                     "fio CPU µs/IO | server syscalls/IO | server peak RSS MiB |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
         base = {r["rep"]: r[key] for r in by.get(("qemu-nbd", job), [])}
         for s in sysnames:
             rs = by.get((s, job))
@@ -806,6 +852,7 @@ def placement_report(a, jobs, results, placement, work):
                          f"{fmt([r.get('gw_cpu_us_per_io') for r in rs], 1)} | "
                          f"{fmt([r.get('tgt_cpu_us_per_io') for r in rs], 1)} | "
                          f"{fmt([r.get('fio_cpu_us_per_io') for r in rs], 1)} | "
+                         f"{fmt([r.get('gw_syscalls_per_io') for r in rs], 2)} | "
                          f"{fmt([r.get('gw_peak_rss_mib') for r in rs], 0)} |")
     lines += goals(by, placement)
     lines += tls_report(by)

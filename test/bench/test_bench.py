@@ -19,6 +19,28 @@ def named(*names):
     return [by[n] for n in names]
 
 
+class PerfCountTest(unittest.TestCase):
+    """parse_perf_count reads `perf stat -x,` output as perf 6.1 writes it."""
+
+    def parse(self, text):
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+            f.write(text)
+        try:
+            return bench.parse_perf_count(f.name)
+        finally:
+            os.unlink(f.name)
+
+    def test_counted(self):
+        self.assertEqual(self.parse("# started on Sat Dec  5 10:15:41 2026\n\n"
+                                    "382078,,raw_syscalls:sys_enter,871349486,100.00,,\n"), 382078)
+
+    def test_not_counted_or_missing(self):
+        self.assertIsNone(self.parse("<not counted>,,raw_syscalls:sys_enter,0,100.00,,\n"))
+        self.assertIsNone(self.parse(""))
+        self.assertIsNone(bench.parse_perf_count("/nonexistent/perf.csv"))
+
+
 class WritesTest(unittest.TestCase):
     def test_each_job_of_the_table(self):
         got = {name: bench.writes(args) for name, args, _ in bench.JOBS}
@@ -73,7 +95,8 @@ class RunPassTest(unittest.TestCase):
         a = SimpleNamespace(runtime=1, size="1m", alt_bin=None)
         with mock.patch.multiple(bench, systems=lambda *_a, **_kw: stubs, fio=fio, flush=flush,
                                  cpu_seconds=lambda _pid: 0.0, reset_peak_rss=lambda _pid: None,
-                                 peak_rss_mib=lambda _pid: 0, log=lambda *_a: None):
+                                 peak_rss_mib=lambda _pid: 0, log=lambda *_a: None,
+                                 SyscallCount=lambda _pid, _work: SimpleNamespace(stop=lambda: 7)):
             rows = bench.run_pass(a, jobs, SimpleNamespace(proc=SimpleNamespace(pid=1)), "/nonexistent",
                                   None, 0, "shared", lambda s: s != "libiscsi-direct")
         return calls, rows
