@@ -23,16 +23,15 @@
 //     every batch acknowledged before it and recovery finds them as an unbroken chain.
 //   - Units are reused only after the checkpoint passed them and no reader still reads them (rmu).
 //
-// One precondition on the caller: a write of part of a unit is never issued while a discard, a
-// write-zeroes or a large write that covers that unit is in flight. The merge of a partial write
-// reads the unit from the target when the log has none of it, and would read it mid-operation.
-// The RAM cache above (the only user) never does: its direct operations and large writes exclude
-// write-backs of their pages, and its pages are units.
+// A write of part of a unit is merged with the unit's contents, read from the log or else from
+// the target; a discard, a write-zeroes or a large write over the same unit may be in flight on
+// the target meanwhile. Claims (claims.go) make the two happen one after the other, so the merge
+// never reads a unit mid-operation.
 //
 // # Locks
 //
 // rmu (readers of ring units, shared; the reclaim of units, exclusive) → mu (index, ring
-// positions, write-backs in flight, failure). cleanMu serialises write-back rounds and the
+// positions, write-backs in flight, claims, failure). cleanMu serialises write-back rounds and the
 // write-back of a range before an invalidation; it is taken before rmu and mu. amu guards the
 // queue of appends and is never held with the others. syncMu serialises fdatasync and the
 // target's flush.
@@ -41,7 +40,8 @@
 //
 // format.go the on-disk structures and their codecs; media.go the cache device; index.go the
 // index; open.go opening, formatting and the identity check; recover.go recovery; append.go
-// the batch writer (group commit, merges of partial units, the wrap of the ring); io.go the
+// the batch writer (group commit, merges of partial units, the wrap of the ring); claims.go
+// merges kept apart from operations around the log; io.go the
 // block.Device operations; clean.go the write-back; journal.go the type, its options and
 // closing; stats.go the counters, status and metrics.
 package journal

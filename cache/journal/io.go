@@ -24,7 +24,7 @@ func (j *Journal) WriteAt(ctx context.Context, p []byte, off int64, flags block.
 		return nil
 	}
 	err := j.edges(off, int64(len(p)), func(o, n int64) error {
-		return j.appendPart(o, p[o-off:o-off+n])
+		return j.appendPart(ctx, o, p[o-off:o-off+n])
 	}, func(o, n int64) error {
 		return j.writeUnits(ctx, p[o-off:o-off+n], o, flags)
 	})
@@ -102,9 +102,16 @@ func (j *Journal) writeUnits(ctx context.Context, p []byte, off int64, flags blo
 	return nil
 }
 
-// appendPart logs the bytes p at off, within one unit, merged with the unit's contents.
-func (j *Journal) appendPart(off int64, p []byte) error {
-	if err := j.appendMerge(uint64(off/j.u), int(off%j.u), p); err != nil {
+// appendPart logs the bytes p at off, within one unit, merged with the unit's contents. The unit
+// is claimed for the merge (claims.go).
+func (j *Journal) appendPart(ctx context.Context, off int64, p []byte) error {
+	lba := uint64(off / j.u)
+	release, err := j.claim(ctx, lba, lba+1, claimMerge)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err := j.appendMerge(lba, int(off%j.u), p); err != nil {
 		return err
 	}
 	j.st.logged.Add(uint64(len(p)))
@@ -114,7 +121,13 @@ func (j *Journal) appendPart(off int64, p []byte) error {
 // writeAround sends whole units to the target, after making sure that no older copy of their
 // range in the log is served or written back over them, now or after a crash.
 func (j *Journal) writeAround(ctx context.Context, p []byte, off int64, flags block.WriteFlags) error {
-	if err := j.invalidate(ctx, uint64(off/j.u), uint64(int64(len(p))/j.u)); err != nil {
+	lba, n := uint64(off/j.u), uint64(int64(len(p))/j.u)
+	release, err := j.claim(ctx, lba, lba+n, claimDirect)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err := j.invalidate(ctx, lba, n); err != nil {
 		return err
 	}
 	j.directs.Add(1)
@@ -255,9 +268,15 @@ func (j *Journal) direct(ctx context.Context, off, length int64, op func(o, n in
 		return nil
 	}
 	return j.edges(off, length, func(o, n int64) error {
-		return j.appendPart(o, j.zeroes[:n])
+		return j.appendPart(ctx, o, j.zeroes[:n])
 	}, func(o, n int64) error {
-		if err := j.invalidate(ctx, uint64(o/j.u), uint64(n/j.u)); err != nil {
+		lba, units := uint64(o/j.u), uint64(n/j.u)
+		release, err := j.claim(ctx, lba, lba+units, claimDirect)
+		if err != nil {
+			return err
+		}
+		defer release()
+		if err := j.invalidate(ctx, lba, units); err != nil {
 			return err
 		}
 		j.directs.Add(1)

@@ -76,6 +76,7 @@ type Journal struct {
 	seq      uint64 // the next batch's sequence number
 	prevSeq  uint64 // the last batch's
 	cleaning []lbaRange
+	claims   []claim // merges and direct operations in flight (claims.go)
 	// dirtySince is when the log last went from empty to holding data (zero: empty): the
 	// cleaner starts once that is CleanAfter ago.
 	dirtySince time.Time

@@ -435,3 +435,46 @@ func TestCleanAfterAge(t *testing.T) {
 		t.Fatalf("after the write-back: %+v", s)
 	}
 }
+
+// A write of part of a unit and a write-zeroes of the whole unit, issued together, end as one
+// after the other in either order: the unit's other sectors read back as zeroes, never as the
+// target's data from before the write-zeroes (which a merge reading the target mid-operation
+// would log over it). The target is slowed and yields, to widen the window.
+func TestPartialWriteBesideDirect(t *testing.T) {
+	const units = 64
+	be := fakedev.New(units*4096, targetLimits(512))
+	old := bytes.Repeat([]byte{0xaa}, units*4096)
+	if err := be.WriteAt(ctx, old, 0, block.FUA); err != nil {
+		t.Fatal(err)
+	}
+	be.SetBefore(func(op fakedev.Op) {
+		if op.Kind == fakedev.Zero || op.Kind == fakedev.Read {
+			time.Sleep(200 * time.Microsecond) // widening the window, not synchronising
+		}
+	})
+	j := openT(t, newMemMedia(32<<20), be, Options{CleanAfter: time.Hour})
+	sector := bytes.Repeat([]byte{0x55}, 512)
+	for u := int64(0); u < units; u++ {
+		errs := make(chan error, 2)
+		go func() { errs <- j.WriteZeroes(ctx, u*4096, 4096, 0) }()
+		go func() { errs <- j.WriteAt(ctx, sector, u*4096, 0) }()
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := make([]byte, 4096)
+		if err := j.ReadAt(ctx, got, u*4096); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got[512:], make([]byte, 4096-512)) {
+			t.Fatalf("unit %d: sectors 1-7 hold data from before the write-zeroes", u)
+		}
+		if s0 := got[:512]; !bytes.Equal(s0, sector) && !bytes.Equal(s0, make([]byte, 512)) {
+			t.Fatalf("unit %d: sector 0 is neither the write nor zeroes", u)
+		}
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
