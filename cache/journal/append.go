@@ -18,6 +18,7 @@ type appendReq struct {
 	part   int    // >= 0: data is part of unit lba at this offset, to merge with its contents; -1: whole units
 	err    error
 	done   chan struct{}
+	lead   bool // done was signalled to make this append's caller the batch writer (tryAppend)
 }
 
 var reqPool = sync.Pool{New: func() any { return &appendReq{done: make(chan struct{}, 1)} }}
@@ -49,6 +50,12 @@ func (j *Journal) queue(lba uint64, blocks uint32, data []byte, part int) error 
 		j.writeLoop()
 	}
 	<-r.done
+	if r.lead { // tryAppend handed the batch writer's role over: r is still pending
+		r.lead = false
+		j.amu.Lock()
+		j.writeLoop()
+		<-r.done
+	}
 	err := r.err
 	r.data = nil
 	reqPool.Put(r)
@@ -83,8 +90,8 @@ var errNoRoom = errors.New("journal: no room in the ring without waiting for wri
 // tryAppend is append for a caller that must not wait (WriteCached): it logs whole units as a
 // batch of their own when no batch is being written and the ring has room now, and reports false
 // having logged nothing otherwise, or when the batch failed (the caller's WriteAt then meets the
-// error). Appends that queue meanwhile are written after it, by a goroutine that takes over as
-// batch writer, so that the caller never writes batches for others.
+// error). Appends that queue meanwhile are written after it by the first of their callers, who
+// is woken to take over as batch writer, so that the caller never writes batches for others.
 func (j *Journal) tryAppend(lba uint64, blocks uint32, data []byte) bool {
 	j.amu.Lock()
 	if j.writing {
@@ -100,10 +107,10 @@ func (j *Journal) tryAppend(lba uint64, blocks uint32, data []byte) bool {
 	r.data = nil
 	j.amu.Lock()
 	if len(j.pending) > 0 {
-		go func() {
-			j.amu.Lock()
-			j.writeLoop()
-		}()
+		next := j.pending[0]
+		next.lead = true
+		j.amu.Unlock()
+		next.done <- struct{}{}
 	} else {
 		j.writing = false
 		j.amu.Unlock()

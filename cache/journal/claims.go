@@ -33,8 +33,8 @@ func (c claim) conflicts(o claim) bool {
 	return c.lo < o.hi && o.lo < c.hi && (c.kind == claimMerge || o.kind == claimMerge)
 }
 
-// claim waits until [lo, hi) can be claimed as kind, claims it and returns its release.
-func (j *Journal) claim(ctx context.Context, lo, hi uint64, kind claimKind) (func(), error) {
+// claim waits until [lo, hi) can be claimed as kind and claims it; the caller releases it.
+func (j *Journal) claim(ctx context.Context, lo, hi uint64, kind claimKind) (claim, error) {
 	c := claim{lo, hi, kind}
 	j.mu.Lock()
 	for j.claimConflicts(c) {
@@ -43,15 +43,15 @@ func (j *Journal) claim(ctx context.Context, lo, hi uint64, kind claimKind) (fun
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("journal: waiting for an operation on the same blocks: %w", block.ContextError(ctx.Err()))
+			return c, fmt.Errorf("journal: waiting for an operation on the same blocks: %w", block.ContextError(ctx.Err()))
 		case <-j.stop:
-			return nil, fmt.Errorf("journal: %w", block.ErrClosed)
+			return c, fmt.Errorf("journal: %w", block.ErrClosed)
 		}
 		j.mu.Lock()
 	}
 	j.claims = append(j.claims, c)
 	j.mu.Unlock()
-	return func() { j.release(c) }, nil
+	return c, nil
 }
 
 func (j *Journal) claimConflicts(c claim) bool {

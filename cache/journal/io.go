@@ -106,11 +106,11 @@ func (j *Journal) writeUnits(ctx context.Context, p []byte, off int64, flags blo
 // is claimed for the merge (claims.go).
 func (j *Journal) appendPart(ctx context.Context, off int64, p []byte) error {
 	lba := uint64(off / j.u)
-	release, err := j.claim(ctx, lba, lba+1, claimMerge)
+	c, err := j.claim(ctx, lba, lba+1, claimMerge)
 	if err != nil {
 		return err
 	}
-	defer release()
+	defer j.release(c)
 	if err := j.appendMerge(lba, int(off%j.u), p); err != nil {
 		return err
 	}
@@ -122,11 +122,11 @@ func (j *Journal) appendPart(ctx context.Context, off int64, p []byte) error {
 // range in the log is served or written back over them, now or after a crash.
 func (j *Journal) writeAround(ctx context.Context, p []byte, off int64, flags block.WriteFlags) error {
 	lba, n := uint64(off/j.u), uint64(int64(len(p))/j.u)
-	release, err := j.claim(ctx, lba, lba+n, claimDirect)
+	c, err := j.claim(ctx, lba, lba+n, claimDirect)
 	if err != nil {
 		return err
 	}
-	defer release()
+	defer j.release(c)
 	if err := j.invalidate(ctx, lba, n); err != nil {
 		return err
 	}
@@ -271,11 +271,11 @@ func (j *Journal) direct(ctx context.Context, off, length int64, op func(o, n in
 		return j.appendPart(ctx, o, j.zeroes[:n])
 	}, func(o, n int64) error {
 		lba, units := uint64(o/j.u), uint64(n/j.u)
-		release, err := j.claim(ctx, lba, lba+units, claimDirect)
+		c, err := j.claim(ctx, lba, lba+units, claimDirect)
 		if err != nil {
 			return err
 		}
-		defer release()
+		defer j.release(c)
 		if err := j.invalidate(ctx, lba, units); err != nil {
 			return err
 		}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -476,5 +478,61 @@ func TestPartialWriteBesideDirect(t *testing.T) {
 	}
 	if err := j.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Writers that try WriteCached first and fall back to WriteAt, as the cache above does, all at
+// once: WriteCached hands the batch writer's role to a queued append when it leaves, and every
+// write reads back, also after a kill -9.
+func TestWriteCachedConcurrent(t *testing.T) {
+	const writers, each, region = 8, 300, 1 << 20
+	be := fakedev.New(writers*region, targetLimits(4096))
+	m := newMemMedia(64 << 20)
+	j := openT(t, m, be, Options{CleanAfter: time.Hour})
+	model := make([]byte, writers*region)
+	var wg sync.WaitGroup
+	var taken atomic.Int64
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 5))
+			for i := range each {
+				n := int64(1+r.IntN(8)) * 4096
+				off := int64(w)*region + int64(r.IntN(int(region-n)/4096))*4096
+				p := fill(int(n), byte(w*31+i))
+				if j.WriteCached(p, off) {
+					taken.Add(1)
+				} else if err := j.WriteAt(ctx, p, off, 0); err != nil {
+					errs <- err
+					return
+				}
+				copy(model[off:], p) // each writer its own region
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if taken.Load() == 0 {
+		t.Fatal("WriteCached took none of the writes")
+	}
+	t.Logf("WriteCached took %d of %d writes", taken.Load(), writers*each)
+	mustRead(t, j, 0, model)
+	m2 := m.reopened() // kill -9
+	if err := j.Abandon(); err != nil {
+		t.Fatal(err)
+	}
+	be.Reopen()
+	j2 := openT(t, m2, be, Options{CleanAfter: time.Hour})
+	mustRead(t, j2, 0, model)
+	if err := j2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(be.Durable(0, writers*region), model) {
+		t.Fatal("the target differs from the model after detach")
 	}
 }
