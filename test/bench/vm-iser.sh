@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# test/bench/vm-iser.sh — `make bench-vm`: iser-blk over iSER vs iser-blk over TCP vs the kernel's
-# iSER initiator (open-iscsi + ib_iser), side by side in ONE QEMU guest against one LIO RAM LUN on
-# one soft-RoCE portal (issue 6, acceptance 5). Not part of `make test`: it measures, it does not
-# pass or fail on figures.
+# test/bench/vm-iser.sh — `make bench-vm`: iser-blk over iSER and over TCP (nbd, and ublk over TCP)
+# vs the kernel's initiators (open-iscsi + ib_iser, open-iscsi + iscsi_tcp), side by side in ONE
+# QEMU guest against one LIO RAM LUN on one soft-RoCE portal (issue 6, acceptance 5; issue 37's VM
+# rows). Not part of `make test`: it measures, it does not pass or fail on figures.
 #
 #   test/bench/vm-iser.sh [--runtime S] [--ramp S] [--reps N] [--size-mib N]
 #
 # Builds the CLI into a private directory (other work in the tree may be rebuilding bin/), runs
 # test/vm/guest/bench-iser.sh in a guest (test/vm/run.sh; VM_MEM defaults to 2048 here because the
-# LUN lives in guest RAM), then prints a Markdown table: per job and system the median IOPS and
-# MiB/s over the repetitions (min–max in brackets) and the ratio of the medians to kernel-iser.
+# LUN lives in guest RAM), then prints a Markdown table (test/bench/vm_iser.py): per job and system
+# the median IOPS, MiB/s, QD1 p50 and the guest's CPU µs per I/O over the repetitions (min–max in
+# brackets), and the ratios to the kernel initiator of the same transport.
 # Raw fio JSON, the gateways' logs and the table are kept in $BENCH_VM_OUT (default
 # bin/bench-vm/<UTC time>).
 # One { } block: bash reads all of it before running, so an edit to this file while it runs
@@ -39,42 +40,7 @@ test/vm/run.sh test/vm/guest/bench-iser.sh "$out/guest" "$@" | tee "$out/console
 echo "host load at end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$out/host.txt"
 [ "$rc" = 0 ] || { echo "vm-iser: the guest run failed (status $rc); see $out/console.log" >&2; exit "$rc"; }
 
-python3 - "$out" <<'EOF' | tee "$out/table.md"
-import glob, json, os, re, statistics, sys
-
-out = sys.argv[1]
-runs = {}  # (job, system) -> [(iops, MiB/s)]
-for f in sorted(glob.glob(os.path.join(out, "guest", "*.json"))):
-    m = re.match(r"(\d+)-(.+)-(iser-blk-iser|iser-blk-tcp|kernel-iser)\.json$", os.path.basename(f))
-    if not m:
-        continue
-    _, job, system = m.groups()
-    j = json.load(open(f))["jobs"][0]
-    d = j["write"] if "write" in job else j["read"]
-    runs.setdefault((job, system), []).append((d["iops"], d["bw_bytes"] / 2**20))
-
-jobs = ["seqwrite-1m-qd8", "seqread-1m-qd8", "randread-4k-qd32"]
-systems = ["iser-blk-iser", "iser-blk-tcp", "kernel-iser"]
-reps = max((len(v) for v in runs.values()), default=0)
-print(f"| job | system | IOPS median [min–max] | MiB/s median [min–max] | vs kernel-iser |")
-print("| --- | --- | --- | --- | --- |")
-for job in jobs:
-    # the ratio is of the median MiB/s (at a fixed block size the same as of IOPS)
-    ref = runs.get((job, "kernel-iser"))
-    ref_mib = statistics.median(r[1] for r in ref) if ref else None
-    for s in systems:
-        v = runs.get((job, s))
-        if not v:
-            print(f"| {job} | {s} | – | – | – |")
-            continue
-        iops = [r[0] for r in v]
-        mib = [r[1] for r in v]
-        ratio = f"{statistics.median(mib) / ref_mib:.2f}×" if ref_mib else "–"
-        print(f"| {job} | {s} | {statistics.median(iops):.1f} [{min(iops):.1f}–{max(iops):.1f}] | "
-              f"{statistics.median(mib):.1f} [{min(mib):.1f}–{max(mib):.1f}] | {ratio} |")
-print()
-print(f"{reps} repetition(s) per cell.")
-EOF
+python3 "$root/test/bench/vm_iser.py" "$out" | tee "$out/table.md"
 echo >&2
 cat "$out/host.txt" "$out/guest/env.txt" >&2
 grep '^WARNINGS_' "$out/console.log" >&2 || true

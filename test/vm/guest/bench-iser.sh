@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # test/vm/guest/bench-iser.sh — inside the VM: fio against ONE LIO RAM LUN on ONE soft-RoCE portal,
-# reached three ways at once (issue 6, acceptance 5):
-#   iser-blk-iser   iser-blk attach --nbd /dev/nbd0 --target iser://…  --cache off
-#   iser-blk-tcp    iser-blk attach --nbd /dev/nbd1 --target iscsi://… --cache off
-#   kernel-iser     open-iscsi with an iser iface (the kernel's ib_iser), /dev/sdX
+# reached five ways at once (issue 6, acceptance 5; issue 37's VM rows):
+#   iser-blk-iser       iser-blk attach --nbd /dev/nbd0 --target iser://…  --cache off
+#   iser-blk-tcp        iser-blk attach --nbd /dev/nbd1 --target iscsi://… --cache off
+#   kernel-iser         open-iscsi with an iser iface (the kernel's ib_iser), /dev/sdX
+#   iser-blk-ublk-tcp   iser-blk attach --ublk --target iscsi://… --cache off, /dev/ublkb0
+#   kernel-tcp          open-iscsi over TCP (the kernel's iscsi_tcp), /dev/sdY: what a user would
+#                       pick instead of iser-blk to mount a remote LUN
 # Jobs (fio, direct=1, libaio, time-based): 1 MiB sequential write QD8, 1 MiB sequential read QD8,
-# 4 KiB random read QD32. Loops: repetition (outer), job, system (inner), so the systems of one
-# job run back to back under the same machine load.
+# 4 KiB random read QD32, 4 KiB random read QD1 (its p50). Loops: repetition (outer), job, system
+# (inner), so the systems of one job run back to back under the same machine load. Each run also
+# reports the whole guest's CPU time per I/O (/proc/stat, all vCPUs, idle and iowait excluded):
+# the gateway, the kernel's initiator and LIO's target all run in it, so it compares what each
+# way of reaching the LUN costs the machine.
 #
 #   bench-iser.sh OUTDIR [--runtime S] [--ramp S] [--reps N] [--size-mib N]
 #
-# Writes OUTDIR/<rep>-<job>-<system>.json (fio's JSON), OUTDIR/env.txt (guest details),
+# Writes OUTDIR/<rep>-<job>-<system>.json (fio's JSON) and .json.cpu (the guest's CPU µs per I/O),
+# OUTDIR/env.txt (guest details),
 # OUTDIR/<system>.log (the iser-blk gateways' logs) and prints one line per run:
 #   RUN rep=R job=J sys=S iops=… mibps=… load=…
 # Needs ISERBLK_BIN (the CLI) and a guest with ~1.5 GiB (VM_MEM=2048): the LUN lives in guest RAM.
@@ -43,25 +50,33 @@ mkdir -p "$out"
 pids=()
 kernel_portal=
 kernel_iqn=
+tcp_initiator=iqn.2025-01.io.iser-blk:bench-kernel-tcp # a session of its own beside the iser one
 cleanup() {
 	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
 	if [ -n "$kernel_portal" ]; then
 		"$here/open-iscsi.sh" logout --portal "$kernel_portal" --iqn "$kernel_iqn" --transport iser >/dev/null 2>&1 || true
+		"$here/open-iscsi.sh" logout --portal "$kernel_portal" --iqn "$kernel_iqn" --transport tcp \
+			--initiator "$tcp_initiator" >/dev/null 2>&1 || true
 	fi
 	"$here/lio-target.sh" --teardown >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 
 eval "$("$here/modules.sh" nbd)"
+eval "$("$here/modules.sh" ublk)"
 eval "$("$here/rxe-up.sh")"
 eval "$("$here/lio-target.sh" --backstore rd --size-mib "$size_mib")"
 log "LIO RAM LUN of $size_mib MiB at $LIO_PORTAL ($LIO_IQN), rxe $RDMA_DEV"
 
-# attach NAME DEV URL: start an iser-blk gateway with the cache off; wait for it to print DEV
+# attach NAME DEV URL [FRONTEND ARGS]: start an iser-blk gateway with the cache off (on nbd DEV
+# unless frontend arguments are given); wait for it to print DEV
 attach() {
 	local name=$1 dev=$2 url=$3
-	"$bin" attach --nbd "$dev" --target "$url" --cache off \
+	shift 3
+	local fe=("$@")
+	[ ${#fe[@]} -gt 0 ] || fe=(--nbd "$dev")
+	"$bin" attach "${fe[@]}" --target "$url" --cache off \
 		--initiator-name "iqn.2025-01.io.iser-blk:bench-$name" \
 		>"$out/$name.stdout" 2>"$out/$name.log" &
 	pids+=($!)
@@ -76,8 +91,15 @@ kernel_portal=$LIO_PORTAL
 kernel_iqn=$LIO_IQN
 eval "$("$here/open-iscsi.sh" login --portal "$LIO_PORTAL" --iqn "$LIO_IQN" --transport iser --lun "$LIO_LUN")"
 log "kernel-iser: $ISCSI_DEV (session $ISCSI_SID)"
-declare -A devs=([iser-blk-iser]=/dev/nbd0 [iser-blk-tcp]=/dev/nbd1 [kernel-iser]=$ISCSI_DEV)
-systems=(iser-blk-iser iser-blk-tcp kernel-iser)
+kernel_iser_dev=$ISCSI_DEV
+attach iser-blk-ublk-tcp /dev/ublkb0 "iscsi://$LIO_PORTAL/$LIO_IQN/$LIO_LUN" --ublk --ublk-id 0
+eval "$("$here/open-iscsi.sh" login --portal "$LIO_PORTAL" --iqn "$LIO_IQN" --transport tcp --lun "$LIO_LUN" \
+	--initiator "$tcp_initiator")"
+log "kernel-tcp: $ISCSI_DEV (session $ISCSI_SID)"
+kernel_tcp_dev=$ISCSI_DEV
+declare -A devs=([iser-blk-iser]=/dev/nbd0 [iser-blk-tcp]=/dev/nbd1 [kernel-iser]=$kernel_iser_dev
+	[iser-blk-ublk-tcp]=/dev/ublkb0 [kernel-tcp]=$kernel_tcp_dev)
+systems=(iser-blk-iser iser-blk-tcp kernel-iser iser-blk-ublk-tcp kernel-tcp)
 
 {
 	echo "date: $(date -u +%FT%TZ)"
@@ -87,7 +109,11 @@ systems=(iser-blk-iser iser-blk-tcp kernel-iser)
 	echo "fio: $(fio --version)"
 	echo "iser-blk: $("$bin" version 2>/dev/null || echo unknown)"
 	echo "LUN: LIO rd_mcp $size_mib MiB, block size $LIO_BLOCK_SIZE, portal $LIO_PORTAL (rxe on a dummy netdev)"
-	echo "kernel-iser: open-iscsi $(iscsiadm --version | awk '{print $NF}'), queue_depth $(cat "/sys/block/${ISCSI_DEV#/dev/}/device/queue_depth"), max_sectors_kb $(cat "/sys/block/${ISCSI_DEV#/dev/}/queue/max_sectors_kb")"
+	for k in kernel-iser kernel-tcp; do
+		d=${devs[$k]#/dev/}
+		echo "$k: open-iscsi $(iscsiadm --version | awk '{print $NF}'), queue_depth $(cat "/sys/block/$d/device/queue_depth"), max_sectors_kb $(cat "/sys/block/$d/queue/max_sectors_kb")"
+	done
+	echo "ublk max_sectors_kb: $(cat /sys/block/ublkb0/queue/max_sectors_kb)"
 	echo "nbd max_sectors_kb: $(cat /sys/block/nbd0/queue/max_sectors_kb) (iser), $(cat /sys/block/nbd1/queue/max_sectors_kb) (tcp)"
 	echo "fio: direct=1 ioengine=libaio time_based runtime=${runtime}s ramp_time=${ramp}s, $reps repetitions"
 } >"$out/env.txt"
@@ -98,33 +124,46 @@ declare -A jobs=(
 	[seqwrite-1m-qd8]="--rw=write --bs=1M --iodepth=8"
 	[seqread-1m-qd8]="--rw=read --bs=1M --iodepth=8"
 	[randread-4k-qd32]="--rw=randread --bs=4k --iodepth=32 --randrepeat=0"
+	[randread-4k-qd1]="--rw=randread --bs=4k --iodepth=1 --randrepeat=0"
 )
 # writes first: the reads then read data that was written (not a never-touched RAM page)
-order=(seqwrite-1m-qd8 seqread-1m-qd8 randread-4k-qd32)
+order=(seqwrite-1m-qd8 seqread-1m-qd8 randread-4k-qd32 randread-4k-qd1)
+
+# busy_ticks: the guest's CPU time so far in clock ticks, all vCPUs, without idle and iowait
+busy_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 
 for rep in $(seq 1 "$reps"); do
 	for job in "${order[@]}"; do
 		for sys in "${systems[@]}"; do
 			f=$out/$rep-$job-$sys.json
 			load=$(cut -d' ' -f1 /proc/loadavg)
+			t0=$(busy_ticks)
 			# shellcheck disable=SC2086 # the job's arguments are words
 			fio --name="$job" --filename="${devs[$sys]}" --direct=1 --ioengine=libaio \
 				${jobs[$job]} --time_based --runtime="$runtime" --ramp_time="$ramp" \
 				--output-format=json --output="$f" >/dev/null ||
 				die "fio $job on $sys (${devs[$sys]}) failed"
-			python3 - "$f" "$rep" "$job" "$sys" "$load" <<-'EOF'
+			busy=$(($(busy_ticks) - t0))
+			python3 - "$f" "$rep" "$job" "$sys" "$load" "$busy" "$(getconf CLK_TCK)" <<-'EOF'
 				import json, sys
-				f, rep, job, sysname, load = sys.argv[1:]
+				f, rep, job, sysname, load, busy, hz = sys.argv[1:]
 				j = json.load(open(f))["jobs"][0]
 				d = j["write"] if "write" in job else j["read"]
+				ios = max(d["total_ios"], 1)
+				p50 = d["clat_ns"].get("percentile", {}).get("50.000000", 0) / 1000
+				# the ramp's I/O is not in total_ios but its CPU is in busy: a slight overstatement
+				cpu = int(busy) / int(hz) * 1e6 / ios
 				print(f"RUN rep={rep} job={job} sys={sysname} iops={d['iops']:.1f} "
-				      f"mibps={d['bw_bytes'] / 2**20:.1f} errors={j['error']} load={load}")
+				      f"mibps={d['bw_bytes'] / 2**20:.1f} p50us={p50:.1f} cpuus={cpu:.1f} "
+				      f"errors={j['error']} load={load}")
+				with open(f + ".cpu", "w") as o:  # the guest's CPU µs per I/O, for the host's table
+				    o.write(f"{cpu:.3f}\n")
 			EOF
 		done
 	done
 done
 # warnings from the gateways (command timeouts, reconnects) would make their figures suspect
-for sys in iser-blk-iser iser-blk-tcp; do
+for sys in iser-blk-iser iser-blk-tcp iser-blk-ublk-tcp; do
 	kv "WARNINGS_$sys" "$(grep -ciE '"level":"(warn|error)"|\bWARN|\bERROR' "$out/$sys.log" || true)"
 done
 exit 0
