@@ -1,0 +1,238 @@
+"""Issue 39's rows with the target remote, on the host (native CPU): tgtd with its default settings
+behind test/bench/delayproxy, which delays every byte by --delay-ms each way (0.5 ms by default:
+the issue's netem, which this host's kernel lacks; the QEMU guest has netem, but there emulation
+costs the gateway milliseconds per I/O and drowns the link); the gateways each a `serve` on a unix
+socket with its default flags except:
+
+    off    --cache off
+    wb     the RAM write-back cache (the default)
+    cd     --cache-dev on a file of the host's own file system (CACHE_DIR, default /var/tmp)
+    local  no gateway: the same fio job on a file of that same file system (the cache device's own)
+
+Jobs: commit-4k-qd1 (a 4 KiB random write followed by an fsync, QD1: fio's fsync=1; on the
+gateways an NBD FLUSH), seqwrite-1m-qd8, and randread-4k-qd32-warm (a 256 MiB region written in
+64 KiB requests, then read back: from the log and the RAM cache with cd, from the page cache or
+the disk with local). Each pair runs every system once, the order rotated from pair to pair.
+
+    python3 test/bench/remote_ab.py PAIRS RUNTIME OUT.json [--delay-ms MS] [--jobs a,b]
+
+Prints, per job, each system's medians and the median of its per-pair ratios to off and to local
+(min–max); writes every run to OUT.json. Needs tgtd, fio, go and iser-blk built (bin/iser-blk).
+Not part of make test: it measures.
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402  (beside this file)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SYSTEMS = ["off", "wb", "cd", "local"]
+FLAGS = {"off": ["--cache", "off"], "wb": [], "cd": None}  # cd's flags name its file (run)
+JOBS = {"commit-4k-qd1": dict(rw="randwrite", bs="4k", iodepth=1, fsync=1),
+        "seqwrite-1m-qd8": dict(rw="write", bs="1m", iodepth=8),
+        "randread-4k-qd32-warm": dict(rw="randread", bs="4k", iodepth=32)}
+REGION = "256m"
+
+
+class DelayProxy:
+    """test/bench/delayproxy between the gateways and tgtd: every byte delayed by delay_ms each way
+    (the host's kernel has no netem)."""
+
+    def __init__(self, to_port, delay_ms, work):
+        exe = os.path.join(work, "delayproxy")
+        bench.run(["go", "build", "-o", exe, "./test/bench/delayproxy"], cwd=ROOT)
+        self.exe, self.delay = exe, f"{int(delay_ms * 1000)}us"
+        self.proc = subprocess.Popen([exe, "-listen", "127.0.0.1:0", "-to", f"127.0.0.1:{to_port}", "-delay",
+                                      self.delay], stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline().split()[1].rsplit(":", 1)[1])
+
+    def echo_rtt_us(self):
+        """The median round trip of a 48-byte message through a second proxy with the same delay
+        to an echo server: what the link adds to one request and its answer."""
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+
+        def echo():
+            c, _ = srv.accept()
+            while d := c.recv(4096):
+                c.sendall(d)
+        threading.Thread(target=echo, daemon=True).start()
+        p = subprocess.Popen([self.exe, "-listen", "127.0.0.1:0", "-to", f"127.0.0.1:{srv.getsockname()[1]}",
+                              "-delay", self.delay], stdout=subprocess.PIPE, text=True)
+        try:
+            port = int(p.stdout.readline().split()[1].rsplit(":", 1)[1])
+            c = socket.create_connection(("127.0.0.1", port))
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            rt = []
+            for _ in range(200):
+                t = time.perf_counter()
+                c.sendall(b"x" * 48)
+                c.recv(4096)
+                rt.append((time.perf_counter() - t) * 1e6)
+            c.close()
+            return statistics.median(rt)
+        finally:
+            p.kill()
+            p.wait()
+            srv.close()
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def fio_local(path, job, args, runtime, work):
+    """The job on a file of the cache device's file system: psync for QD1, libaio direct for
+    deeper queues (buffered libaio would not queue)."""
+    out = os.path.join(work, f"fio-local-{job}.json")
+    argv = ["fio", "--name", job, f"--filename={path}", f"--size={REGION}", f"--runtime={runtime}",
+            "--time_based", "--output-format=json", f"--output={out}", "--randrepeat=0"]
+    if args.get("iodepth", 1) > 1:
+        argv += ["--ioengine=libaio", "--direct=1"]
+    else:
+        argv += ["--ioengine=psync"]
+    argv += [f"--{k}={v}" for k, v in args.items()]
+    bench.run(argv)
+    return parse(out)
+
+
+def parse(path):
+    with open(path) as f:
+        j = json.load(f)["jobs"][0]
+    side = j["write"] if j["write"]["total_ios"] else j["read"]
+    pct = side["clat_ns"].get("percentile", {})
+    sync = j.get("sync", {}).get("lat_ns", {}).get("percentile", {})
+    return dict(iops=side["iops"], bw_mib=side["bw_bytes"] / 2**20, p50_us=pct.get("50.000000", 0) / 1000,
+                p99_us=pct.get("99.000000", 0) / 1000, sync_p50_us=sync.get("50.000000", 0) / 1000,
+                sync_p99_us=sync.get("99.000000", 0) / 1000, errors=j["error"])
+
+
+def fio_nbd(uri, job, args, runtime, work):
+    out = os.path.join(work, f"fio-{job}.json")
+    argv = ["fio", "--name", job, "--ioengine=nbd", f"--uri={uri}", f"--size={REGION}", f"--runtime={runtime}",
+            "--time_based", "--output-format=json", f"--output={out}", "--randrepeat=0"]
+    argv += [f"--{k}={v}" for k, v in args.items()]
+    bench.run(argv)
+    return parse(out)
+
+
+def metric(job):
+    """What a job is judged by, and whether lower is better."""
+    if job.startswith("commit"):
+        return "commit_p50_us", True
+    return ("bw_mib", False) if job.startswith("seq") else ("iops", False)
+
+
+def run(a):
+    work = tempfile.mkdtemp(prefix="remote-ab-")
+    cache_file = os.path.join(a.cache_dir, f"iser-blk-remote-ab-{os.getpid()}.cache")
+    local_file = os.path.join(a.cache_dir, f"iser-blk-remote-ab-{os.getpid()}.local")
+    rows, servers, tgt, proxy = [], {}, None, None
+    try:
+        tgt = bench.Tgtd(work, 1024, tuned=False)
+        proxy = DelayProxy(tgt.port, a.delay_ms, work)
+        rtt = proxy.echo_rtt_us()
+        bench.log(f"remote target: {a.delay_ms} ms each way through delayproxy, echo RTT {rtt:.0f} us")
+        url = tgt.url.replace(f":{tgt.port}/", f":{proxy.port}/")
+        for s in SYSTEMS[:3]:
+            flags = FLAGS[s] if s != "cd" else ["--cache-dev", cache_file, "--cache-dev-size", "1GiB"]
+            sock = os.path.join(work, s + ".sock")
+            servers[s] = bench.NBDServer(s, [a.bin, "serve", "--target", url, "--listen", f"unix://{sock}",
+                                             *flags], sock, work)
+        for p in range(a.pairs):
+            order = SYSTEMS[p % len(SYSTEMS):] + SYSTEMS[:p % len(SYSTEMS)]
+            for job in a.jobs:
+                for s in order:
+                    args = dict(JOBS[job])
+                    if job.endswith("-warm"):  # the region written first, then read back
+                        w = dict(rw="write", bs="64k", iodepth=8)
+                        if s == "local":
+                            fio_local(local_file, "warm-write", w, 3, work)
+                        else:
+                            fio_nbd(servers[s].uri, "warm-write", w, 3, work)
+                    if s == "local":
+                        m = fio_local(local_file, job, args, a.runtime, work)
+                    else:
+                        m = fio_nbd(servers[s].uri, job, args, a.runtime, work)
+                    m["commit_p50_us"] = m["p50_us"] + m["sync_p50_us"]
+                    m.update(pair=p, job=job, system=s, load1=os.getloadavg()[0])
+                    rows.append(m)
+                    bench.log(f"pair {p} {job:22s} {s:5s} {m['iops']:9.0f} IOPS {m['bw_mib']:8.1f} MiB/s "
+                              f"p50 {m['p50_us']:8.1f} + sync {m['sync_p50_us']:8.1f} us")
+                    if s != "local" and args["rw"] != "randread":
+                        bench.flush(servers[s].uri)  # each job starts with nothing dirty in RAM
+        return dict(delay_ms=a.delay_ms, echo_rtt_us=rtt, tgt_params=tgt.params, cache_dir=a.cache_dir,
+                    runtime=a.runtime, rows=rows)
+    finally:
+        for srv in servers.values():
+            srv.stop()
+        if proxy:
+            proxy.close()
+        if tgt:
+            tgt.stop()
+        for f in (cache_file, local_file):
+            if os.path.exists(f):
+                os.unlink(f)
+
+
+def summary(d):
+    """Markdown lines: per job and system the median of the metric and its per-pair ratios."""
+    rows = d["rows"]
+    lines = [f"Remote target: tgtd (default settings) behind test/bench/delayproxy, {d['delay_ms']} ms each "
+             f"way (echo RTT {d['echo_rtt_us']:.0f} µs); cache device and local file on {d['cache_dir']}; "
+             f"{max(r['pair'] for r in rows) + 1} interleaved pairs of {d['runtime']} s.", "",
+             "| job | system | median | p50 write + sync µs | vs off: median (min–max) | vs local: median (min–max) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    by = {}
+    for r in rows:
+        by.setdefault((r["job"], r["system"]), {})[r["pair"]] = r
+    for job in JOBS:
+        key, _ = metric(job)
+        for s in SYSTEMS:
+            runs = by.get((job, s))
+            if not runs:
+                continue
+            med = statistics.median(r[key] for r in runs.values())
+
+            def ratios(ref):
+                base = by.get((job, ref), {})
+                rs = [r[key] / base[p][key] for p, r in runs.items() if p in base and base[p][key]]
+                return "–" if not rs else f"{statistics.median(rs):.3f} ({min(rs):.3f}–{max(rs):.3f})"
+            wr = statistics.median(r["p50_us"] for r in runs.values())
+            sy = statistics.median(r["sync_p50_us"] for r in runs.values())
+            lines.append(f"| {job} | {s} | {med:.1f} {key} | {wr:.1f} + {sy:.1f} | {ratios('off')} | {ratios('local')} |")
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("pairs", type=int)
+    ap.add_argument("runtime", type=int)
+    ap.add_argument("out")
+    ap.add_argument("--delay-ms", type=float, default=0.5)
+    ap.add_argument("--jobs", default=",".join(JOBS))
+    ap.add_argument("--cache-dir", default="/var/tmp")
+    ap.add_argument("--bin", default=os.path.join(ROOT, "bin", "iser-blk"))
+    a = ap.parse_args()
+    a.jobs = a.jobs.split(",")
+    for j in a.jobs:
+        if j not in JOBS:
+            raise SystemExit(f"unknown job {j!r} ({', '.join(JOBS)})")
+    d = run(a)
+    with open(a.out, "w") as f:
+        json.dump(d, f, indent=1)
+    print("\n".join(summary(d)))
+
+
+if __name__ == "__main__":
+    main()
