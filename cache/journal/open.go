@@ -249,7 +249,11 @@ func (j *Journal) writeSuper(s *Super) error {
 // OpenPath is Open on the file or block device at path (OpenFile: created with newSize bytes
 // when it does not exist or is empty). On failure nothing stays open but be.
 func OpenPath(path string, newSize int64, be block.Device, id Identity, opt Options) (*Journal, error) {
-	m, err := OpenFile(path, newSize)
+	log := opt.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	m, err := openFile(path, newSize, log)
 	if err != nil {
 		return nil, err
 	}
