@@ -260,7 +260,7 @@ class Tgtd:
     (the target-defaults placement)."""
     count = 0
 
-    def __init__(self, work, size_mb, fill=True, tuned=True, host="127.0.0.1", prefix=()):
+    def __init__(self, work, size_mb, fill=True, tuned=True):
         Tgtd.count += 1  # a second tgtd (the rss curve's) needs its own control port and image
         self.port = free_port()
         self.ctl = 7400 + (os.getpid() + 499 * (Tgtd.count - 1)) % 500
@@ -279,10 +279,8 @@ class Tgtd:
         # only some jobs later switches to the heap (~0.47 ms): a bimodal target that changed
         # between repetitions. Fixing the thresholds keeps it in the second state for every client.
         env = dict(os.environ, GLIBC_TUNABLES=TGTD_MALLOC)
-        # prefix: a command tgtd runs under, e.g. ip netns exec NS (remote_ab.py's remote target);
-        # tgtadm reaches it through its control socket, a file, from any namespace
-        self.proc = subprocess.Popen([*prefix, "tgtd", "-f", "-C", str(self.ctl), "--iscsi",
-                                      f"portal={host}:{self.port}"],
+        self.proc = subprocess.Popen(["tgtd", "-f", "-C", str(self.ctl), "--iscsi",
+                                      f"portal=127.0.0.1:{self.port}"],
                                      stdout=self.logf, stderr=subprocess.STDOUT, env=env)
         adm = ["tgtadm", "-C", str(self.ctl), "--lld", "iscsi"]
         wait_for(lambda: subprocess.run(adm + ["--mode", "sys", "--op", "show"],
@@ -298,7 +296,7 @@ class Tgtd:
         run(adm + ["--mode", "logicalunit", "--op", "new", "--tid", "1", "--lun", "1",
                    "--backing-store", self.img, "--bstype", "rdwr"])
         run(adm + ["--mode", "target", "--op", "bind", "--tid", "1", "--initiator-address", "ALL"])
-        self.url = f"iscsi://{host}:{self.port}/{IQN}/1"
+        self.url = f"iscsi://127.0.0.1:{self.port}/{IQN}/1"
 
     def stop(self):
         self.proc.terminate()
