@@ -10,9 +10,11 @@ socket with its default flags except:
     local  no gateway: the same fio job on a file of that same file system (the cache device's own)
 
 Jobs: commit-4k-qd1 (a 4 KiB random write followed by an fsync, QD1: fio's fsync=1; on the
-gateways an NBD FLUSH), seqwrite-1m-qd8, and randread-4k-qd32-warm (a 256 MiB region written in
+gateways an NBD FLUSH), seqwrite-1m-qd8, randread-4k-qd32-warm (a 256 MiB region written in
 64 KiB requests, then read back: from the log and the RAM cache with cd, from the page cache or
-the disk with local). Each pair runs every system once, the order rotated from pair to pair.
+the disk with local), and pgbench (PgBench: scale 10, 4 clients, synchronous_commit on, on ext4
+over the export through nbdfuse and a loop device). Each pair runs every system once, the order
+rotated from pair to pair.
 
     python3 test/bench/remote_ab.py PAIRS RUNTIME OUT.json [--delay-ms MS] [--jobs a,b]
 
@@ -23,6 +25,7 @@ Not part of make test: it measures.
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -39,7 +42,8 @@ SYSTEMS = ["off", "wb", "cd", "local"]
 FLAGS = {"off": ["--cache", "off"], "wb": [], "cd": None}  # cd's flags name its file (run)
 JOBS = {"commit-4k-qd1": dict(rw="randwrite", bs="4k", iodepth=1, fsync=1),
         "seqwrite-1m-qd8": dict(rw="write", bs="1m", iodepth=8),
-        "randread-4k-qd32-warm": dict(rw="randread", bs="4k", iodepth=32)}
+        "randread-4k-qd32-warm": dict(rw="randread", bs="4k", iodepth=32),
+        "pgbench": None}  # PgBench
 REGION = "256m"
 
 
@@ -91,6 +95,63 @@ class DelayProxy:
         self.proc.wait()
 
 
+class PgBench:
+    """PostgreSQL on ext4 on a system: for a gateway, its NBD export as a file (nbdfuse), a loop
+    device on that file, ext4 on the loop device; for local, a directory of the cache device's own
+    file system. A FLUSH from ext4 reaches the gateway as an NBD FLUSH (loop fsyncs the FUSE file,
+    nbdfuse flushes). initdb and pgbench -i -s 10 once; then pgbench -c 4 per run, with
+    synchronous_commit on (every commit waits for its WAL fsync)."""
+
+    PORT = 55432
+
+    def __init__(self, name, uri, local_dir, work):
+        self.dir = os.path.join(work, "pg-" + name)
+        self.loop = self.fuse = None
+        os.makedirs(self.dir)
+        os.chmod(self.dir, 0o777)  # postgres runs as its own user
+        self.port = PgBench.PORT + SYSTEMS.index(name)
+        if uri is None:
+            self.data = os.path.join(local_dir, f"iser-blk-remote-ab-{os.getpid()}-pg")
+        else:
+            self.fuse = os.path.join(self.dir, "fuse")
+            os.makedirs(self.fuse)
+            self.fuse_proc = subprocess.Popen(["nbdfuse", os.path.join(self.fuse, "nbd"), uri],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            bench.wait_for(lambda: os.path.exists(os.path.join(self.fuse, "nbd")), "nbdfuse", proc=self.fuse_proc)
+            self.loop = bench.run(["losetup", "-f", "--show", os.path.join(self.fuse, "nbd")]).stdout.strip()
+            bench.run(["mkfs.ext4", "-q", self.loop])
+            self.mnt = os.path.join(self.dir, "mnt")
+            os.makedirs(self.mnt)
+            bench.run(["mount", self.loop, self.mnt])
+            self.data = os.path.join(self.mnt, "pg")
+        os.makedirs(self.data)
+        shutil.chown(self.data, "postgres")
+        self.pg(f"initdb -D {self.data}/data")
+        self.pg(f"pg_ctl -D {self.data}/data -l {self.dir}/pg.log -o '-p {self.port} -k {self.dir} "
+                f"-c listen_addresses= -c synchronous_commit=on' start")
+        self.pg(f"pgbench -h {self.dir} -p {self.port} -i -s 10 postgres")
+
+    def pg(self, cmd):
+        return bench.run(["su", "postgres", "-s", "/bin/sh", "-c", cmd])
+
+    def run(self, runtime):
+        out = self.pg(f"pgbench -h {self.dir} -p {self.port} -c 4 -T {runtime} postgres").stdout
+        tps = [l for l in out.splitlines() if l.startswith("tps = ")]
+        lat = [l for l in out.splitlines() if l.startswith("latency average = ")]
+        return dict(tps=float(tps[0].split()[2]), lat_ms=float(lat[0].split()[3]) if lat else None)
+
+    def close(self):
+        subprocess.run(["su", "postgres", "-s", "/bin/sh", "-c", f"pg_ctl -D {self.data}/data stop -m fast"],
+                       capture_output=True)
+        if self.loop:
+            subprocess.run(["umount", self.mnt], capture_output=True)
+            subprocess.run(["losetup", "-d", self.loop], capture_output=True)
+            subprocess.run(["umount", self.fuse], capture_output=True)  # nbdfuse then exits
+            self.fuse_proc.wait()
+        else:
+            shutil.rmtree(self.data, ignore_errors=True)
+
+
 def fio_local(path, job, args, runtime, work):
     """The job on a file of the cache device's file system: psync for QD1, libaio direct for
     deeper queues (buffered libaio would not queue)."""
@@ -130,14 +191,17 @@ def metric(job):
     """What a job is judged by, and whether lower is better."""
     if job.startswith("commit"):
         return "commit_p50_us", True
+    if job == "pgbench":
+        return "tps", False
     return ("bw_mib", False) if job.startswith("seq") else ("iops", False)
 
 
 def run(a):
     work = tempfile.mkdtemp(prefix="remote-ab-")
+    os.chmod(work, 0o755)  # PostgreSQL's user reaches its directories below
     cache_file = os.path.join(a.cache_dir, f"iser-blk-remote-ab-{os.getpid()}.cache")
     local_file = os.path.join(a.cache_dir, f"iser-blk-remote-ab-{os.getpid()}.local")
-    rows, servers, tgt, proxy = [], {}, None, None
+    rows, servers, tgt, proxy, pgs = [], {}, None, None, {}
     try:
         tgt = bench.Tgtd(work, 1024, tuned=False)
         proxy = DelayProxy(tgt.port, a.delay_ms, work)
@@ -149,10 +213,19 @@ def run(a):
             sock = os.path.join(work, s + ".sock")
             servers[s] = bench.NBDServer(s, [a.bin, "serve", "--target", url, "--listen", f"unix://{sock}",
                                              *flags], sock, work)
+        if "pgbench" in a.jobs:
+            for s in SYSTEMS:
+                pgs[s] = PgBench(s, servers[s].uri if s in servers else None, a.cache_dir, work)
         for p in range(a.pairs):
             order = SYSTEMS[p % len(SYSTEMS):] + SYSTEMS[:p % len(SYSTEMS)]
             for job in a.jobs:
                 for s in order:
+                    if job == "pgbench":
+                        m = pgs[s].run(a.runtime)
+                        m.update(pair=p, job=job, system=s, load1=os.getloadavg()[0])
+                        rows.append(m)
+                        bench.log(f"pair {p} {job:22s} {s:5s} {m['tps']:9.1f} TPS")
+                        continue
                     args = dict(JOBS[job])
                     if job.endswith("-warm"):  # the region written first, then read back
                         w = dict(rw="write", bs="64k", iodepth=8)
@@ -174,6 +247,8 @@ def run(a):
         return dict(delay_ms=a.delay_ms, echo_rtt_us=rtt, tgt_params=tgt.params, cache_dir=a.cache_dir,
                     runtime=a.runtime, rows=rows)
     finally:
+        for pg in pgs.values():
+            pg.close()
         for srv in servers.values():
             srv.stop()
         if proxy:
@@ -191,8 +266,8 @@ def summary(d):
     lines = [f"Remote target: tgtd (default settings) behind test/bench/delayproxy, {d['delay_ms']} ms each "
              f"way (echo RTT {d['echo_rtt_us']:.0f} µs); cache device and local file on {d['cache_dir']}; "
              f"{max(r['pair'] for r in rows) + 1} interleaved pairs of {d['runtime']} s.", "",
-             "| job | system | median | p50 write + sync µs | vs off: median (min–max) | vs local: median (min–max) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| job | system | median | p50 write + sync µs | vs off: median (min–max) | vs local | vs wb |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     by = {}
     for r in rows:
         by.setdefault((r["job"], r["system"]), {})[r["pair"]] = r
@@ -208,9 +283,12 @@ def summary(d):
                 base = by.get((job, ref), {})
                 rs = [r[key] / base[p][key] for p, r in runs.items() if p in base and base[p][key]]
                 return "–" if not rs else f"{statistics.median(rs):.3f} ({min(rs):.3f}–{max(rs):.3f})"
-            wr = statistics.median(r["p50_us"] for r in runs.values())
-            sy = statistics.median(r["sync_p50_us"] for r in runs.values())
-            lines.append(f"| {job} | {s} | {med:.1f} {key} | {wr:.1f} + {sy:.1f} | {ratios('off')} | {ratios('local')} |")
+            lat = "–"
+            if job != "pgbench":
+                wr = statistics.median(r["p50_us"] for r in runs.values())
+                sy = statistics.median(r["sync_p50_us"] for r in runs.values())
+                lat = f"{wr:.1f} + {sy:.1f}"
+            lines.append(f"| {job} | {s} | {med:.1f} {key} | {lat} | {ratios('off')} | {ratios('local')} | {ratios('wb')} |")
     return lines
 
 
