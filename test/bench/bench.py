@@ -58,6 +58,7 @@ import curves  # noqa: E402  (beside this file)
 import default_ab  # noqa: E402  (beside this file)
 import metrics_ab  # noqa: E402  (beside this file)
 import release_ab  # noqa: E402  (beside this file)
+import remote_ab  # noqa: E402  (beside this file)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("ISERBLK_BIN", os.path.join(ROOT, "bin", "iser-blk"))
@@ -608,6 +609,10 @@ def main():
                     help="default mode/cache off pairs per job and repetition, target-defaults placement "
                     "(test/bench/default_ab.py; 0: none; --systems default-ab runs only them)")
     ap.add_argument("--default-ab-runtime", type=int, default=5, help="seconds per default A/B run")
+    ap.add_argument("--remote-ab-pairs", type=int, default=int(os.environ.get("BENCH_REMOTE_AB_PAIRS", 3)),
+                    help="pairs of issue 39's remote-target A/B (--cache off, write-back, --cache-dev, the "
+                    "cache file's own file system; test/bench/remote_ab.py), after the repetitions; 0: none")
+    ap.add_argument("--remote-ab-runtime", type=int, default=8, help="seconds per remote A/B run")
     a = ap.parse_args()
     global PLACEMENTS
     PLACEMENTS = placements(a.placements.split(","))
@@ -647,7 +652,13 @@ def main():
     finally:
         for t in set(TARGETS.values()) | {tgt}:
             t.stop()
-    report(a, jobs, results, started, load_before, work, curve_rows)
+    remote = None
+    if a.remote_ab_pairs > 0 and wanted(remote_ab.NAME):
+        log(f"== {remote_ab.NAME}: {a.remote_ab_pairs} pairs of {a.remote_ab_runtime} s")
+        remote = remote_ab.run(argparse.Namespace(pairs=a.remote_ab_pairs, runtime=a.remote_ab_runtime,
+                                                  delay_ms=0.5, jobs=list(remote_ab.JOBS),
+                                                  cache_dir="/var/tmp", bin=BIN))
+    report(a, jobs, results, started, load_before, work, curve_rows, remote)
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -758,7 +769,7 @@ def metric_of(job):
     return {"lat": "p50_us", "iops": "iops", "bw": "bw_mib"}[[j for j in JOBS if j[0] == job][0][2]]
 
 
-def report(a, jobs, results, started, load_before, work, curve_rows):
+def report(a, jobs, results, started, load_before, work, curve_rows, remote=None):
     os.makedirs(a.out, exist_ok=True)
     lines = []
     lines.append(f"# iser-blk benchmark, {started:%Y-%m-%d %H:%M} UTC\n")
@@ -783,6 +794,10 @@ def report(a, jobs, results, started, load_before, work, curve_rows):
     lines += release_ab.report(sys.modules[__name__], ab, os.path.basename(a.alt_bin),
                                 a.release_ab_pairs_per_start)
     lines += default_ab.report(sys.modules[__name__], ab)
+    if remote:
+        lines.append("\n# A remote target: --cache off, write-back and --cache-dev (issue 39; "
+                     "test/bench/remote_ab.py)\n")
+        lines += remote_ab.summary(remote)
     if curve_rows:
         lines.append("\n# Scaling curves (shared placement, one run each; test/bench/curves.py)\n")
         lines += curves.report(curve_rows)
@@ -793,7 +808,7 @@ def report(a, jobs, results, started, load_before, work, curve_rows):
     with open(os.path.join(a.out, "latest.md"), "w") as f:
         f.write(md)
     with open(os.path.join(a.out, f"results-{stamp}.json"), "w") as f:
-        json.dump(dict(started=started.isoformat(), results=results, curves=curve_rows), f, indent=1)
+        json.dump(dict(started=started.isoformat(), results=results, curves=curve_rows, remote=remote), f, indent=1)
     print(md)
 
 

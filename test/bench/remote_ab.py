@@ -37,6 +37,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402  (beside this file)
 
+NAME = "remote-ab"  # for bench.py --systems
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SYSTEMS = ["off", "wb", "cd", "local"]
 FLAGS = {"off": ["--cache", "off"], "wb": [], "cd": None}  # cd's flags name its file (run)
