@@ -798,6 +798,8 @@ def report(a, jobs, results, started, load_before, work, curve_rows, remote=None
         lines.append("\n# A remote target: --cache off, write-back and --cache-dev (issue 39; "
                      "test/bench/remote_ab.py)\n")
         lines += remote_ab.summary(remote)
+        if remote_ab.chart(remote, os.path.join(a.out, "remote-commit.png"), work):
+            lines.append("\n![commit latency, remote target](remote-commit.png)")
     if curve_rows:
         lines.append("\n# Scaling curves (shared placement, one run each; test/bench/curves.py)\n")
         lines += curves.report(curve_rows)

@@ -293,6 +293,29 @@ def summary(d):
     return lines
 
 
+def chart(d, path, work):
+    """A bar chart of the commit's median latency per system, the write and the flush stacked, y
+    from 0 (gnuplot; nothing when it is missing)."""
+    if not shutil.which("gnuplot"):
+        return False
+    rows = [r for r in d["rows"] if r["job"] == "commit-4k-qd1"]
+    dat = os.path.join(work, "remote-commit.dat")
+    with open(dat, "w") as f:
+        for s in SYSTEMS:
+            rs = [r for r in rows if r["system"] == s]
+            if rs:
+                f.write(f"{s} {statistics.median(r['p50_us'] for r in rs):.1f} "
+                        f"{statistics.median(r['sync_p50_us'] for r in rs):.1f}\n")
+    import curves  # noqa: E402  (beside this file; only the chart needs it)
+    curves.gnuplot("set terminal pngcairo size 900,480 noenhanced\nset grid ytics\nset yrange [0:*]\n"
+                   f"set output '{path}'\nset title 'Commit (4 KiB write + fsync, QD1), target "
+                   f"{d['delay_ms']} ms away each way: median latency'\nset ylabel 'µs'\n"
+                   "set style data histograms\nset style histogram rowstacked\nset style fill solid 0.8\n"
+                   "set boxwidth 0.6\nset key top right\n"
+                   f"plot '{dat}' using 2:xtic(1) title 'write', '' using 3 title 'flush (fsync)'\n")
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("pairs", type=int)
@@ -311,6 +334,9 @@ def main():
     with open(a.out, "w") as f:
         json.dump(d, f, indent=1)
     print("\n".join(summary(d)))
+    png = os.path.splitext(a.out)[0] + "-commit.png"
+    if chart(d, png, tempfile.mkdtemp(prefix="remote-ab-chart-")):
+        print(f"\nchart: {png}")
 
 
 if __name__ == "__main__":
