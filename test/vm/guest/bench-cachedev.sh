@@ -90,6 +90,7 @@ cleanup() {
 	done
 	for s in "${systems[@]}"; do mountpoint -q "/mnt/pg-$s" && umount "/mnt/pg-$s"; done
 	for m in "${maps[@]}"; do dmsetup remove --noudevsync "$m" || log "cleanup: dmsetup remove $m failed"; done
+	log "cleanup: device-mapper maps left: $(dmsetup ls 2>&1 | tr '\n' ' '); holders of the ublk disks: $(ls /sys/block/ublkb*/holders/ 2>&1 | tr '\n' ' ')"
 	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
 	# a stopping gateway writes its cache back first; give it time, then say who hangs
 	gone() { local p; for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && return 1; done; return 0; }
