@@ -190,7 +190,7 @@ class ReportTest(Fixture):
         self.assertIn("set yrange [0:*]", scripts[0])
         with open(os.path.join(self.tmp.name, "commit-latency.dat")) as f:
             dat = f.read()
-        for name in ("--cache off", "RAM write-back", "--cache-dev", "local fs"):
+        for name in ("cache off", "RAM write-back", "--cache-dev", "local ext4"):
             self.assertIn(name, dat)
 
 

@@ -23,6 +23,7 @@ import sys
 SYSTEMS = ("local", "off", "wb", "cd")
 NAMES = {"local": "local fs (the cache device's ext4)", "off": "--cache off",
          "wb": "RAM write-back (default)", "cd": "--cache-dev"}
+SHORT = {"local": "local ext4", "off": "cache off", "wb": "RAM write-back", "cd": "--cache-dev"}
 JOBS = ("commit-4k-qd1", "seqwrite-1m-qd8", "randread-4k-qd32", "pgbench")
 FILE_RE = re.compile(r"(\d+)-(" + "|".join(JOBS) + r")-(" + "|".join(SYSTEMS) + r")\.(json|txt)$")
 
@@ -268,7 +269,7 @@ def chart(out_dir, runs):
         for s in ("off", "wb", "cd", "local"):
             p50, p99 = med(runs, "commit-4k-qd1", s, "commit_p50_us"), med(runs, "commit-4k-qd1", s, "commit_p99_us")
             if p50 and p99:
-                f.write(f"\"{NAMES[s]}\" {p50[0]:.1f} {p99[0]:.1f}\n")
+                f.write(f"\"{SHORT[s]}\" {p50[0] / 1e3:.3f} {p99[0] / 1e3:.3f}\n")
     script = f"""set terminal pngcairo size 900,480 noenhanced
 set output '{os.path.join(out_dir, "commit-latency.png")}'
 set title "commit latency: 4 KiB write + fsync, QD1 (median over repetitions)\\np50 = write p50 + fsync p50; p99 = write p99 + fsync p99"
@@ -276,7 +277,8 @@ set yrange [0:*]
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.8 border -1
-set ylabel 'µs'
+set ylabel 'ms'
+set xrange [-0.5:*]
 set key top right
 set grid ytics
 plot '{dat}' using 2:xtic(1) title columnhead(2), '' using 3 title columnhead(3)
