@@ -26,7 +26,7 @@
 # another's backlog.
 #
 #   bench-cachedev.sh OUTDIR [--runtime S] [--ramp S] [--reps N] [--size-mib N] [--netem-ms MS]
-#                     [--scale N] [--jobs a,b] [--no-diag]
+#                     [--scale N] [--jobs a,b] [--no-diag] [--prefill]
 #
 # Writes OUTDIR/<rep>-<job>-<system>.json (fio JSON) or .txt (pgbench), status snapshots of the
 # cache-dev gateway around its read job, OUTDIR/env.txt, the gateways' logs; prints
@@ -52,6 +52,7 @@ clients=4
 read_mib=64
 only_jobs=
 diag=1
+prefill=0
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--runtime) runtime=$2; shift 2 ;;
@@ -62,6 +63,7 @@ while [ $# -gt 0 ]; do
 	--scale) scale=$2; shift 2 ;;
 	--jobs) only_jobs=$2; shift 2 ;;
 	--no-diag) diag=0; shift ;;
+	--prefill) prefill=1; shift ;;
 	*) die "unknown argument: $1" ;;
 	esac
 done
@@ -117,6 +119,15 @@ mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$disk"
 mkdir -p "$local_mnt"
 mount "$disk" "$local_mnt"
 
+# --prefill: the cache file written with zeros before attach (formatted as a new device), so its
+# blocks are written extents as after the ring's first lap; without it the gateway creates the
+# file with fallocate, and the first write to each block converts an unwritten extent (ext4
+# metadata: a journal commit in each fdatasync that covers one)
+if [ "$prefill" = 1 ]; then
+	dd if=/dev/zero of="$local_mnt/lun.cache" bs=1M count=1024 conv=fsync status=none
+	log "cache file prefilled with zeros (1 GiB)"
+fi
+
 status_json() { "$bin" status "$1" --json --run-dir "$run_dir"; }
 
 # attach SYS: start its gateway on /dev/ublkb<id>; wait for it to print the device
@@ -140,7 +151,6 @@ attach() {
 linear() {
 	local name=$1 d=$2 start=$(($3 * 2048)) size=$(($4 * 2048)) node
 	dmsetup create "$name" --noudevsync --table "0 $size linear $d $start" >&2
-	maps+=("$name")
 	node=/dev/$(dmsetup info -c --noheadings -o blkdevname "$name")
 	wait_until 10 "$node" test -b "$node"
 	echo "$node"
@@ -153,6 +163,7 @@ for s in "${systems[@]}"; do
 	base=$((i * (raw_mib + fs_mib)))
 	raw[$s]=$(linear "bench-$s-raw" "${dev[$s]}" "$base" "$raw_mib")
 	fs[$s]=$(linear "bench-$s-fs" "${dev[$s]}" $((base + raw_mib)) "$fs_mib")
+	maps+=("bench-$s-raw" "bench-$s-fs") # here, not in linear: that runs in a subshell
 	i=$((i + 1))
 done
 
@@ -217,6 +228,7 @@ log "netem on lo: $(tc qdisc show dev lo); round trip to the portal: $rtt"
 	echo "LUN: LIO rd_mcp $lun_mib MiB (LIO defaults, emulate_write_cache=1), block size $LIO_BLOCK_SIZE, iSCSI/TCP portal $LIO_PORTAL"
 	echo "netem: tc qdisc add dev lo root netem delay ${netem_ms}ms -> $(tc qdisc show dev lo | head -1); TCP connect to the portal: $rtt"
 	echo "frontend: ublk (--ublk, queues/depth default); per system a ${raw_mib} MiB raw stretch and a ${fs_mib} MiB ext4 stretch of the LUN (dm-linear)"
+	echo "cache file: $([ "$prefill" = 1 ] && echo "written with zeros before attach (--prefill)" || echo "created by the gateway (fallocate)")"
 	echo "systems: off = --cache off; wb = default (RAM write-back, --cache-size default: $(status_json wb | python3 -c 'import json,sys; print(json.load(sys.stdin)["cache"]["capacity_bytes"] >> 20)') MiB); cd = ${flags[cd]}"
 	echo "local disk: $disk ($(blockdev --getsize64 "$disk") bytes, virtio, QEMU cache=writeback on a host file), ext4 at $local_mnt: cache file and baseline files"
 	echo "pgbench: scale $scale, -c $clients -j 2 -T $runtime -n, synchronous_commit on, CHECKPOINT before each run"
