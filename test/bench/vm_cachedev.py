@@ -176,9 +176,9 @@ def commit_stats(guest, runs):
         r = dict(rep=rep, system=system, fsyncs=fsyncs)
         if a[0] is not None and b[0] is not None and fsyncs:
             r["jbd2_commits_per_fsync"] = (a[0] - b[0]) / fsyncs
-            if a[1] is not None and b[1] is not None and a[0] > b[0]:
-                # the file gives the average since mount: the run's own is the difference of totals
-                r["jbd2_avg_commit_us"] = round((a[1] * a[0] - b[1] * b[0]) / (a[0] - b[0]))
+        # jbd2 keeps a moving average (each commit weighs a quarter): at the end of a run of
+        # hundreds of commits it is the run's own
+        r["jbd2_avg_commit_us"] = a[1]
         sb, sa = (os.path.join(guest, f"{rep}-commit-4k-qd1-cd.{w}.json") for w in ("before", "after"))
         if system == "cd" and os.path.exists(sb) and os.path.exists(sa) and fsyncs:
             with open(sb) as f:
@@ -247,7 +247,7 @@ def report(runs, rows, reads, commits=(), strace=None):
     if commits:
         out.append("")
         out.append("Commit runs, per repetition: ext4 journal (jbd2) commits on the local disk per fsync and "
-                   "their average time during the run, and the log's fdatasyncs per fsync: " + "; ".join(
+                   "their time (jbd2's moving average at the end of the run), and the log's fdatasyncs per fsync: " + "; ".join(
                        f"rep {c['rep']} {c['system']}: "
                        + (f"{c['jbd2_commits_per_fsync']:.2f} jbd2 commits/fsync" if "jbd2_commits_per_fsync" in c else "–")
                        + (f" (avg {c['jbd2_avg_commit_us']} µs)" if c.get("jbd2_avg_commit_us") is not None else "")

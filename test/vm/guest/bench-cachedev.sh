@@ -27,6 +27,7 @@
 #
 #   bench-cachedev.sh OUTDIR [--runtime S] [--ramp S] [--reps N] [--size-mib N] [--netem-ms MS]
 #                     [--scale N] [--jobs a,b] [--no-diag] [--prefill]
+#                     [--cd-flags 'MORE FLAGS'] [--read-runtime S]
 #
 # Writes OUTDIR/<rep>-<job>-<system>.json (fio JSON) or .txt (pgbench), status snapshots of the
 # cache-dev gateway around its read job, OUTDIR/env.txt, the gateways' logs; prints
@@ -53,6 +54,8 @@ read_mib=64
 only_jobs=
 diag=1
 prefill=0
+cd_flags=
+read_runtime=
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--runtime) runtime=$2; shift 2 ;;
@@ -64,6 +67,8 @@ while [ $# -gt 0 ]; do
 	--jobs) only_jobs=$2; shift 2 ;;
 	--no-diag) diag=0; shift ;;
 	--prefill) prefill=1; shift ;;
+	--cd-flags) cd_flags=$2; shift 2 ;;
+	--read-runtime) read_runtime=$2; shift 2 ;;
 	*) die "unknown argument: $1" ;;
 	esac
 done
@@ -75,7 +80,7 @@ mkdir -p "$out"
 
 systems=(off wb cd)
 declare -A ublk_id=([off]=0 [wb]=1 [cd]=2)
-declare -A flags=([off]="--cache off" [wb]="" [cd]="--cache-dev /mnt/local/lun.cache --cache-dev-size 1GiB")
+declare -A flags=([off]="--cache off" [wb]="" [cd]="--cache-dev /mnt/local/lun.cache --cache-dev-size 1GiB${cd_flags:+ $cd_flags}")
 declare -A pg_port=([off]=5433 [wb]=5434 [cd]=5435)
 run_dir=/run/iser-blk-bench
 local_mnt=/mnt/local
@@ -232,7 +237,7 @@ log "netem on lo: $(tc qdisc show dev lo); round trip to the portal: $rtt"
 	echo "systems: off = --cache off; wb = default (RAM write-back, --cache-size default: $(status_json wb | python3 -c 'import json,sys; print(json.load(sys.stdin)["cache"]["capacity_bytes"] >> 20)') MiB); cd = ${flags[cd]}"
 	echo "local disk: $disk ($(blockdev --getsize64 "$disk") bytes, virtio, QEMU cache=writeback on a host file), ext4 at $local_mnt: cache file and baseline files"
 	echo "pgbench: scale $scale, -c $clients -j 2 -T $runtime -n, synchronous_commit on, CHECKPOINT before each run"
-	echo "fio: time_based runtime=${runtime}s ramp_time=${ramp}s, $reps repetitions"
+	echo "fio: time_based runtime=${runtime}s (randread: ${read_runtime:-$runtime}s) ramp_time=${ramp}s, $reps repetitions"
 } >"$out/env.txt"
 cat "$out/env.txt" >&2
 
@@ -322,8 +327,10 @@ for rep in $(seq 1 "$reps"); do
 				die "fio fill on $s failed"
 			if [ "$s" = cd ]; then status_json cd >"$out/$rep-randread-4k-qd32-cd.before.json"; fi
 			load=$(cut -d' ' -f1 /proc/loadavg)
+			# --read-runtime: shorter than the log's 10 s before write-back, so that the whole
+			# read finds the data in the log
 			fio_run "$f" "$file" --size="${read_mib}M" --rw=randread --bs=4k --iodepth=32 --ioengine=libaio \
-				--randrepeat=0 || die "fio randread on $s failed"
+				--randrepeat=0 --runtime="${read_runtime:-$runtime}" || die "fio randread on $s failed"
 			if [ "$s" = cd ]; then status_json cd >"$out/$rep-randread-4k-qd32-cd.after.json"; fi
 			summary "$f" "$rep" randread-4k-qd32 "$s" "$load"
 		done
