@@ -174,7 +174,10 @@ done
 
 # PostgreSQL on ext4 on each system's FS stretch, unix sockets only (nothing of it crosses lo)
 pgsql() { runuser -u postgres -- psql -X -q -h "/tmp/pg-$1" -p "${pg_port[$1]}" -d postgres -c "$2"; }
-for s in "${systems[@]}"; do
+want() { [ -z "$only_jobs" ] || [[ ",$only_jobs," == *",$1,"* ]]; }
+pg_systems=()
+if want pgbench; then pg_systems=("${systems[@]}"); fi
+for s in "${pg_systems[@]}"; do
 	mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "${fs[$s]}"
 	mkdir -p "/mnt/pg-$s" "/tmp/pg-$s"
 	mount "${fs[$s]}" "/mnt/pg-$s"
@@ -270,7 +273,6 @@ snap() {
 	case "$1" in *-cd) status_json cd >"$out/$1.$2.json" ;; esac
 }
 
-want() { [ -z "$only_jobs" ] || [[ ",$only_jobs," == *",$1,"* ]]; }
 summary() { # FILE REP JOB SYS LOAD
 	python3 - "$@" <<-'EOF'
 		import json, re, sys
