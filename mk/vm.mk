@@ -11,8 +11,12 @@
 #   make vm-smoke                   only the smoke suite (one guest boot)
 #   make vm-go-test [VM_PKG=./frontend/nbd] [VM_RUN=TestKernelAttach]   vm-tagged Go tests
 #   make vm-run VM_CMD='dmesg | tail' [VM_INIT=systemd]                  any command in a guest
-#   make bench-vm [BENCH_VM_ARGS='--reps 3 --runtime 15']   fio: iser-blk over iSER and over TCP vs
-#                                   the kernel's iSER initiator, one LIO LUN (never part of make test)
+#   make bench-vm [BENCH_VM_ARGS='--reps 3 --runtime 15']   both benches below, one after the other
+#                                   (never part of make test)
+#   make bench-vm-iser              fio: iser-blk over iSER and over TCP vs the kernel's iSER
+#                                   initiator, one LIO LUN (test/bench/vm-iser.sh)
+#   make bench-vm-cachedev [BENCH_VM_CACHEDEV_ARGS=...]   issue #39's --cache-dev rows: cache off,
+#                                   RAM write-back, --cache-dev over netem (test/bench/vm-cachedev.sh)
 
 VM_DIR := test/vm
 VM_PKG ?=
@@ -20,7 +24,7 @@ VM_RUN ?=
 VM_CMD ?= uname -a
 VM_INIT ?= bash
 
-.PHONY: test-vm vm-smoke vm-selftest vm-go-test vm-systemd vm-powercut vm-run bench-vm
+.PHONY: test-vm vm-smoke vm-selftest vm-go-test vm-systemd vm-powercut vm-run bench-vm bench-vm-iser bench-vm-cachedev
 
 # TALLY (set by the top-level Makefile) collects the counts for `make test`'s total line.
 test-vm:
@@ -46,7 +50,17 @@ vm-powercut: build
 vm-run:
 	@VM_INIT=$(VM_INIT) $(VM_DIR)/run.sh bash -c '$(VM_CMD)'
 
-# bench-vm measures, it does not test: it builds its own copy of the CLI (test/bench/vm-iser.sh).
+# bench-vm measures, it does not test: each bench builds its own copy of the CLI. BENCH_VM_ARGS
+# (--reps, --runtime, --ramp, --size-mib) goes to both unless BENCH_VM_CACHEDEV_ARGS is given.
 BENCH_VM_ARGS ?=
+BENCH_VM_CACHEDEV_ARGS ?= $(BENCH_VM_ARGS)
+# one after the other even under make -j: two benches at once would measure each other
 bench-vm:
 	@test/bench/vm-iser.sh $(BENCH_VM_ARGS)
+	@test/bench/vm-cachedev.sh $(BENCH_VM_CACHEDEV_ARGS)
+
+bench-vm-iser:
+	@test/bench/vm-iser.sh $(BENCH_VM_ARGS)
+
+bench-vm-cachedev:
+	@test/bench/vm-cachedev.sh $(BENCH_VM_CACHEDEV_ARGS)
