@@ -655,9 +655,12 @@ def main():
     remote = None
     if a.remote_ab_pairs > 0 and wanted(remote_ab.NAME):
         log(f"== {remote_ab.NAME}: {a.remote_ab_pairs} pairs of {a.remote_ab_runtime} s")
-        remote = remote_ab.run(argparse.Namespace(pairs=a.remote_ab_pairs, runtime=a.remote_ab_runtime,
-                                                  delay_ms=0.5, jobs=list(remote_ab.JOBS),
-                                                  cache_dir="/var/tmp", bin=BIN))
+        try:
+            remote = remote_ab.run(argparse.Namespace(pairs=a.remote_ab_pairs, runtime=a.remote_ab_runtime,
+                                                      delay_ms=0.5, jobs=list(remote_ab.JOBS),
+                                                      cache_dir="/var/tmp", bin=BIN))
+        except Exception as e:  # the rest of the report stands without it
+            log(f"{remote_ab.NAME} failed: {e!r}")
     report(a, jobs, results, started, load_before, work, curve_rows, remote)
     shutil.rmtree(work, ignore_errors=True)
 

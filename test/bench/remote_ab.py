@@ -2,7 +2,8 @@
 behind test/bench/delayproxy, which delays every byte by --delay-ms each way (0.5 ms by default:
 the issue's netem, which this host's kernel lacks; the QEMU guest has netem, but there emulation
 costs the gateway milliseconds per I/O and drowns the link); the gateways each a `serve` on a unix
-socket with its default flags except:
+socket with its default flags, each on a LUN of its own (a tgtd each, behind a delayproxy each),
+except:
 
     off    --cache off
     wb     the RAM write-back cache (the default)
@@ -40,6 +41,10 @@ import bench  # noqa: E402  (beside this file)
 NAME = "remote-ab"  # for bench.py --systems
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SYSTEMS = ["off", "wb", "cd", "local"]
+# pgbench also runs on "mem": a gateway (--cache off) on a LUN in its own memory (mem://), no
+# target and no network, so a FLUSH costs nothing: the most any gateway reaches through nbdfuse
+# and the loop device on this host, the ceiling of cd's ratio to off there
+PG_SYSTEMS = SYSTEMS + ["mem"]
 FLAGS = {"off": ["--cache", "off"], "wb": [], "cd": None}  # cd's flags name its file (run)
 JOBS = {"commit-4k-qd1": dict(rw="randwrite", bs="4k", iodepth=1, fsync=1),
         "seqwrite-1m-qd8": dict(rw="write", bs="1m", iodepth=8),
@@ -110,7 +115,7 @@ class PgBench:
         self.loop = self.fuse = None
         os.makedirs(self.dir)
         os.chmod(self.dir, 0o777)  # postgres runs as its own user
-        self.port = PgBench.PORT + SYSTEMS.index(name)
+        self.port = PgBench.PORT + PG_SYSTEMS.index(name)
         if uri is None:
             self.data = os.path.join(local_dir, f"iser-blk-remote-ab-{os.getpid()}-pg")
         else:
@@ -202,24 +207,33 @@ def run(a):
     os.chmod(work, 0o755)  # PostgreSQL's user reaches its directories below
     cache_file = os.path.join(a.cache_dir, f"iser-blk-remote-ab-{os.getpid()}.cache")
     local_file = os.path.join(a.cache_dir, f"iser-blk-remote-ab-{os.getpid()}.local")
-    rows, servers, tgt, proxy, pgs = [], {}, None, None, {}
+    rows, servers, tgts, proxies, pgs = [], {}, [], [], {}
     try:
-        tgt = bench.Tgtd(work, 1024, tuned=False)
-        proxy = DelayProxy(tgt.port, a.delay_ms, work)
-        rtt = proxy.echo_rtt_us()
-        bench.log(f"remote target: {a.delay_ms} ms each way through delayproxy, echo RTT {rtt:.0f} us")
-        url = tgt.url.replace(f":{tgt.port}/", f":{proxy.port}/")
+        # a LUN of its own for each gateway: a file system on one, or a cache of one, must never
+        # meet another system's writes
         for s in SYSTEMS[:3]:
+            tgt = bench.Tgtd(work, 1024, tuned=False)
+            tgts.append(tgt)
+            proxy = DelayProxy(tgt.port, a.delay_ms, work)
+            proxies.append(proxy)
+            url = tgt.url.replace(f":{tgt.port}/", f":{proxy.port}/")
             flags = FLAGS[s] if s != "cd" else ["--cache-dev", cache_file, "--cache-dev-size", "1GiB"]
             sock = os.path.join(work, s + ".sock")
             servers[s] = bench.NBDServer(s, [a.bin, "serve", "--target", url, "--listen", f"unix://{sock}",
                                              *flags], sock, work)
         if "pgbench" in a.jobs:
-            for s in SYSTEMS:
+            sock = os.path.join(work, "mem.sock")
+            servers["mem"] = bench.NBDServer("mem", [a.bin, "serve", "--target", "mem://1GiB", "--listen",
+                                                     f"unix://{sock}", "--cache", "off"], sock, work)
+        rtt = proxies[0].echo_rtt_us()
+        bench.log(f"remote target: {a.delay_ms} ms each way through delayproxy, echo RTT {rtt:.0f} us")
+        if "pgbench" in a.jobs:
+            for s in PG_SYSTEMS:
                 pgs[s] = PgBench(s, servers[s].uri if s in servers else None, a.cache_dir, work)
         for p in range(a.pairs):
-            order = SYSTEMS[p % len(SYSTEMS):] + SYSTEMS[:p % len(SYSTEMS)]
             for job in a.jobs:
+                names = PG_SYSTEMS if job == "pgbench" else SYSTEMS
+                order = names[p % len(names):] + names[:p % len(names)]
                 for s in order:
                     if job == "pgbench":
                         m = pgs[s].run(a.runtime)
@@ -245,17 +259,17 @@ def run(a):
                               f"p50 {m['p50_us']:8.1f} + sync {m['sync_p50_us']:8.1f} us")
                     if s != "local" and args["rw"] != "randread":
                         bench.flush(servers[s].uri)  # each job starts with nothing dirty in RAM
-        return dict(delay_ms=a.delay_ms, echo_rtt_us=rtt, tgt_params=tgt.params, cache_dir=a.cache_dir,
+        return dict(delay_ms=a.delay_ms, echo_rtt_us=rtt, tgt_params=tgts[0].params, cache_dir=a.cache_dir,
                     runtime=a.runtime, rows=rows)
     finally:
         for pg in pgs.values():
             pg.close()
         for srv in servers.values():
             srv.stop()
-        if proxy:
-            proxy.close()
-        if tgt:
-            tgt.stop()
+        for p in proxies:
+            p.close()
+        for t in tgts:
+            t.stop()
         for f in (cache_file, local_file):
             if os.path.exists(f):
                 os.unlink(f)
@@ -274,7 +288,7 @@ def summary(d):
         by.setdefault((r["job"], r["system"]), {})[r["pair"]] = r
     for job in JOBS:
         key, _ = metric(job)
-        for s in SYSTEMS:
+        for s in PG_SYSTEMS:
             runs = by.get((job, s))
             if not runs:
                 continue
