@@ -31,13 +31,13 @@ func (c *Cache) syncRange(ctx context.Context, off, length int64, fua bool) erro
 	for pg <= last {
 		ch := c.progress.wait()
 		c.dmu.Lock()
-		s, ok := c.dirtyIdx.get(pg)
-		if !ok || c.slots[s].dirty>>uint(sec) == 0 {
+		s, dirty, busy := c.jobStartLocked(pg, sec)
+		if !dirty {
 			c.dmu.Unlock()
 			pg, sec = pg+1, 0
 			continue
 		}
-		if c.slots[s].inflight || c.blockedLocked(pg) {
+		if busy {
 			c.dmu.Unlock()
 			c.doKick()
 			select {
@@ -58,10 +58,7 @@ func (c *Cache) syncRange(ctx context.Context, off, length int64, fua bool) erro
 		if lo, hi := max(j.off, cursor), min(j.end, rangeEnd); hi > lo {
 			covered += hi - lo
 		}
-		pg, sec = j.endPage, j.endSec
-		if sec == c.cfg.spp {
-			pg, sec = pg+1, 0
-		}
+		pg, sec = c.after(j)
 	}
 	if fua && covered < length && c.lim.CanFlush {
 		needFlush = true
@@ -72,6 +69,24 @@ func (c *Cache) syncRange(ctx context.Context, off, length int64, fua bool) erro
 		}
 	}
 	return nil
+}
+
+// jobStartLocked looks at page pg from sector sec on (dmu held): dirty when it has dirty sectors
+// there, busy when they are in flight or blocked by a direct operation. s is the page's slot.
+func (c *Cache) jobStartLocked(pg int64, sec int) (s int32, dirty, busy bool) {
+	s, ok := c.dirtyIdx.get(pg)
+	if !ok || c.slots[s].dirty>>uint(sec) == 0 {
+		return s, false, false
+	}
+	return s, true, c.slots[s].inflight || c.blockedLocked(pg)
+}
+
+// after is where a range's walk goes on after job j: the page and sector its last page ended at.
+func (c *Cache) after(j *job) (int64, int) {
+	if j.endSec == c.cfg.spp {
+		return j.endPage + 1, 0
+	}
+	return j.endPage, j.endSec
 }
 
 // Flush returns once every write acknowledged before it was called is on the backend and the

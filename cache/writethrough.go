@@ -50,13 +50,13 @@ func (c *Cache) tryWriteThrough(off, length int64) bool {
 	pg, sec := first, 0
 	for pg <= last {
 		c.dmu.Lock()
-		s, ok := c.dirtyIdx.get(pg)
-		if !ok || c.slots[s].dirty>>uint(sec) == 0 {
+		s, dirty, busy := c.jobStartLocked(pg, sec)
+		if !dirty {
 			c.dmu.Unlock()
 			pg, sec = pg+1, 0
 			continue
 		}
-		if c.slots[s].inflight || c.blockedLocked(pg) {
+		if busy {
 			c.dmu.Unlock()
 			return false
 		}
@@ -65,10 +65,7 @@ func (c *Cache) tryWriteThrough(off, length int64) bool {
 		if !c.runJobCached(j) {
 			return false
 		}
-		pg, sec = j.endPage, j.endSec
-		if sec == c.cfg.spp {
-			pg, sec = pg+1, 0
-		}
+		pg, sec = c.after(j)
 	}
 	return true
 }
