@@ -58,6 +58,7 @@ func (af *attachFlags) registerUblk(fs *pflag.FlagSet) {
 	fs.IntVar(&af.uo.Depth, "depth", 0, "ublk: requests in flight per queue (0: 64)")
 	fs.IntVar(&af.uo.MaxIO, "max-io", 0, "ublk: largest request in bytes (0: 512 KiB, capped by the device)")
 	fs.IntVar(&af.ublkID, "ublk-id", -1, "ublk: create /dev/ublkbN with this N (-1: the lowest free one)")
+	fs.BoolVar(&af.uo.NoRingPath, "ublk-workers-only", false, "ublk: serve every request on a worker goroutine, never on the queue's ring thread (for A/B measurements)")
 }
 
 // check rejects contradictory flags before anything is opened.

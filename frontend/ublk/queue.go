@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"go.uber.org/zap"
@@ -39,6 +40,8 @@ type tag struct {
 	startSector uint64
 
 	work chan struct{} // ring thread → worker: a request is ready
+
+	start time.Time // when a request served from the ring thread began (counted only)
 }
 
 // queue is one ublk hardware queue: one io_uring on one locked OS thread (the driver requires
@@ -57,6 +60,10 @@ type queue struct {
 	tags  []tag
 	efd   int
 	efdRd [8]byte // target of the armed eventfd READ
+	// efdMu keeps closeWake from closing efd under a device's Flush, which may come after the
+	// last started request's completion was counted (submit.go): readers write efd, closeWake
+	// closes it and sets it to -1.
+	efdMu sync.RWMutex
 
 	mu          sync.Mutex
 	done        []completion // filled by workers; cap depth
@@ -65,12 +72,18 @@ type queue struct {
 
 	stopping atomic.Bool
 	workers  sync.WaitGroup
+	started  sync.WaitGroup // requests started on the device from the ring thread, not completed
 	exited   chan struct{}
 	err      error // why the ring loop ended (nil after a clean stop); read after exited
 
 	// Ring-thread-only counters.
-	inflight int // requests handed to workers and not committed yet
-	dead     int // tags the driver will not hand out again (aborted or failed)
+	inflight  int  // requests handed to workers or started on the device, not committed yet
+	dead      int  // tags the driver will not hand out again (aborted or failed)
+	submitted bool // requests started with SubmitAt since the last kick
+	// onRing and onWorkers count requests served from the ring thread (finished or started
+	// there) and by workers; logged when the queue ends, so that tests and operators can see
+	// which path served the queue.
+	onRing, onWorkers int
 }
 
 func newQueue(s *Server, id uint16, depth int, bufs [][]byte) (*queue, error) {
@@ -120,6 +133,7 @@ func (q *queue) run(ready chan<- error) {
 		close(q.tags[i].work)
 	}
 	q.workers.Wait()
+	q.started.Wait() // the device may write into a tag's buffer until it completes the request
 	if q.ring != nil {
 		q.ring.Close()
 	}
@@ -127,6 +141,7 @@ func (q *queue) run(ready chan<- error) {
 		unix.Munmap(q.descs)
 	}
 	runtime.UnlockOSThread()
+	q.log.Info("ublk queue ended", zap.Int("served_on_ring", q.onRing), zap.Int("served_by_workers", q.onWorkers))
 	q.err = err
 	close(q.exited)
 }
@@ -204,19 +219,37 @@ func (q *queue) armWake() error {
 // wake makes the ring thread look at done and stopping. A failed write can only be EAGAIN (the
 // counter is saturated), which already guarantees a wake-up.
 func (q *queue) wake() {
-	_, _ = unix.Write(q.efd, eventOne[:])
+	q.efdMu.RLock()
+	if q.efd >= 0 {
+		_, _ = unix.Write(q.efd, eventOne[:])
+	}
+	q.efdMu.RUnlock()
+}
+
+// closeWake closes the eventfd once the queue has exited.
+func (q *queue) closeWake() {
+	q.efdMu.Lock()
+	unix.Close(q.efd)
+	q.efd = -1
+	q.efdMu.Unlock()
 }
 
 // complete hands a worker's result to the ring thread. It allocates nothing.
 func (q *queue) complete(id uint16, result int32) {
+	if q.enqueueDone(id, result) {
+		q.wake()
+	}
+}
+
+// enqueueDone adds a result to done and reports whether the caller must wake the ring thread
+// (no wake-up was pending).
+func (q *queue) enqueueDone(id uint16, result int32) bool {
 	q.mu.Lock()
 	q.done = append(q.done, completion{tag: id, result: result})
 	wake := !q.wakePending
 	q.wakePending = true
 	q.mu.Unlock()
-	if wake {
-		q.wake()
-	}
+	return wake
 }
 
 // stop asks the ring thread to exit once no request is in service.
@@ -244,6 +277,7 @@ func (q *queue) loop() error {
 			}
 			return errQueueAborted
 		}
+		q.kick()
 		if _, err := q.ring.SubmitAndWait(1); err != nil {
 			return fmt.Errorf("ublk queue %d: %w", q.id, err)
 		}
@@ -293,7 +327,7 @@ func (q *queue) fetched(ud uint64, res int32) error {
 		d := (*ioDesc)(unsafe.Pointer(&q.descs[int(ud)*sizeofIODesc]))
 		t.opFlags, t.nrSectors, t.startSector = d.OpFlags, d.NrSectors, d.StartSector
 		q.inflight++
-		t.work <- struct{}{} // never blocks: the worker of an idle tag is waiting
+		return q.dispatch(t)
 	case res == ioResAbort:
 		q.dead++
 	default:
@@ -303,6 +337,19 @@ func (q *queue) fetched(ud uint64, res int32) error {
 		q.log.Error("ublk refused an io command", zap.Uint64("tag", ud), zap.Int32("res", res),
 			zap.String("errno", unix.Errno(-res).Error()))
 	}
+	return nil
+}
+
+// dispatch serves a fetched request from the ring thread if the device can take it without
+// waiting (submit.go), else hands it to the tag's worker.
+func (q *queue) dispatch(t *tag) error {
+	served, err := q.serveOnRing(t)
+	if served {
+		q.onRing++
+		return err
+	}
+	q.onWorkers++
+	t.work <- struct{}{} // never blocks: the worker of an idle tag is waiting
 	return nil
 }
 

@@ -52,6 +52,10 @@ type Options struct {
 	// Counters, when set, counts every request per operation for status and metrics
 	// (counters.go); nil counts nothing.
 	Counters *status.IOCounters
+	// NoRingPath hands every request to its tag's worker, as before issue 37: the ring thread
+	// neither serves cache hits nor starts reads and writes on the device (submit.go). For
+	// tests of the fallback and for A/B measurements.
+	NoRingPath bool
 }
 
 // Server exports a block.Device as /dev/ublkbN.
@@ -67,6 +71,7 @@ type Server struct {
 	charFd int
 	// counters is Options.Counters (nil: off).
 	counters *status.IOCounters
+	ring     ringPath // what the ring thread may serve without a worker (submit.go)
 	queues   []*queue
 	pool     BufferPool
 	bufs     [][]byte // pool buffers to return
@@ -138,7 +143,8 @@ func newServer(ctx context.Context, dev block.Device, opts Options) (*Server, st
 		return nil, cfg, 0, err
 	}
 	s := &Server{dev: dev, lim: cfg.lim, log: cfg.log, drain: cfg.drain, ctrl: ctrl, charFd: -1,
-		pool: opts.Pool, failed: make(chan struct{}), counters: opts.Counters}
+		pool: opts.Pool, failed: make(chan struct{}), counters: opts.Counters,
+		ring: newRingPath(dev, opts.NoRingPath)}
 	s.ioCtx, s.ioCancel = context.WithCancel(context.WithoutCancel(ctx))
 	return s, cfg, feat, nil
 }

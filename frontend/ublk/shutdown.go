@@ -102,7 +102,7 @@ func (s *Server) stopQueues() {
 	}
 	for _, q := range s.queues {
 		<-q.exited
-		unix.Close(q.efd)
+		q.closeWake()
 		if q.err != nil && !errors.Is(q.err, errQueueAborted) {
 			s.log.Warn("ublk queue ended with an error", zap.Uint16("queue", q.id), zap.Error(q.err))
 		}

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -365,13 +366,37 @@ func fio(t *testing.T, args ...string) fioResult {
 
 // TestVMFioVerify is acceptance 2: random writes then random reads, crc32c-verified, on
 // 2 queues × depth 64, with zero errors.
+//
+// It runs on both of the queue's paths (issue 37): by default reads and writes are served from the
+// ring thread (cache hits there, the rest started on the iSCSI session from there), with
+// --ublk-workers-only every request goes through a worker. Each queue logs how many requests
+// each path served when it ends; the test requires the path it asked for to have served them.
 func TestVMFioVerify(t *testing.T) {
-	t.Run("memdev", func(t *testing.T) { testFioVerify(t, memTarget(t)) })
-	t.Run("lio-tcp", func(t *testing.T) { testFioVerify(t, lioTarget(t)) })
+	t.Run("memdev", func(t *testing.T) { testFioVerify(t, memTarget(t), true) })
+	t.Run("lio-tcp", func(t *testing.T) { testFioVerify(t, lioTarget(t), true) })
+	t.Run("lio-tcp-cache-off", func(t *testing.T) { testFioVerify(t, lioTarget(t), true, "--cache", "off") })
+	t.Run("lio-tcp-workers-only", func(t *testing.T) { testFioVerify(t, lioTarget(t), false, "--ublk-workers-only") })
 }
 
-func testFioVerify(t *testing.T, target string) {
-	p := startServer(t, target, 2, 64)
+// ringTally sums the "ublk queue ended" lines of a server's log: requests served on the ring
+// thread and by workers.
+func ringTally(t *testing.T, log string) (ring, workers int) {
+	t.Helper()
+	re := regexp.MustCompile(`ublk queue ended.*"served_on_ring": ?(\d+), ?"served_by_workers": ?(\d+)`)
+	lines := re.FindAllStringSubmatch(log, -1)
+	if len(lines) == 0 {
+		t.Fatalf("no \"ublk queue ended\" line in the server's log:\n%s", log)
+	}
+	for _, m := range lines {
+		r, _ := strconv.Atoi(m[1])
+		w, _ := strconv.Atoi(m[2])
+		ring, workers = ring+r, workers+w
+	}
+	return ring, workers
+}
+
+func testFioVerify(t *testing.T, target string, ringPath bool, cliArgs ...string) {
+	p := startServer(t, target, 2, 64, cliArgs...)
 	defer watchdog(t, p, 8*time.Minute)()
 	common := []string{"--filename=" + p.path, "--ioengine=libaio", "--direct=1", "--bs=4k",
 		"--iodepth=64", "--numjobs=2", "--size=32M", "--offset_increment=32M",
@@ -397,6 +422,19 @@ func testFioVerify(t *testing.T, target string) {
 		t.Logf("randread job %s: %.0f IOPS", j.Name, j.Read.IOPS)
 	}
 	p.terminate(t, 60*time.Second)
+	if cliAttach() == "" {
+		return // the test binary's own server logs nothing
+	}
+	ring, workers := ringTally(t, p.stderr.String())
+	t.Logf("requests served on the ring thread: %d, by workers: %d", ring, workers)
+	// fio issued 2 × 8192 writes, 2 × 8192 + 2 × 8192 verifying reads and 5 s of reads; a
+	// quarter of them is the least the ring thread must have served.
+	if ringPath && ring < 12288 {
+		t.Fatalf("only %d requests served on the ring thread (workers: %d): the ring path was not taken", ring, workers)
+	}
+	if !ringPath && ring != 0 {
+		t.Fatalf("--ublk-workers-only: %d requests served on the ring thread", ring)
+	}
 }
 
 // diskStat returns (reads completed, writes completed) of a block device.

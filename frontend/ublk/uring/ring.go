@@ -186,6 +186,16 @@ func (r *Ring) Pending() uint32 {
 	return r.localTail - atomic.LoadUint32(r.sqHead)
 }
 
+// PendingSQE returns the i-th of the Pending SQEs, oldest first (nil when i ≥ Pending()), so
+// that a caller can check what it queued before submitting it.
+func (r *Ring) PendingSQE(i uint32) *SQE {
+	head := atomic.LoadUint32(r.sqHead)
+	if i >= r.localTail-head {
+		return nil
+	}
+	return (*SQE)(unsafe.Add(r.sqes, uintptr((head+i)&r.sqMask)*r.sqeSize))
+}
+
 // Submit publishes every SQE obtained since the last call and enters the kernel to submit them
 // without waiting. It returns how many the kernel consumed.
 func (r *Ring) Submit() (int, error) {
