@@ -23,7 +23,8 @@ class TableTest(unittest.TestCase):
             os.makedirs(g)
             rows = [(1, "iser-blk-ublk-tcp", 900, 90, 40, 20.0), (2, "iser-blk-ublk-tcp", 1100, 110, 60, 30.0),
                     (1, "kernel-tcp", 1000, 100, 50, 25.0), (2, "kernel-tcp", 1000, 100, 50, 25.0),
-                    (1, "iser-blk-iser", 500, 50, 10, None), (1, "kernel-iser", 1000, 100, 20, 5.0)]
+                    (1, "iser-blk-iser", 500, 50, 10, None), (1, "kernel-iser", 1000, 100, 20, 5.0),
+                    (1, "iser-blk-ublk-tcp-workers", 800, 80, 70, 40.0)]
             for rep, s, iops, mib, p50, cpu in rows:
                 f = os.path.join(g, f"{rep}-randread-4k-qd1-{s}.json")
                 json.dump(fio_json(iops, mib, p50), open(f, "w"))
@@ -32,7 +33,11 @@ class TableTest(unittest.TestCase):
             json.dump(fio_json(1, 1, 1), open(os.path.join(g, "1-randread-4k-qd1-other.json"), "w"))
             lines = vm_iser.table(vm_iser.load(out))
         by = {l.split(" | ")[1]: l for l in lines if l.startswith("| randread-4k-qd1 |")}
-        self.assertEqual(sorted(by), ["iser-blk-iser", "iser-blk-ublk-tcp", "kernel-iser", "kernel-tcp"])
+        self.assertEqual(sorted(by), ["iser-blk-iser", "iser-blk-ublk-tcp", "iser-blk-ublk-tcp-workers", "kernel-iser",
+                                      "kernel-tcp"])
+        # the workers-only A/B system is its own row, compared with kernel-tcp too
+        self.assertTrue(by["iser-blk-ublk-tcp-workers"].endswith("| 0.80× | 1.40× | 1.60× |"),
+                        by["iser-blk-ublk-tcp-workers"])
         # medians 100 MiB/s, p50 50 µs, CPU 25 µs against kernel-tcp's 100, 50, 25
         self.assertTrue(by["iser-blk-ublk-tcp"].endswith("| 1.00× | 1.00× | 1.00× |"), by["iser-blk-ublk-tcp"])
         self.assertIn("25.0 [20.0–30.0]", by["iser-blk-ublk-tcp"])

@@ -15,7 +15,8 @@ import statistics
 import sys
 
 JOBS = ["seqwrite-1m-qd8", "seqread-1m-qd8", "randread-4k-qd32", "randread-4k-qd1"]
-SYSTEMS = ["iser-blk-iser", "kernel-iser", "iser-blk-tcp", "iser-blk-ublk-tcp", "kernel-tcp"]
+SYSTEMS = ["iser-blk-iser", "kernel-iser", "iser-blk-tcp", "iser-blk-ublk-tcp", "iser-blk-ublk-tcp-workers",
+           "kernel-tcp"]
 NAME = re.compile(r"(\d+)-(.+)-(" + "|".join(re.escape(s) for s in SYSTEMS) + r")\.json$")
 
 

@@ -5,6 +5,7 @@
 #   iser-blk-tcp        iser-blk attach --nbd /dev/nbd1 --target iscsi://… --cache off
 #   kernel-iser         open-iscsi with an iser iface (the kernel's ib_iser), /dev/sdX
 #   iser-blk-ublk-tcp   iser-blk attach --ublk --target iscsi://… --cache off, /dev/ublkb0
+#   iser-blk-ublk-tcp-workers   the same with --ublk-workers-only, /dev/ublkb1 (issue 37's A/B)
 #   kernel-tcp          open-iscsi over TCP (the kernel's iscsi_tcp), /dev/sdY: what a user would
 #                       pick instead of iser-blk to mount a remote LUN
 # Jobs (fio, direct=1, libaio, time-based): 1 MiB sequential write QD8, 1 MiB sequential read QD8,
@@ -93,13 +94,16 @@ eval "$("$here/open-iscsi.sh" login --portal "$LIO_PORTAL" --iqn "$LIO_IQN" --tr
 log "kernel-iser: $ISCSI_DEV (session $ISCSI_SID)"
 kernel_iser_dev=$ISCSI_DEV
 attach iser-blk-ublk-tcp /dev/ublkb0 "iscsi://$LIO_PORTAL/$LIO_IQN/$LIO_LUN" --ublk --ublk-id 0
+# the same with every request through a worker goroutine, as before issue 37's ring path
+attach iser-blk-ublk-tcp-workers /dev/ublkb1 "iscsi://$LIO_PORTAL/$LIO_IQN/$LIO_LUN" --ublk --ublk-id 1 \
+	--ublk-workers-only
 eval "$("$here/open-iscsi.sh" login --portal "$LIO_PORTAL" --iqn "$LIO_IQN" --transport tcp --lun "$LIO_LUN" \
 	--initiator "$tcp_initiator")"
 log "kernel-tcp: $ISCSI_DEV (session $ISCSI_SID)"
 kernel_tcp_dev=$ISCSI_DEV
 declare -A devs=([iser-blk-iser]=/dev/nbd0 [iser-blk-tcp]=/dev/nbd1 [kernel-iser]=$kernel_iser_dev
-	[iser-blk-ublk-tcp]=/dev/ublkb0 [kernel-tcp]=$kernel_tcp_dev)
-systems=(iser-blk-iser iser-blk-tcp kernel-iser iser-blk-ublk-tcp kernel-tcp)
+	[iser-blk-ublk-tcp]=/dev/ublkb0 [iser-blk-ublk-tcp-workers]=/dev/ublkb1 [kernel-tcp]=$kernel_tcp_dev)
+systems=(iser-blk-iser iser-blk-tcp kernel-iser iser-blk-ublk-tcp iser-blk-ublk-tcp-workers kernel-tcp)
 
 {
 	echo "date: $(date -u +%FT%TZ)"
@@ -163,7 +167,7 @@ for rep in $(seq 1 "$reps"); do
 	done
 done
 # warnings from the gateways (command timeouts, reconnects) would make their figures suspect
-for sys in iser-blk-iser iser-blk-tcp iser-blk-ublk-tcp; do
+for sys in iser-blk-iser iser-blk-tcp iser-blk-ublk-tcp iser-blk-ublk-tcp-workers; do
 	kv "WARNINGS_$sys" "$(grep -ciE '"level":"(warn|error)"|\bWARN|\bERROR' "$out/$sys.log" || true)"
 done
 exit 0
