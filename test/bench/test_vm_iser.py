@@ -11,7 +11,8 @@ import vm_iser  # noqa: E402
 
 
 def fio_json(iops, mib, p50_us, write=False):
-    side = dict(iops=iops, bw_bytes=mib * 2**20, clat_ns={"percentile": {"50.000000": p50_us * 1000}})
+    side = dict(iops=iops, bw_bytes=mib * 2**20, total_ios=iops * 10,
+                clat_ns={"percentile": {"50.000000": p50_us * 1000}})
     empty = dict(iops=0, bw_bytes=0, clat_ns={})
     return {"jobs": [{"write": side if write else empty, "read": empty if write else side}]}
 
@@ -30,6 +31,8 @@ class TableTest(unittest.TestCase):
                 json.dump(fio_json(iops, mib, p50), open(f, "w"))
                 if cpu is not None:
                     open(f + ".cpu", "w").write(f"{cpu}\n")
+                if s == "iser-blk-ublk-tcp":
+                    open(f + ".calls", "w").write(f"{iops * 10 * rep * 3}\n")  # 3 and 6 per I/O
             json.dump(fio_json(1, 1, 1), open(os.path.join(g, "1-randread-4k-qd1-other.json"), "w"))
             lines = vm_iser.table(vm_iser.load(out))
         by = {l.split(" | ")[1]: l for l in lines if l.startswith("| randread-4k-qd1 |")}
@@ -41,6 +44,8 @@ class TableTest(unittest.TestCase):
         # medians 100 MiB/s, p50 50 µs, CPU 25 µs against kernel-tcp's 100, 50, 25
         self.assertTrue(by["iser-blk-ublk-tcp"].endswith("| 1.00× | 1.00× | 1.00× |"), by["iser-blk-ublk-tcp"])
         self.assertIn("25.0 [20.0–30.0]", by["iser-blk-ublk-tcp"])
+        self.assertIn("| 4.50 [3.00–6.00] |", by["iser-blk-ublk-tcp"])
+        self.assertIn("| – |", by["kernel-tcp"])  # no gateway, no count
         # against kernel-iser; no CPU file: no CPU ratio
         self.assertTrue(by["iser-blk-iser"].endswith("| 0.50× | 0.50× | – |"), by["iser-blk-iser"])
         self.assertIn("2 repetition(s) per cell", lines[-1])

@@ -35,12 +35,14 @@ def load(out):
         _, job, system = m.groups()
         j = json.load(open(f))["jobs"][0]
         d = j["write"] if "write" in job else j["read"]
-        cpu = None
+        cpu = calls = None
         if os.path.exists(f + ".cpu"):
             cpu = float(open(f + ".cpu").read())
+        if os.path.exists(f + ".calls"):  # the gateway's read/write-class system calls in the run
+            calls = int(open(f + ".calls").read()) / max(d.get("total_ios", 0), 1)
         p50 = d["clat_ns"].get("percentile", {}).get("50.000000", 0) / 1000
         runs.setdefault((job, system), []).append(
-            dict(iops=d["iops"], mib=d["bw_bytes"] / 2**20, p50=p50, cpu=cpu))
+            dict(iops=d["iops"], mib=d["bw_bytes"] / 2**20, p50=p50, cpu=cpu, calls=calls))
     return runs
 
 
@@ -58,8 +60,9 @@ def ratio(a, b):
 
 
 def table(runs):
-    lines = ["| job | system | IOPS | MiB/s | p50 µs | guest CPU µs/IO | vs kernel: speed | p50 | CPU |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| job | system | IOPS | MiB/s | p50 µs | guest CPU µs/IO | gateway r/w syscalls/IO | "
+             "vs kernel: speed | p50 | CPU |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for job in JOBS:
         for s in SYSTEMS:
             v = runs.get((job, s))
@@ -68,12 +71,15 @@ def table(runs):
             ref = runs.get((job, reference(s)), [])
             mib, p50, cpu = med(v, "mib"), med(v, "p50"), med(v, "cpu")
             lines.append(f"| {job} | {s} | {cell(med(v, 'iops'))} | {cell(mib)} | {cell(p50)} | {cell(cpu)} | "
+                         f"{cell(med(v, 'calls'), 2)} | "
                          f"{ratio(mib, med(ref, 'mib'))} | {ratio(p50, med(ref, 'p50'))} | "
                          f"{ratio(cpu, med(ref, 'cpu'))} |")
     reps = max((len(v) for v in runs.values()), default=0)
     lines.append("")
     lines.append(f"{reps} repetition(s) per cell; ratios are of the medians, to kernel-iser for the iSER "
-                 "systems and to kernel-tcp for the TCP ones.")
+                 "systems and to kernel-tcp for the TCP ones. Gateway r/w syscalls: the gateway's read- "
+                 "and write-class system calls per I/O (/proc/PID/io syscr + syscw; io_uring_enter and "
+                 "epoll waits are not counted).")
     return lines
 
 

@@ -49,6 +49,7 @@ bin=${ISERBLK_BIN:?ISERBLK_BIN must name the iser-blk CLI}
 mkdir -p "$out"
 
 pids=()
+declare -A gwpid # system → its gateway's PID, for the system-call counts
 kernel_portal=
 kernel_iqn=
 tcp_initiator=iqn.2025-01.io.iser-blk:bench-kernel-tcp # a session of its own beside the iser one
@@ -82,6 +83,7 @@ attach() {
 		>"$out/$name.stdout" 2>"$out/$name.log" &
 	pids+=($!)
 	local pid=$!
+	gwpid[$name]=$pid
 	printed() { grep -qx "$dev" "$out/$name.stdout" || { kill -0 "$pid" 2>/dev/null || die "$name: iser-blk exited: $(tail -5 "$out/$name.log")"; false; }; }
 	wait_until 180 "$name to attach $dev" printed
 	log "$name: $url on $dev"
@@ -133,6 +135,11 @@ declare -A jobs=(
 # writes first: the reads then read data that was written (not a never-touched RAM page)
 order=(seqwrite-1m-qd8 seqread-1m-qd8 randread-4k-qd32 randread-4k-qd1)
 
+# rwcalls PID: read- and write-class system calls of PID so far, all its threads (/proc/PID/io
+# syscr + syscw: read, readv, recvmsg, write, writev, sendmsg, ... on sockets and eventfds;
+# io_uring_enter and epoll waits are not among them)
+rwcalls() { awk '/^sysc[rw]:/ {s += $2} END {print s + 0}' "/proc/$1/io"; }
+
 # busy_ticks: the guest's CPU time so far in clock ticks, all vCPUs, without idle and iowait
 busy_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 
@@ -141,6 +148,8 @@ for rep in $(seq 1 "$reps"); do
 		for sys in "${systems[@]}"; do
 			f=$out/$rep-$job-$sys.json
 			load=$(cut -d' ' -f1 /proc/loadavg)
+			calls0=0
+			[ -z "${gwpid[$sys]:-}" ] || calls0=$(rwcalls "${gwpid[$sys]}")
 			t0=$(busy_ticks)
 			# shellcheck disable=SC2086 # the job's arguments are words
 			fio --name="$job" --filename="${devs[$sys]}" --direct=1 --ioengine=libaio \
@@ -148,6 +157,9 @@ for rep in $(seq 1 "$reps"); do
 				--output-format=json --output="$f" >/dev/null ||
 				die "fio $job on $sys (${devs[$sys]}) failed"
 			busy=$(($(busy_ticks) - t0))
+			if [ -n "${gwpid[$sys]:-}" ]; then # the gateway's read- and write-class system calls
+				echo "$(($(rwcalls "${gwpid[$sys]}") - calls0))" >"$f.calls"
+			fi
 			python3 - "$f" "$rep" "$job" "$sys" "$load" "$busy" "$(getconf CLK_TCK)" <<-'EOF'
 				import json, sys
 				f, rep, job, sysname, load, busy, hz = sys.argv[1:]
