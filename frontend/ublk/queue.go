@@ -46,8 +46,9 @@ type tag struct {
 
 // queue is one ublk hardware queue: one io_uring on one locked OS thread (the driver requires
 // every command of a queue to come from the same task, ublk_cmd.h "ubq_daemon"), plus one worker
-// goroutine per tag. The ring thread never calls the Device: it hands a request to the tag's
-// worker and goes back to the ring; workers report results through done + the eventfd, which
+// goroutine per tag. The ring thread calls the Device only through its non-blocking interfaces
+// (submit.go): a request those cannot take goes to the tag's worker, and the ring thread goes
+// back to the ring; workers and the device report results through done + the eventfd, which
 // the ring keeps a READ armed on. So a slow request holds only its own tag.
 type queue struct {
 	srv   *Server
@@ -126,6 +127,9 @@ func (q *queue) run(ready chan<- error) {
 	ready <- err
 	if err == nil {
 		err = q.loop()
+		// A loop that failed mid-batch may hold started commands the device has not sent;
+		// send them, or started.Wait below waits for a watchdog to send or end them.
+		q.kick()
 	}
 	// Workers are idle once inflight is 0 (or being abandoned on a fatal error); end them, then
 	// drop the ring, which cancels whatever FETCH is still parked in the driver.

@@ -41,6 +41,8 @@ type Options struct {
 	ControlPath string
 	// DrainTimeout bounds how long Shutdown or Detach lets in-flight requests run before
 	// cancelling their context so they fail and the kernel's STOP_DEV can finish (default 30 s).
+	// A read or write the ring thread started on the device (submit.go) does not look at that
+	// context: it ends by its response or by the backend's own command timeout.
 	DrainTimeout time.Duration
 	// Recovery decides what the driver does with the device when this process dies (see
 	// recovery.go); the zero value removes it, as before.

@@ -19,11 +19,21 @@ import (
 // That saves, per request, the wake-up of the worker and the worker's wait for the device; and
 // the device's completions come back in runs: the iSCSI session's reader completes every
 // response of one socket read, then writes the eventfd once (block.BatchCompletion). Everything
-// else (FLUSH, DISCARD, WRITE_ZEROES, a FUA write, anything a device declines because it would
-// wait) goes to the worker as before, so a slow request still holds only its own tag.
+// else (FLUSH, DISCARD, WRITE_ZEROES, a FUA write the device cannot start as one command,
+// anything a device declines because it would wait) goes to the worker as before, so a slow
+// request still holds only its own tag.
 //
-// The ring thread never waits here: CachedReader, CachedWriter and SubmitAt never block (their
-// contracts), and a completion only appends to the queue's done list under its mutex.
+// The ring thread never waits for the device's answer: CachedReader, CachedWriter and SubmitAt
+// decline rather than wait (their contracts), and a completion only appends to the queue's done
+// list under its mutex. What it may still spend time on is the system calls those make for it,
+// as the NBD frontend's reader does: Kick writes the queued commands to the iSCSI socket (it
+// blocks only while the socket's send buffer is full), and with --cache-dev a write the log
+// takes is written to the cache file's page cache on the spot.
+//
+// Once the server stops (STOP_DEV), SubmitAt is no longer used: the drain timeout cancels the
+// requests' context, which a worker's ReadAt/WriteAt honours and a started command does not (the
+// Submitter contract), so requests arriving during the drain go to the workers. Commands
+// already started end by their response or by the backend's command watchdog.
 
 // ringPath is what the device offers the ring thread; nil fields are capabilities it lacks.
 type ringPath struct {
@@ -70,7 +80,7 @@ func (q *queue) serveOnRing(t *tag) (served bool, err error) {
 		t.end(int32(n))
 		q.inflight--
 		return true, q.prepIOCmd(ioCommitAndFetch, t, int32(n))
-	case p.sub != nil && q.submit(buf, off, write, flags, t):
+	case p.sub != nil && !q.srv.stopping.Load() && q.submit(buf, off, write, flags, t):
 		q.submitted = true
 		return true, nil
 	}

@@ -233,8 +233,9 @@ func TestRingPathCached(t *testing.T) {
 	}
 }
 
-// TestRingPathFallback: with NoRingPath, and for every operation other than READ and WRITE,
-// requests go to the workers; a failed started request commits a negative errno.
+// TestRingPathFallback: with NoRingPath, for every operation other than READ and WRITE, and for
+// misses once the server stops, requests go to the workers; a failed started request commits a
+// negative errno.
 func TestRingPathFallback(t *testing.T) {
 	dev := &asyncDevice{recDevice: recDevice{size: 1 << 20, data: make([]byte, 1<<20)},
 		cachedOffs: map[int64]bool{0: true}, cacheWrites: true}
@@ -254,6 +255,16 @@ func TestRingPathFallback(t *testing.T) {
 		if !handedToWorker(q, id) {
 			t.Fatalf("tag %d not handed to its worker", id)
 		}
+	}
+
+	// Once the server stops, nothing new is started on the device (the drain timeout's cancel
+	// reaches only the workers' requests); hits are still served on the ring.
+	q = newRingQueue(t, dev, false)
+	q.srv.stopping.Store(true)
+	fetch(t, q, 0, opRead, 8, 0)  // cached
+	fetch(t, q, 1, opRead, 8, 64) // not cached: the worker's
+	if handedToWorker(q, 0) || !handedToWorker(q, 1) || len(dev.pending) != 0 {
+		t.Fatalf("stopping: hit to worker %v, miss started %d", handedToWorker(q, 0), len(dev.pending))
 	}
 
 	q = newRingQueue(t, dev, false)
