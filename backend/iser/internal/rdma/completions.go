@@ -136,10 +136,11 @@ func (c *Conn) safetyPoll(batch []Completion) bool {
 	if n <= 0 {
 		return false // nothing waiting (or a poll error, which the next poll reports)
 	}
-	c.deliver(batch, n)
+	// Counted before delivering, so that whoever sees these completions also sees the count.
 	if C.isb_get_cq_event(c.cch) == 0 {
 		counters.cqEventsMissed.Add(1)
 	}
+	c.deliver(batch, n)
 	return true
 }
 
