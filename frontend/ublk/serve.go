@@ -7,54 +7,80 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 )
 
-// serve performs one request on the Device and returns the driver's result: the byte count for
-// READ/WRITE (the driver requeues the remainder of a short count, so a success must be whole),
-// 0 for FLUSH/DISCARD/WRITE_ZEROES, or a negative errno (block.Errno), which the driver turns into
-// a block status. It runs on the tag's worker goroutine.
+// request is a fetched request as serving it needs it, decoded from the tag's copy of the
+// descriptor (ublk_cmd.h struct ublksrv_io_desc: the operation in op_flags' low 8 bits, the
+// UBLK_IO_F_* flags above it, offset and length in 512-byte sectors).
+type request struct {
+	op    uint8
+	flags uint32
+	off   int64
+	len   int64
+}
+
+func (t *tag) request() request {
+	return request{op: uint8(t.opFlags & 0xff), flags: t.opFlags,
+		off: int64(t.startSector) << sectorShift, len: int64(t.nrSectors) << sectorShift}
+}
+
+// transfers reports whether r moves data through the tag's buffer (READ, WRITE).
+func (r request) transfers() bool { return r.op == opRead || r.op == opWrite }
+
+// writeFlags is r's FUA as the Device takes it.
+func (r request) writeFlags() block.WriteFlags {
+	if r.flags&ioFFUA != 0 {
+		return block.FUA
+	}
+	return 0
+}
+
+// serve performs one request on the Device and returns the driver's result (Server.result). It
+// runs on the tag's worker goroutine.
 func (s *Server) serve(t *tag) int32 {
-	op := uint8(t.opFlags & 0xff)
-	off := int64(t.startSector) << sectorShift
-	n := int64(t.nrSectors) << sectorShift
+	r := t.request()
 	var err error
-	switch op {
+	switch r.op {
 	case opRead, opWrite:
-		if n > int64(len(t.buf)) || n == 0 {
-			s.reqLog.Warn("ublk request larger than its buffer", zap.Uint8("op", op), zap.Int64("len", n), zap.Int("buf", len(t.buf)))
+		if r.len > int64(len(t.buf)) || r.len == 0 {
+			s.reqLog.Warn("ublk request larger than its buffer", zap.Uint8("op", r.op), zap.Int64("len", r.len), zap.Int("buf", len(t.buf)))
 			return -int32(unix.EINVAL)
 		}
-		if op == opRead {
-			err = s.dev.ReadAt(s.ioCtx, t.buf[:n], off)
+		if r.op == opRead {
+			err = s.dev.ReadAt(s.ioCtx, t.buf[:r.len], r.off)
 		} else {
-			var f block.WriteFlags
-			if t.opFlags&ioFFUA != 0 {
-				f |= block.FUA
-			}
-			err = s.dev.WriteAt(s.ioCtx, t.buf[:n], off, f)
+			err = s.dev.WriteAt(s.ioCtx, t.buf[:r.len], r.off, r.writeFlags())
 		}
 	case opFlush:
 		err = s.dev.Flush(s.ioCtx)
 	case opDiscard:
-		err = s.dev.Discard(s.ioCtx, off, n)
+		err = s.dev.Discard(s.ioCtx, r.off, r.len)
 	case opWriteZeroes:
 		var f block.ZeroFlags
-		if t.opFlags&ioFNoUnmap != 0 {
+		if r.flags&ioFNoUnmap != 0 {
 			f |= block.NoHole
 		}
-		if t.opFlags&ioFFUA != 0 {
+		if r.flags&ioFFUA != 0 {
 			f |= block.ZeroFUA
 		}
-		err = s.dev.WriteZeroes(s.ioCtx, off, n, f)
+		err = s.dev.WriteZeroes(s.ioCtx, r.off, r.len, f)
 	default:
 		return -int32(unix.EOPNOTSUPP)
 	}
-	if err != nil {
-		s.reqLog.Warn("ublk request failed", zap.String("op", opName(op)), zap.Int64("off", off), zap.Int64("len", n), zap.Error(err))
+	return s.result(r, err)
+}
+
+// result is what the driver is told of r, which ended with err: the byte count for READ/WRITE
+// (the driver requeues the remainder of a short count, so a success must be whole), 0 for the
+// others, or a negative errno (block.Errno), which the driver turns into a block status. A
+// failure is logged.
+func (s *Server) result(r request, err error) int32 {
+	switch {
+	case err != nil:
+		s.reqLog.Warn("ublk request failed", zap.String("op", opName(r.op)), zap.Int64("off", r.off), zap.Int64("len", r.len), zap.Error(err))
 		return -int32(block.Errno(err))
+	case r.transfers():
+		return int32(r.len)
 	}
-	if op != opRead && op != opWrite {
-		return 0
-	}
-	return int32(n)
+	return 0
 }
 
 func opName(op uint8) string {

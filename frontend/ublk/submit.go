@@ -1,10 +1,6 @@
 package ublk
 
 import (
-	"time"
-
-	"go.uber.org/zap"
-
 	"github.com/iser-blk/iser-blk/block"
 )
 
@@ -61,26 +57,21 @@ func newRingPath(dev block.Device, off bool) ringPath {
 // (its completion will be taken from done).
 func (q *queue) serveOnRing(t *tag) (served bool, err error) {
 	p := &q.srv.ring
-	op := uint8(t.opFlags & 0xff)
-	n := int64(t.nrSectors) << sectorShift
-	if (op != opRead && op != opWrite) || n == 0 || n > int64(len(t.buf)) {
+	r := t.request()
+	if !r.transfers() || r.len == 0 || r.len > int64(len(t.buf)) {
 		return false, nil
 	}
-	off := int64(t.startSector) << sectorShift
-	buf := t.buf[:n]
-	write := op == opWrite
-	var flags block.WriteFlags
-	if write && t.opFlags&ioFFUA != 0 {
-		flags |= block.FUA
-	}
+	buf := t.buf[:r.len]
+	write := r.op == opWrite
+	flags := r.writeFlags()
 	t.begin()
 	switch {
-	case !write && p.cachedR != nil && p.cachedR.ReadCached(buf, off),
-		write && flags == 0 && p.cachedW != nil && p.cachedW.WriteCached(buf, off):
-		t.end(int32(n))
+	case !write && p.cachedR != nil && p.cachedR.ReadCached(buf, r.off),
+		write && flags == 0 && p.cachedW != nil && p.cachedW.WriteCached(buf, r.off):
+		t.end(int32(r.len))
 		q.inflight--
-		return true, q.prepIOCmd(ioCommitAndFetch, t, int32(n))
-	case p.sub != nil && !q.srv.stopping.Load() && q.submit(buf, off, write, flags, t):
+		return true, q.prepIOCmd(ioCommitAndFetch, t, int32(r.len))
+	case p.sub != nil && !q.srv.stopping.Load() && q.submit(buf, r.off, write, flags, t):
 		q.submitted = true
 		return true, nil
 	}
@@ -118,15 +109,9 @@ func (t *tag) Complete(err error) {
 // the eventfd is written only by the Flush of the completion that found no wake-up pending, once
 // the device has delivered its whole run.
 func (t *tag) CompleteBatched(err error) block.Flusher {
-	res := int32(t.nrSectors) << sectorShift
-	if err != nil {
-		op := uint8(t.opFlags & 0xff)
-		t.q.srv.reqLog.Warn("ublk request failed", zap.String("op", opName(op)),
-			zap.Int64("off", int64(t.startSector)<<sectorShift), zap.Int64("len", int64(res)), zap.Error(err))
-		res = -int32(block.Errno(err))
-	}
-	t.end(res)
 	q := t.q
+	res := q.srv.result(t.request(), err)
+	t.end(res)
 	wake := q.enqueueDone(t.id, res)
 	q.started.Done() // t's buffer is the driver's again; q.Flush stays safe (efdMu)
 	if !wake {
@@ -138,33 +123,3 @@ func (t *tag) CompleteBatched(err error) block.Flusher {
 // Flush implements block.Flusher: it wakes the ring thread for the completions queued since the
 // last wake.
 func (q *queue) Flush() { q.wake() }
-
-// begin, end and unbegin count a request served from the ring thread for status and metrics,
-// as serveCounted does for a worker's: begin when it starts, end with its result.
-func (t *tag) begin() {
-	if c := t.q.srv.counters; c != nil {
-		t.start = time.Now()
-		c.Begin()
-	}
-}
-
-func (t *tag) end(res int32) {
-	c := t.q.srv.counters
-	if c == nil {
-		return
-	}
-	op := uint8(t.opFlags & 0xff)
-	n := 0
-	if res >= 0 {
-		n = int(t.nrSectors) << sectorShift
-	}
-	c.Answered(countedOps[op].op, n, time.Since(t.start), res < 0)
-}
-
-// unbegin takes back a begin for a request the ring thread then hands to the worker, which
-// counts it itself.
-func (t *tag) unbegin() {
-	if c := t.q.srv.counters; c != nil {
-		c.Abandon()
-	}
-}
