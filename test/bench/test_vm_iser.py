@@ -51,5 +51,46 @@ class TableTest(unittest.TestCase):
         self.assertIn("2 repetition(s) per cell", lines[-1])
 
 
+class BoundsTest(unittest.TestCase):
+    def test_floors_and_copies_make_the_bounds(self):
+        with tempfile.TemporaryDirectory() as out:
+            g = os.path.join(out, "guest")
+            os.makedirs(g)
+            # job → system → (iops, MiB/s, p50 µs, CPU µs per I/O)
+            runs = {
+                "seqwrite-1m-qd8": {"iser-blk-ublk-tcp": (100, 100, 80000, 14000),
+                                    "kernel-tcp": (250, 250, 30000, 6000)},
+                "randread-4k-qd1": {"iser-blk-ublk-tcp": (900, 3.5, 1000, 1400), "kernel-tcp": (3000, 11, 300, 400),
+                                    "iser-blk-ublk-mem": (2000, 8, 450, 600), "kernel-ram": (8000, 31, 100, 120)},
+                "randread-4k-qd32": {"iser-blk-ublk-tcp": (6000, 23, 4000, 200), "kernel-tcp": (8000, 31, 3000, 150),
+                                     "iser-blk-ublk-mem": (20000, 78, 1500, 60), "kernel-ram": (50000, 195, 600, 20)},
+            }
+            for job, systems in runs.items():
+                for s, (iops, mib, p50, cpu) in systems.items():
+                    f = os.path.join(g, f"1-{job}-{s}.json")
+                    json.dump(fio_json(iops, mib, p50, write="write" in job), open(f, "w"))
+                    open(f + ".cpu", "w").write(f"{cpu}\n")
+            for rep, c in ((1, 3000.0), (2, 4000.0), (3, 3500.0)):
+                open(os.path.join(g, f"copy-{rep}.txt"), "w").write(f"{c}\n")
+            lines = vm_iser.bounds(vm_iser.load(out), vm_iser.load_copy(out))
+        by = {l.split(" | ")[0][2:]: l.split(" | ") for l in lines if l.startswith("| ") and "---" not in l}
+        # 1 MiB write: floor 6000 + 2 × 3500 = 13000 µs; speed bound 6000/13000 = 0.46, measured 0.40
+        w = by["seqwrite-1m-qd8: speed"]
+        self.assertEqual((w[2], w[3], w[4]), ("0.40×", "0.46×", "0.87"))
+        self.assertIn("CPU floor 13000 µs per I/O = kernel 6000 + 2 × 3500 µs copy", w[5])
+        self.assertIn("busy vCPUs: kernel 1.50, gateway 1.40", w[5])
+        c = by["seqwrite-1m-qd8: CPU per I/O"]
+        self.assertEqual((c[2], c[3], c[4]), ("2.33×", "2.17×", "0.93"))
+        # QD1: sound 450/300; estimate 450 + 300 − 100 = 650 → 2.17×; measured 1000/300
+        self.assertEqual(by["randread-4k-qd1: p50 (sound)"][2:5], ["3.33×", "1.50×", "0.45"])
+        self.assertEqual(by["randread-4k-qd1: p50 (estimate)"][2:5], ["3.33×", "2.17×", "0.65"])
+        # QD32: CPU floor 60 + 150 − 20 = 190 → IOPS bound 150/190 = 0.79, measured 0.75
+        self.assertEqual(by["randread-4k-qd32: IOPS (estimate)"][2:5], ["0.75×", "0.79×", "0.95"])
+        self.assertEqual(by["randread-4k-qd32: CPU per I/O (estimate)"][2:5], ["1.33×", "1.27×", "0.95"])
+        # no reads measured: the row says so instead of inventing a figure
+        self.assertEqual(by["seqread-1m-qd8: speed"][2:5], ["–", "–", "–"])
+        self.assertIn("One kernel copy of a MiB: 3500 µs of guest CPU (median of 3)", lines[-1])
+
+
 if __name__ == "__main__":
     unittest.main()

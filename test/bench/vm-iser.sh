@@ -7,7 +7,7 @@
 #   test/bench/vm-iser.sh [--runtime S] [--ramp S] [--reps N] [--size-mib N]
 #
 # Builds the CLI into a private directory (other work in the tree may be rebuilding bin/), runs
-# test/vm/guest/bench-iser.sh in a guest (test/vm/run.sh; VM_MEM defaults to 2048 here because the
+# test/vm/guest/bench-iser.sh in a guest (test/vm/run.sh; VM_MEM defaults to 3072 here because the
 # LUN lives in guest RAM), then prints a Markdown table (test/bench/vm_iser.py): per job and system
 # the median IOPS, MiB/s, QD1 p50 and the guest's CPU µs per I/O over the repetitions (min–max in
 # brackets), and the ratios to the kernel initiator of the same transport.
@@ -31,7 +31,7 @@ go build -o "$out/iser-blk" ./cmd/iser-blk
 	echo "tree: $(git describe --always --dirty 2>/dev/null || echo unknown)"
 } >"$out/host.txt"
 
-export VM_MEM=${VM_MEM:-2048}
+export VM_MEM=${VM_MEM:-3072}
 export VM_TIMEOUT=${VM_TIMEOUT:-2400}
 export VM_RESULTS=$out
 export ISERBLK_BIN=$out/iser-blk

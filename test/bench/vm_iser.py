@@ -3,7 +3,9 @@ fio JSON files OUTDIR/guest/<rep>-<job>-<system>.json (and the guest's CPU µs p
 in .json.cpu), per job and system the median over the repetitions with min–max of IOPS, MiB/s,
 p50 latency and CPU per I/O, and the ratios to the kernel's initiator of the same transport
 (iser systems to kernel-iser, TCP systems to kernel-tcp): throughput and IOPS as system/kernel
-(higher is better), p50 and CPU as system/kernel (lower is better).
+(higher is better), p50 and CPU as system/kernel (lower is better). Then the bounds of issue 37's
+ublk + iSCSI/TCP rows against kernel-tcp, from the two floors the guest also measures
+(iser-blk-ublk-mem, kernel-ram) and its cost of one kernel copy of a MiB (OUTDIR/guest/copy-*.txt).
 
     python3 vm_iser.py OUTDIR
 """
@@ -16,7 +18,7 @@ import sys
 
 JOBS = ["seqwrite-1m-qd8", "seqread-1m-qd8", "randread-4k-qd32", "randread-4k-qd1"]
 SYSTEMS = ["iser-blk-iser", "kernel-iser", "iser-blk-tcp", "iser-blk-ublk-tcp", "iser-blk-ublk-tcp-workers",
-           "kernel-tcp"]
+           "kernel-tcp", "iser-blk-ublk-mem", "kernel-ram"]
 NAME = re.compile(r"(\d+)-(.+)-(" + "|".join(re.escape(s) for s in SYSTEMS) + r")\.json$")
 
 
@@ -83,5 +85,87 @@ def table(runs):
     return lines
 
 
+def load_copy(out):
+    """The guest's CPU µs for one kernel copy of a MiB, per repetition."""
+    return [float(open(f).read()) for f in sorted(glob.glob(os.path.join(out, "guest", "copy-*.txt")))]
+
+
+def bounds(runs, copies):
+    """Issue 37's rows for ublk + iSCSI/TCP against kernel-tcp, each beside the bound the machine
+    sets, from medians. The gateway and the kernel initiator share the guest's vCPUs with LIO, and
+    in these jobs the guest is busy (the busy vCPUs column), so CPU per I/O sets the speed.
+
+    - 1 MiB write: iscsi_tcp sends the bio's pages; the gateway copies them twice before they
+      reach the same socket (ublk's copy into the tag's buffer — its zero-copy needs 6.15 — and
+      the send's copy into the socket buffer). Floor: kernel-tcp's CPU per MiB + 2 copies.
+    - 1 MiB read: one copy more (ublk's copy out of the tag's buffer; both receive into memory).
+    - 4 KiB QD1 p50: a gateway answers no faster than a ublk gateway whose backend costs nothing
+      (iser-blk-ublk-mem): a sound floor. The estimate adds what the network and the target add
+      to the kernel's own path: p50(ublk-mem) + p50(kernel-tcp) − p50(kernel-ram).
+    - 4 KiB QD32: the same estimate for CPU per I/O, cpu(ublk-mem) + cpu(kernel-tcp) −
+      cpu(kernel-ram); the IOPS bound is kernel-tcp's IOPS × its CPU per I/O / that estimate.
+    """
+    def m(job, system, key):
+        v = med(runs.get((job, system), []), key)
+        return None if v is None else v[0]
+
+    gw, k, mem, ram = "iser-blk-ublk-tcp", "kernel-tcp", "iser-blk-ublk-mem", "kernel-ram"
+    lines = ["| row | goal | measured | bound | gap to the bound | how the bound is made |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    copy = statistics.median(copies) if copies else None
+
+    def busy(job, system):
+        c, i = m(job, system, "cpu"), m(job, system, "iops")
+        return None if c is None or i is None else c * i / 1e6
+
+    def row(name, goal, measured, bound, how, higher_better):
+        if measured is None or bound is None:
+            lines.append(f"| {name} | {goal} | – | – | – | {how} |")
+            return
+        gap = measured / bound if higher_better else bound / measured
+        lines.append(f"| {name} | {goal} | {measured:.2f}× | {bound:.2f}× | {gap:.2f} | {how} |")
+
+    for job, extra, goal in (("seqwrite-1m-qd8", 2, "speed ≥ 1.0×"), ("seqread-1m-qd8", 1, "speed ≥ 1.0×")):
+        kc, gc, ki, gi = m(job, k, "cpu"), m(job, gw, "cpu"), m(job, k, "mib"), m(job, gw, "mib")
+        floor = None if kc is None or copy is None else kc + extra * copy
+        row(f"{job}: speed", goal, None if gi is None or not ki else gi / ki,
+            None if floor is None else kc / floor,
+            f"CPU-bound (busy vCPUs: kernel {fmt(busy(job, k))}, gateway {fmt(busy(job, gw))}); "
+            f"CPU floor {fmt(floor, 0)} µs per I/O = kernel {fmt(kc, 0)} + {extra} × {fmt(copy, 0)} µs copy", True)
+        row(f"{job}: CPU per I/O", "–", None if gc is None or not kc else gc / kc,
+            None if floor is None or not kc else floor / kc, f"gateway {fmt(gc, 0)} µs against the floor", False)
+    job = "randread-4k-qd1"
+    kp, gp, mp, rp = (m(job, s, "p50") for s in (k, gw, mem, ram))
+    row(f"{job}: p50 (sound)", "≤ 1.1×", None if gp is None or not kp else gp / kp,
+        None if mp is None or not kp else mp / kp, f"p50 of {mem} {fmt(mp, 0)} µs, kernel {fmt(kp, 0)} µs", False)
+    est = None if None in (mp, kp, rp) else mp + kp - rp
+    row(f"{job}: p50 (estimate)", "≤ 1.1×", None if gp is None or not kp else gp / kp,
+        None if est is None else est / kp, f"{mem} + kernel-tcp − kernel-ram ({fmt(rp, 0)} µs) = {fmt(est, 0)} µs", False)
+    job = "randread-4k-qd32"
+    kc, gc, mc, rc = (m(job, s, "cpu") for s in (k, gw, mem, ram))
+    est = None if None in (kc, mc, rc) else mc + kc - rc
+    gi, ki = m(job, gw, "iops"), m(job, k, "iops")
+    row(f"{job}: IOPS (estimate)", "≥ 1.0×", None if gi is None or not ki else gi / ki,
+        None if est is None else kc / est,
+        f"CPU-bound (busy vCPUs: kernel {fmt(busy(job, k))}, gateway {fmt(busy(job, gw))}); "
+        f"CPU floor {fmt(est, 0)} µs = {mem} {fmt(mc, 0)} + kernel {fmt(kc, 0)} − kernel-ram {fmt(rc, 0)}", True)
+    row(f"{job}: CPU per I/O (estimate)", "≤ 1.0×", None if gc is None or not kc else gc / kc,
+        None if est is None or not kc else est / kc, f"gateway {fmt(gc, 0)} µs against the floor", False)
+    lines.append("")
+    lines.append(f"One kernel copy of a MiB: {fmt(copy, 0)} µs of guest CPU (median of {len(copies)}). Ratios are "
+                 f"{gw} / kernel-tcp; gap = measured / bound for speed, bound / measured for p50 and CPU "
+                 "(1.00 = at the bound). A sound bound holds whatever the gateway does; an estimate adds "
+                 "measured parts and can be beaten by overlapping them.")
+    return lines
+
+
+def fmt(v, prec=2):
+    return "–" if v is None else f"{v:.{prec}f}"
+
+
 if __name__ == "__main__":
-    print("\n".join(table(load(sys.argv[1]))))
+    out = sys.argv[1]
+    runs = load(out)
+    print("\n".join(table(runs)))
+    print()
+    print("\n".join(bounds(runs, load_copy(out))))

@@ -8,6 +8,13 @@
 #   iser-blk-ublk-tcp-workers   the same with --ublk-workers-only, /dev/ublkb1 (issue 37's A/B)
 #   kernel-tcp          open-iscsi over TCP (the kernel's iscsi_tcp), /dev/sdY: what a user would
 #                       pick instead of iser-blk to mount a remote LUN
+# and two floors, for the bounds of issue 37's rows (test/bench/vm_iser.py):
+#   iser-blk-ublk-mem   iser-blk attach --ublk --target mem://… --cache off, /dev/ublkb2: a ublk
+#                       gateway whose backend costs nothing (served on the ring thread)
+#   kernel-ram          the kernel's RAM disk (brd), /dev/ram0: the block layer and one copy, no
+#                       network and no SCSI
+# After the runs, the guest's cost of one kernel copy of a MiB (a tmpfs file through a pipe:
+# three copies per MiB) goes to OUTDIR/copy-<rep>.txt, once per repetition.
 # Jobs (fio, direct=1, libaio, time-based): 1 MiB sequential write QD8, 1 MiB sequential read QD8,
 # 4 KiB random read QD32, 4 KiB random read QD1 (its p50). Loops: repetition (outer), job, system
 # (inner), so the systems of one job run back to back under the same machine load. Each run also
@@ -21,7 +28,8 @@
 # OUTDIR/env.txt (guest details),
 # OUTDIR/<system>.log (the iser-blk gateways' logs) and prints one line per run:
 #   RUN rep=R job=J sys=S iops=… mibps=… load=…
-# Needs ISERBLK_BIN (the CLI) and a guest with ~1.5 GiB (VM_MEM=2048): the LUN lives in guest RAM.
+# Needs ISERBLK_BIN (the CLI) and a guest with ~2 GiB (VM_MEM=3072): the LUN, the RAM disk, the
+# mem:// device and the copy's file live in guest RAM.
 # One { } block: bash reads all of it before running, so an edit to this file while it runs
 # cannot make the running copy execute shifted bytes.
 {
@@ -68,6 +76,7 @@ trap cleanup EXIT
 eval "$("$here/modules.sh" nbd)"
 eval "$("$here/modules.sh" ublk)"
 eval "$("$here/rxe-up.sh")"
+eval "$(BRD_SIZE_KIB=$((size_mib * 1024)) "$here/modules.sh" brd)"
 eval "$("$here/lio-target.sh" --backstore rd --size-mib "$size_mib")"
 log "LIO RAM LUN of $size_mib MiB at $LIO_PORTAL ($LIO_IQN), rxe $RDMA_DEV"
 
@@ -99,13 +108,17 @@ attach iser-blk-ublk-tcp /dev/ublkb0 "iscsi://$LIO_PORTAL/$LIO_IQN/$LIO_LUN" --u
 # the same with every request through a worker goroutine, as before issue 37's ring path
 attach iser-blk-ublk-tcp-workers /dev/ublkb1 "iscsi://$LIO_PORTAL/$LIO_IQN/$LIO_LUN" --ublk --ublk-id 1 \
 	--ublk-workers-only
+# the floor of a ublk gateway: the same queues and ring path, a backend that costs nothing
+attach iser-blk-ublk-mem /dev/ublkb2 "mem://${size_mib}MiB" --ublk --ublk-id 2
 eval "$("$here/open-iscsi.sh" login --portal "$LIO_PORTAL" --iqn "$LIO_IQN" --transport tcp --lun "$LIO_LUN" \
 	--initiator "$tcp_initiator")"
 log "kernel-tcp: $ISCSI_DEV (session $ISCSI_SID)"
 kernel_tcp_dev=$ISCSI_DEV
 declare -A devs=([iser-blk-iser]=/dev/nbd0 [iser-blk-tcp]=/dev/nbd1 [kernel-iser]=$kernel_iser_dev
-	[iser-blk-ublk-tcp]=/dev/ublkb0 [iser-blk-ublk-tcp-workers]=/dev/ublkb1 [kernel-tcp]=$kernel_tcp_dev)
-systems=(iser-blk-iser iser-blk-tcp kernel-iser iser-blk-ublk-tcp iser-blk-ublk-tcp-workers kernel-tcp)
+	[iser-blk-ublk-tcp]=/dev/ublkb0 [iser-blk-ublk-tcp-workers]=/dev/ublkb1 [kernel-tcp]=$kernel_tcp_dev
+	[iser-blk-ublk-mem]=/dev/ublkb2 [kernel-ram]=$BRD_DEV)
+systems=(iser-blk-iser iser-blk-tcp kernel-iser iser-blk-ublk-tcp iser-blk-ublk-tcp-workers kernel-tcp
+	iser-blk-ublk-mem kernel-ram)
 
 {
 	echo "date: $(date -u +%FT%TZ)"
@@ -120,6 +133,7 @@ systems=(iser-blk-iser iser-blk-tcp kernel-iser iser-blk-ublk-tcp iser-blk-ublk-
 		echo "$k: open-iscsi $(iscsiadm --version | awk '{print $NF}'), queue_depth $(cat "/sys/block/$d/device/queue_depth"), max_sectors_kb $(cat "/sys/block/$d/queue/max_sectors_kb")"
 	done
 	echo "ublk max_sectors_kb: $(cat /sys/block/ublkb0/queue/max_sectors_kb)"
+	echo "kernel-ram: brd $size_mib MiB, max_sectors_kb $(cat "/sys/block/${BRD_DEV#/dev/}/queue/max_sectors_kb"); iser-blk-ublk-mem: mem://${size_mib}MiB"
 	echo "nbd max_sectors_kb: $(cat /sys/block/nbd0/queue/max_sectors_kb) (iser), $(cat /sys/block/nbd1/queue/max_sectors_kb) (tcp)"
 	echo "fio: direct=1 ioengine=libaio time_based runtime=${runtime}s ramp_time=${ramp}s, $reps repetitions"
 } >"$out/env.txt"
@@ -142,6 +156,21 @@ rwcalls() { awk '/^sysc[rw]:/ {s += $2} END {print s + 0}' "/proc/$1/io"; }
 
 # busy_ticks: the guest's CPU time so far in clock ticks, all vCPUs, without idle and iowait
 busy_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
+
+# copy_cost FILE: the guest's CPU µs for one kernel copy of a MiB, into FILE. A 128 MiB tmpfs file
+# read through a pipe costs three copies per MiB (page cache → dd, dd → pipe, pipe → dd), the
+# kind the gateway makes and the kernel initiator avoids (ublk's copy of a request's pages, a
+# socket send's copy), and four system calls per MiB, which are negligible beside them.
+copy_cost() {
+	local f=/dev/shm/bench-copy t0 busy
+	dd if=/dev/zero of=$f bs=1M count=128 status=none
+	t0=$(busy_ticks)
+	dd if=$f bs=1M status=none | dd of=/dev/null bs=1M iflag=fullblock status=none
+	busy=$(($(busy_ticks) - t0))
+	rm -f $f
+	awk -v b="$busy" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f\n", b / hz * 1e6 / (128 * 3)}' >"$1"
+	log "one kernel copy of a MiB: $(cat "$1") µs of CPU"
+}
 
 for rep in $(seq 1 "$reps"); do
 	for job in "${order[@]}"; do
@@ -177,9 +206,10 @@ for rep in $(seq 1 "$reps"); do
 			EOF
 		done
 	done
+	copy_cost "$out/copy-$rep.txt"
 done
 # warnings from the gateways (command timeouts, reconnects) would make their figures suspect
-for sys in iser-blk-iser iser-blk-tcp iser-blk-ublk-tcp iser-blk-ublk-tcp-workers; do
+for sys in iser-blk-iser iser-blk-tcp iser-blk-ublk-tcp iser-blk-ublk-tcp-workers iser-blk-ublk-mem; do
 	kv "WARNINGS_$sys" "$(grep -ciE '"level":"(warn|error)"|\bWARN|\bERROR' "$out/$sys.log" || true)"
 done
 exit 0
