@@ -51,6 +51,20 @@ class TableTest(unittest.TestCase):
         self.assertIn("2 repetition(s) per cell", lines[-1])
 
 
+class LatencyTest(unittest.TestCase):
+    def test_total_latency_is_preferred_to_completion_latency(self):
+        with tempfile.TemporaryDirectory() as out:
+            g = os.path.join(out, "guest")
+            os.makedirs(g)
+            j = fio_json(1000, 4, 15)  # clat p50 15 µs: the part after io_submit returned
+            j["jobs"][0]["read"]["lat_ns"] = {"percentile": {"50.000000": 250_000}}
+            json.dump(j, open(os.path.join(g, "1-randread-4k-qd1-iser-blk-ublk-mem.json"), "w"))
+            json.dump(fio_json(1000, 4, 300), open(os.path.join(g, "1-randread-4k-qd1-kernel-tcp.json"), "w"))
+            runs = vm_iser.load(out)
+        self.assertEqual(runs[("randread-4k-qd1", "iser-blk-ublk-mem")][0]["p50"], 250.0)
+        self.assertEqual(runs[("randread-4k-qd1", "kernel-tcp")][0]["p50"], 300.0)  # older files: clat
+
+
 class BoundsTest(unittest.TestCase):
     def test_floors_and_copies_make_the_bounds(self):
         with tempfile.TemporaryDirectory() as out:

@@ -42,7 +42,10 @@ def load(out):
             cpu = float(open(f + ".cpu").read())
         if os.path.exists(f + ".calls"):  # the gateway's read/write-class system calls in the run
             calls = int(open(f + ".calls").read()) / max(d.get("total_ios", 0), 1)
-        p50 = d["clat_ns"].get("percentile", {}).get("50.000000", 0) / 1000
+        # the total latency where the guest recorded its percentiles (lat_percentiles=1): a ublk
+        # device does part of its work inside io_submit, which clat does not see
+        lat = d["lat_ns"] if d.get("lat_ns", {}).get("percentile") else d["clat_ns"]
+        p50 = lat.get("percentile", {}).get("50.000000", 0) / 1000
         runs.setdefault((job, system), []).append(
             dict(iops=d["iops"], mib=d["bw_bytes"] / 2**20, p50=p50, cpu=cpu, calls=calls))
     return runs
