@@ -13,7 +13,7 @@ import (
 )
 
 // asyncExecutor is implemented by an Executor that can start a command without waiting for it
-// (session.Session over TCP): see session.Session.Submit.
+// (session.Session, over TCP and iSER): see session.Session.Submit.
 type asyncExecutor interface {
 	Submit(cmd *scsi.Command, resp *scsi.Response, done session.Completer) bool
 	Kick()
@@ -45,7 +45,8 @@ type asyncReq struct {
 // a final SCSI error (e.g. MEDIUM ERROR) is reported as that path would report it.
 //
 // It declines (false) what that path must do itself: requests over one command's transfer
-// limit, writes over the session's SubmitWriteMax (data that needs R2Ts), FUA writes on a LUN
+// limit, writes over the session's SubmitWriteMax (TCP: data that needs R2Ts or Data-Out PDUs),
+// buffers iSER would have to bounce (the session declines them), FUA writes on a LUN
 // without native FUA, and any request while commands failed by a connection loss wait to be
 // replayed (they go first, see replay.go).
 func (d *Device) SubmitAt(ctx context.Context, p []byte, off int64, write bool, flags block.WriteFlags, done block.Completion) bool {
@@ -83,8 +84,8 @@ func (d *Device) SubmitAt(ctx context.Context, p []byte, off int64, write bool, 
 }
 
 // SubmitWriteMax implements block.SubmitWriteLimiter: the largest write SubmitAt takes on the
-// path it would use now: one command's worth, less where the session says (its immediate-data
-// limit; 0 over iSER).
+// path it would use now: one command's worth, less where the session says (over TCP its
+// immediate-data limit).
 func (d *Device) SubmitWriteMax() int {
 	if d.closed.Load() || d.limits.ReadOnly {
 		return 0

@@ -23,8 +23,9 @@ import (
 // decline rather than wait (their contracts), and a completion only appends to the queue's done
 // list under its mutex. What it may still spend time on is the system calls those make for it,
 // as the NBD frontend's reader does: Kick writes the queued commands to the iSCSI socket (it
-// blocks only while the socket's send buffer is full), and with --cache-dev a write the log
-// takes is written to the cache file's page cache on the spot.
+// blocks only while the socket's send buffer is full; over iSER it posts them, waiting only
+// while every send slot is in flight), and with --cache-dev a write the log takes is written to
+// the cache file's page cache on the spot.
 //
 // Once the server stops (STOP_DEV), SubmitAt is no longer used: the drain timeout cancels the
 // requests' context, which a worker's ReadAt/WriteAt honours and a started command does not (the

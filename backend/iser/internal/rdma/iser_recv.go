@@ -164,3 +164,12 @@ func (ic *ISERConn) DiscardData() error {
 	ic.dataLen = 0
 	return nil
 }
+
+// Buffered is what the session's reader can take without waiting (its bufferedInput): the data
+// of the current PDU not read yet, and a whole receive descriptor for each PDU that arrived and
+// waits in rxq. With it the reader completes the responses of one batch of receive completions
+// in a run and wakes their frontends once, as it does for the responses of one TCP read.
+// Reader goroutine only (dataLen is its state).
+func (ic *ISERConn) Buffered() int {
+	return pdu.Padded(ic.dataLen) + len(ic.rxq)*ic.recvSize // padded: what the reader asks for
+}

@@ -166,6 +166,15 @@ func (ic *ISERConn) WriteCommand(bhs *pdu.BHS, ahs []byte, t *transport.Task) er
 	return nil
 }
 
+// Direct implements transport.DirectMemory: buf lies in memory the connection has registered,
+// so WriteCommand advertises it as it is.
+func (ic *ISERConn) Direct(buf []byte) bool {
+	_, _, ok := ic.keysFor(buf)
+	return ok
+}
+
+var _ transport.DirectMemory = (*ISERConn)(nil)
+
 // bounce copies a task's foreign buffer into a pool buffer (writes) or prepares one to receive
 // (reads), remembering it by ITT.
 func (ic *ISERConn) bounce(t *transport.Task) ([]byte, error) {

@@ -26,8 +26,9 @@ type BatchCompleter interface {
 // if more responses are buffered.
 const maxBatchedCompletions = 32
 
-// bufferedInput is implemented by a transport that reads through a buffer (TCP): Buffered is the
-// number of bytes already read from the socket and not yet consumed.
+// bufferedInput is implemented by a transport that can tell how much input it holds: Buffered is
+// the number of bytes the reader can consume without waiting (TCP: read from the socket and not
+// consumed yet; iSER: the PDUs already received).
 type bufferedInput interface {
 	Buffered() int
 }

@@ -82,7 +82,13 @@ func (c *conn) drainLocked(own chan error) error {
 		c.sendMu.Unlock()
 		err := c.writeBatch(batch)
 		if err != nil {
-			c.shutdown(err)
+			if own == nil {
+				// A kick: the caller is a frontend's reader or ring thread, which must not wait
+				// for the transport's teardown (iSER: disconnect, destroy the QP, deregister).
+				go c.shutdown(err)
+			} else {
+				c.shutdown(err)
+			}
 		}
 		for i := range batch {
 			if batch[i].done == nil {

@@ -17,10 +17,9 @@ type Completer interface {
 
 // Submit starts cmd without waiting for its completion and without a goroutine of its own: the
 // reader routes the response to done. It starts the command only when nothing would make it
-// wait: a task slot is free, the CmdSN window is open (RFC 7143 §4.2.2.1), the connection is up
-// and moves data over TCP, and a write's data all fits in the command PDU as immediate data
-// (§13.11), so that no R2T will follow. Otherwise it returns false having sent nothing, and the
-// caller uses Execute.
+// wait: a task slot is free, the CmdSN window is open (RFC 7143 §4.2.2.1), the connection is up,
+// and a write needs no PDU of ours after the command (see asyncWriteMax). Otherwise it returns
+// false having sent nothing, and the caller uses Execute.
 //
 // The command PDU is queued, not written: it leaves with the next batch any sender writes, or
 // when the caller calls Kick. Callers submitting several commands in a row call Kick once
@@ -35,17 +34,56 @@ func (s *Session) Submit(cmd *scsi.Command, resp *scsi.Response, done Completer)
 	return c.submit(cmd, resp, done, -1, 0)
 }
 
-// SubmitWriteMax is the largest write Submit takes on the current connection: one whose data
-// all goes as immediate data (RFC 7143 §13.11, §13.14: ImmediateData=Yes, up to FirstBurstLength
-// and the target's MaxRecvDataSegmentLength), since Data-Out PDUs or an R2T need Execute's task.
-// 0 when there is no connection or the transport moves the data itself (iSER).
+// SubmitWriteMax is the largest write Submit takes on the current connection (see
+// asyncWriteMax); 0 when there is none.
 func (s *Session) SubmitWriteMax() int {
 	c := s.cur.Load()
-	if c == nil || s.cfg.Discovery || c.tc.MovesData() {
+	if c == nil || s.cfg.Discovery {
 		return 0
 	}
-	_, immediate := c.params.UnsolicitedLimit(1 << 24)
-	return immediate
+	return c.asyncWriteMax()
+}
+
+// maxSubmitLength bounds a submitted command's transfer.
+const maxSubmitLength = 1 << 24
+
+// submitLengthMax is the largest transfer submit takes on c: maxSubmitLength, or less where the
+// transport caps one command's data (iSER's MaxTransferLength, see MaxCommandData), since a
+// command over that cap fails the connection when it is sent rather than being declined.
+func (c *conn) submitLengthMax() int {
+	if l, ok := c.tc.(interface{ MaxTransferLength() int }); ok {
+		return min(maxSubmitLength, l.MaxTransferLength())
+	}
+	return maxSubmitLength
+}
+
+// asyncWriteMax is the largest write submit takes on c: one that needs no PDU of ours after the
+// command, since Data-Out PDUs and answers to R2Ts need Execute's task.
+//   - Over TCP, the data must all go as immediate data (RFC 7143 §13.11, §13.14: ImmediateData=Yes,
+//     up to FirstBurstLength and the target's MaxRecvDataSegmentLength): anything more is sent
+//     as unsolicited Data-Out PDUs or solicited by R2T.
+//   - Over iSER the target fetches solicited data itself by RDMA Read (RFC 7145 §7.3.2), so only
+//     unsolicited Data-Out PDUs stand in the way (InitialR2T=No with more unsolicited data than
+//     immediate data fits, §13.10): any write up to the transport's cap is taken otherwise. Our
+//     iSER login proposes InitialR2T=Yes (and the result is the OR of both sides), so against a
+//     real target that is every write.
+func (c *conn) asyncWriteMax() int {
+	unsolicited, immediate := c.params.UnsolicitedLimit(maxSubmitLength)
+	if c.tc.MovesData() && unsolicited == immediate {
+		return c.submitLengthMax()
+	}
+	return min(immediate, c.submitLengthMax())
+}
+
+// direct reports whether the transport can send a command for buf without waiting for memory of
+// its own: always over TCP; over iSER when buf is registered (transport.DirectMemory), since a
+// bounce buffer may have to wait for the pool.
+func (c *conn) direct(buf []byte) bool {
+	if !c.tc.MovesData() || len(buf) == 0 {
+		return true
+	}
+	d, ok := c.tc.(transport.DirectMemory)
+	return ok && d.Direct(buf)
 }
 
 // SubmitToPipe is Submit for a read whose n bytes of data are to land in a pipe instead of
@@ -97,15 +135,15 @@ func (c *conn) submit(cmd *scsi.Command, resp *scsi.Response, done Completer, pi
 	if pipeW >= 0 {
 		length = pipeLen
 	}
-	if cmd.CDBLen == 0 || cmd.CDBLen > 16 || length > 1<<24 || c.tc.MovesData() {
+	if cmd.CDBLen == 0 || cmd.CDBLen > 16 || length > c.submitLengthMax() || !c.direct(cmd.Data) {
 		return false
 	}
 	var unsolicited, immediate int
 	if cmd.Dir == scsi.DirWrite {
-		unsolicited, immediate = c.params.UnsolicitedLimit(len(cmd.Data))
-		if immediate != len(cmd.Data) {
+		if len(cmd.Data) > c.asyncWriteMax() {
 			return false // Data-Out PDUs to send, or an R2T to answer: Execute's task does that
 		}
+		unsolicited, immediate = c.params.UnsolicitedLimit(len(cmd.Data))
 	}
 	if c.dead() {
 		return false

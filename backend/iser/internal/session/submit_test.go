@@ -2,12 +2,14 @@ package session
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/iser-blk/iser-blk/backend/iser/internal/pdu"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/transport"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 )
 
@@ -204,4 +206,90 @@ func TestSubmitConnectionLoss(t *testing.T) {
 	if s.Submit(tur(), &resp, newCompletion()) {
 		t.Fatal("submitted on a dead connection")
 	}
+}
+
+// movingDialer makes the connections of a pipeDialer report MovesData, as iSER's do, so that
+// Submit's choice for a transport that moves solicited data itself can be checked (the fake
+// target still speaks TCP: nothing here is sent). Its connections cap a command at maxXfer and
+// call every buffer registered (transport.DirectMemory) unless foreign is set.
+type movingDialer struct {
+	*pipeDialer
+	maxXfer int
+	foreign bool
+}
+
+func (d movingDialer) Dial(ctx context.Context, portal string, o transport.DialOptions) (transport.Conn, error) {
+	c, err := d.pipeDialer.Dial(ctx, portal, o)
+	if err != nil {
+		return nil, err
+	}
+	return movingConn{Conn: c, maxXfer: d.maxXfer, foreign: d.foreign}, nil
+}
+
+type movingConn struct {
+	transport.Conn
+	maxXfer int
+	foreign bool
+}
+
+func (movingConn) MovesData() bool          { return true }
+func (c movingConn) MaxTransferLength() int { return c.maxXfer }
+func (c movingConn) Direct(buf []byte) bool { return !c.foreign }
+
+// TestSubmitWriteMaxMovingData: over iSER the target fetches solicited data by RDMA Read, so
+// Submit takes any write up to the transport's cap unless unsolicited Data-Out PDUs would have
+// to follow the command.
+func TestSubmitWriteMaxMovingData(t *testing.T) {
+	const maxXfer = 512 << 10
+	for _, c := range []struct {
+		name string
+		keys map[string]string
+		want int
+	}{
+		{"InitialR2T=Yes", map[string]string{"ImmediateData": "Yes", "InitialR2T": "Yes",
+			"MaxRecvDataSegmentLength": "8192", "FirstBurstLength": "65536"}, maxXfer},
+		{"no unsolicited data", map[string]string{"ImmediateData": "No", "InitialR2T": "Yes"}, maxXfer},
+		{"unsolicited Data-Out beyond immediate data", map[string]string{"ImmediateData": "Yes", "InitialR2T": "No",
+			"MaxRecvDataSegmentLength": "8192", "FirstBurstLength": "65536"}, 8192},
+		{"unsolicited Data-Out only", map[string]string{"ImmediateData": "No", "InitialR2T": "No"}, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := movingSession(t, c.keys, false)
+			if got := s.SubmitWriteMax(); got != c.want {
+				t.Fatalf("SubmitWriteMax = %d, want %d", got, c.want)
+			}
+			var cmd scsi.Command
+			var resp scsi.Response
+			rw16(&cmd, true, 0, make([]byte, c.want+512))
+			if s.Submit(&cmd, &resp, newCompletion()) {
+				t.Fatalf("a %d-byte write was submitted (over the cap, or needing unsolicited Data-Out PDUs)", c.want+512)
+			}
+		})
+	}
+}
+
+// TestSubmitForeignBufferMovingData: a buffer iSER would have to bounce (it is not in registered
+// memory) is declined, since the bounce may wait for the transport's pool.
+func TestSubmitForeignBufferMovingData(t *testing.T) {
+	s := movingSession(t, map[string]string{"ImmediateData": "Yes", "InitialR2T": "Yes"}, true)
+	var cmd scsi.Command
+	var resp scsi.Response
+	for _, write := range []bool{false, true} {
+		rw16(&cmd, write, 0, make([]byte, 4096))
+		if s.Submit(&cmd, &resp, newCompletion()) {
+			t.Fatalf("a command (write %v) on a buffer the transport would bounce was submitted", write)
+		}
+	}
+}
+
+func movingSession(t *testing.T, keys map[string]string, foreign bool) *Session {
+	t.Helper()
+	d := &pipeDialer{}
+	f := newFake(t, d, "fake:3260", keys)
+	f.serve(newDataTarget(t, keys, 1<<20).handle)
+	s := newTestSession(t, nil, func(cfg *Config) {
+		cfg.Transport = movingDialer{pipeDialer: d, maxXfer: 512 << 10, foreign: foreign}
+	})
+	mustLogin(t, s)
+	return s
 }

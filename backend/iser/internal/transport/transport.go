@@ -144,6 +144,15 @@ type OutPDU struct {
 	Task *Task
 }
 
+// DirectMemory is implemented by a transport that moves data itself (iSER): Direct reports
+// whether the target can reach buf where it is (registered memory), so that sending a command
+// for it costs no bounce through the transport's own buffers, which may have to wait for one.
+// It does not allocate. A command submitted without an owner (session.Submit) must not wait, so
+// one whose buffer is not direct takes the owning path.
+type DirectMemory interface {
+	Direct(buf []byte) bool
+}
+
 // BatchWriter is implemented by transports that can send several PDUs at once (TCP: one writev
 // for the whole batch; iSER: one chained post). The session combines the PDUs of concurrent
 // senders into batches when it finds one. Same serialisation rule as WritePDU.
