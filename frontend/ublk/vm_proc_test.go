@@ -368,7 +368,7 @@ func fio(t *testing.T, args ...string) fioResult {
 // 2 queues × depth 64, with zero errors.
 //
 // It runs on both of the queue's paths (issue 37): by default reads and writes are served from the
-// ring thread (cache hits there, the rest started on the iSCSI session from there), with
+// ring thread (cache hits there, the rest started on the iSCSI or iSER session from there), with
 // --ublk-workers-only every request goes through a worker. Each queue logs how many requests
 // each path served when it ends; the test requires the path it asked for to have served them.
 func TestVMFioVerify(t *testing.T) {
@@ -376,6 +376,8 @@ func TestVMFioVerify(t *testing.T) {
 	t.Run("lio-tcp", func(t *testing.T) { testFioVerify(t, lioTarget(t), true) })
 	t.Run("lio-tcp-cache-off", func(t *testing.T) { testFioVerify(t, lioTarget(t), true, "--cache", "off") })
 	t.Run("lio-tcp-workers-only", func(t *testing.T) { testFioVerify(t, lioTarget(t), false, "--ublk-workers-only") })
+	// over iSER the session starts reads and writes of any size from registered memory too
+	t.Run("lio-iser-cache-off", func(t *testing.T) { testFioVerify(t, lioISERTarget(t), true, "--cache", "off") })
 }
 
 // ringTally sums the "ublk queue ended" lines of a server's log: requests served on the ring
