@@ -84,17 +84,19 @@ class BoundsTest(unittest.TestCase):
                     f = os.path.join(g, f"1-{job}-{s}.json")
                     json.dump(fio_json(iops, mib, p50, write="write" in job), open(f, "w"))
                     open(f + ".cpu", "w").write(f"{cpu}\n")
-            for rep, c in ((1, 3000.0), (2, 4000.0), (3, 3500.0)):
+            for rep, c in ((1, 300.0), (2, 400.0), (3, 350.0)):
                 open(os.path.join(g, f"copy-{rep}.txt"), "w").write(f"{c}\n")
-            lines = vm_iser.bounds(vm_iser.load(out), vm_iser.load_copy(out))
+                open(os.path.join(g, f"tcp-{rep}.txt"), "w").write(f"{c * 20}\n")
+            lines = vm_iser.bounds(vm_iser.load(out), vm_iser.load_copy(out), vm_iser.load_copy(out, "tcp"))
         by = {l.split(" | ")[0][2:]: l.split(" | ") for l in lines if l.startswith("| ") and "---" not in l}
-        # 1 MiB write: floor 6000 + 2 × 3500 = 13000 µs; speed bound 6000/13000 = 0.46, measured 0.40
+        # 1 MiB write: floor 7000 over TCP + 350 copy = 7350 µs; speed bound 6000/7350 = 0.82,
+        # measured 0.40
         w = by["seqwrite-1m-qd8: speed"]
-        self.assertEqual((w[2], w[3], w[4]), ("0.40×", "0.46×", "0.87"))
-        self.assertIn("CPU floor 13000 µs per I/O = kernel 6000 + 2 × 3500 µs copy", w[5])
+        self.assertEqual((w[2], w[3], w[4]), ("0.40×", "0.82×", "0.49"))
+        self.assertIn("gateway CPU floor 7350 µs per I/O = 7000 over TCP + 350 copy, kernel 6000", w[5])
         self.assertIn("busy vCPUs: kernel 1.50, gateway 1.40", w[5])
         c = by["seqwrite-1m-qd8: CPU per I/O"]
-        self.assertEqual((c[2], c[3], c[4]), ("2.33×", "2.17×", "0.93"))
+        self.assertEqual((c[2], c[3], c[4]), ("2.33×", "1.23×", "0.53"))
         # QD1: sound 450/300; estimate 450 + 300 − 100 = 650 → 2.17×; measured 1000/300
         self.assertEqual(by["randread-4k-qd1: p50 (sound)"][2:5], ["3.33×", "1.50×", "0.45"])
         self.assertEqual(by["randread-4k-qd1: p50 (estimate)"][2:5], ["3.33×", "2.17×", "0.65"])
@@ -103,7 +105,8 @@ class BoundsTest(unittest.TestCase):
         self.assertEqual(by["randread-4k-qd32: CPU per I/O (estimate)"][2:5], ["1.33×", "1.27×", "0.95"])
         # no reads measured: the row says so instead of inventing a figure
         self.assertEqual(by["seqread-1m-qd8: speed"][2:5], ["–", "–", "–"])
-        self.assertIn("One kernel copy of a MiB: 3500 µs of guest CPU (median of 3)", lines[-1])
+        self.assertIn("One kernel copy of a MiB: 350 µs of guest CPU (median of 3); a MiB over loopback TCP "
+                      "between two processes: 7000 µs (median of 3)", lines[-1])
 
 
 if __name__ == "__main__":

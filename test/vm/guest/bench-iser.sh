@@ -6,6 +6,7 @@
 #   kernel-iser         open-iscsi with an iser iface (the kernel's ib_iser), /dev/sdX
 #   iser-blk-ublk-tcp   iser-blk attach --ublk --target iscsi://… --cache off, /dev/ublkb0
 #   iser-blk-ublk-tcp-workers   the same with --ublk-workers-only, /dev/ublkb1 (issue 37's A/B)
+#   iser-blk-ublk-iser  iser-blk attach --ublk --target iser://… --cache off, /dev/ublkb3
 #   kernel-tcp          open-iscsi over TCP (the kernel's iscsi_tcp), /dev/sdY: what a user would
 #                       pick instead of iser-blk to mount a remote LUN
 # and two floors, for the bounds of issue 37's rows (test/bench/vm_iser.py):
@@ -13,8 +14,9 @@
 #                       gateway whose backend costs nothing (served on the ring thread)
 #   kernel-ram          the kernel's RAM disk (brd), /dev/ram0: the block layer and one copy, no
 #                       network and no SCSI
-# After the runs, the guest's cost of one kernel copy of a MiB (a tmpfs file read into a user
-# buffer) goes to OUTDIR/copy-<rep>.txt, once per repetition.
+# After each repetition's runs, the guest's cost of one kernel copy of a MiB (a tmpfs file read
+# into a user buffer) goes to OUTDIR/copy-<rep>.txt, and of a MiB sent over loopback TCP from one
+# process to another to OUTDIR/tcp-<rep>.txt.
 # Jobs (fio, direct=1, libaio, time-based): 1 MiB sequential write QD8, 1 MiB sequential read QD8,
 # 4 KiB random read QD32, 4 KiB random read QD1 (its p50 of the total latency, submission
 # included). Loops: repetition (outer), job, system
@@ -111,15 +113,16 @@ attach iser-blk-ublk-tcp-workers /dev/ublkb1 "iscsi://$LIO_PORTAL/$LIO_IQN/$LIO_
 	--ublk-workers-only
 # the floor of a ublk gateway: the same queues and ring path, a backend that costs nothing
 attach iser-blk-ublk-mem /dev/ublkb2 "mem://${size_mib}MiB" --ublk --ublk-id 2
+attach iser-blk-ublk-iser /dev/ublkb3 "iser://$LIO_PORTAL/$LIO_IQN/$LIO_LUN" --ublk --ublk-id 3
 eval "$("$here/open-iscsi.sh" login --portal "$LIO_PORTAL" --iqn "$LIO_IQN" --transport tcp --lun "$LIO_LUN" \
 	--initiator "$tcp_initiator")"
 log "kernel-tcp: $ISCSI_DEV (session $ISCSI_SID)"
 kernel_tcp_dev=$ISCSI_DEV
 declare -A devs=([iser-blk-iser]=/dev/nbd0 [iser-blk-tcp]=/dev/nbd1 [kernel-iser]=$kernel_iser_dev
 	[iser-blk-ublk-tcp]=/dev/ublkb0 [iser-blk-ublk-tcp-workers]=/dev/ublkb1 [kernel-tcp]=$kernel_tcp_dev
-	[iser-blk-ublk-mem]=/dev/ublkb2 [kernel-ram]=$BRD_DEV)
-systems=(iser-blk-iser iser-blk-tcp kernel-iser iser-blk-ublk-tcp iser-blk-ublk-tcp-workers kernel-tcp
-	iser-blk-ublk-mem kernel-ram)
+	[iser-blk-ublk-mem]=/dev/ublkb2 [kernel-ram]=$BRD_DEV [iser-blk-ublk-iser]=/dev/ublkb3)
+systems=(iser-blk-iser iser-blk-ublk-iser kernel-iser iser-blk-tcp iser-blk-ublk-tcp iser-blk-ublk-tcp-workers
+	kernel-tcp iser-blk-ublk-mem kernel-ram)
 
 {
 	echo "date: $(date -u +%FT%TZ)"
@@ -174,6 +177,44 @@ copy_cost() {
 	log "one kernel copy of a MiB: $(cat "$1") µs of CPU"
 }
 
+# tcp_cost FILE: the guest's CPU µs to move a MiB from one process to another over loopback TCP
+# (512 MiB in 256 KiB sends, a receiver copying into its buffer), into FILE. A gateway's written
+# bytes cross a socket like this from user memory (the send allocates socket pages, zeroed when
+# the kernel has init_on_alloc, as Debian's has, and copies into them); the kernel initiator
+# sends the request's own pages and skips both.
+tcp_cost() {
+	python3 - "$1" <<-'EOF'
+		import os, socket, sys, threading
+		def busy():
+		    f = open('/proc/stat').readline().split()
+		    return sum(int(f[i]) for i in (1, 2, 3, 6, 7))
+		total, chunk = 512 << 20, 256 << 10
+		ls = socket.socket()
+		ls.bind(('127.0.0.1', 0))
+		ls.listen(1)
+		def rx():
+		    c, _ = ls.accept()
+		    buf = memoryview(bytearray(chunk))
+		    n = 0
+		    while n < total:
+		        k = c.recv_into(buf)
+		        if k == 0:
+		            break
+		        n += k
+		t = threading.Thread(target=rx)
+		t.start()
+		s = socket.create_connection(ls.getsockname())
+		data = b'\xa5' * chunk
+		b0 = busy()
+		for _ in range(total // chunk):
+		    s.sendall(data)
+		t.join()
+		us = (busy() - b0) / os.sysconf('SC_CLK_TCK') * 1e6 / (total >> 20)
+		open(sys.argv[1], 'w').write(f"{us:.1f}\n")
+	EOF
+	log "a MiB over loopback TCP between two processes: $(cat "$1") µs of CPU"
+}
+
 for rep in $(seq 1 "$reps"); do
 	for job in "${order[@]}"; do
 		for sys in "${systems[@]}"; do
@@ -212,9 +253,11 @@ for rep in $(seq 1 "$reps"); do
 		done
 	done
 	copy_cost "$out/copy-$rep.txt"
+	tcp_cost "$out/tcp-$rep.txt"
 done
 # warnings from the gateways (command timeouts, reconnects) would make their figures suspect
-for sys in iser-blk-iser iser-blk-tcp iser-blk-ublk-tcp iser-blk-ublk-tcp-workers iser-blk-ublk-mem; do
+for sys in iser-blk-iser iser-blk-tcp iser-blk-ublk-tcp iser-blk-ublk-tcp-workers iser-blk-ublk-mem \
+	iser-blk-ublk-iser; do
 	kv "WARNINGS_$sys" "$(grep -ciE '"level":"(warn|error)"|\bWARN|\bERROR' "$out/$sys.log" || true)"
 done
 exit 0
