@@ -59,8 +59,9 @@ type task struct {
 	// and load order the owner's writes before the reader's reads.
 	tag  atomic.Uint32
 	kind uint8
-	ev   chan event // R2Ts and the final completion; capacity MaxOutstandingR2T+1
-	sent chan error // write results when another sender flushed this task's PDU
+	ev   chan event    // R2Ts and the final completion; capacity MaxOutstandingR2T+1
+	sent chan error    // write results when another sender flushed this task's PDU
+	win  chan struct{} // the CmdSN window has room for this task's command (waitWindow); capacity 1
 
 	// Set by the owner before the command is sent, read-only afterwards.
 	lun  uint64
@@ -127,8 +128,8 @@ type conn struct {
 	winMu      sync.Mutex
 	expCmdSN   atomic.Uint32
 	maxCmdSN   atomic.Uint32
-	winCh      chan struct{} // closed when MaxCmdSN advances; nil when nobody waits
-	winWaiters atomic.Int32  // commands waiting for the window
+	winQ       []*task      // commands waiting for the window, first come first (winMu)
+	winWaiters atomic.Int32 // len(winQ) plus waiters on their way in or out
 
 	expStatSN atomic.Uint32
 
@@ -165,6 +166,7 @@ func newConn(s *Session, tc transport.Conn, portal string, p *login.Params) *con
 		t.idx, t.gen, t.pipeW = uint32(i), 1, -1
 		t.ev = make(chan event, evCap)
 		t.sent = make(chan error, 1)
+		t.win = make(chan struct{}, 1)
 		t.outs = make([]transport.OutPDU, 0, len(t.dout))
 		if i < s.cfg.MaxTasks {
 			c.free <- uint32(i)
@@ -236,7 +238,7 @@ func (c *conn) execute(ctx context.Context, cmd *scsi.Command, resp *scsi.Respon
 		ExpectedDataTransferLength: uint32(len(cmd.Data)),
 		CDB:                        cmd.CDB[:cmd.CDBLen],
 	}
-	if err := c.waitWindow(ctx); err != nil {
+	if err := c.waitWindow(ctx, t); err != nil {
 		c.release(t)
 		return err
 	}

@@ -174,7 +174,9 @@ func (c *conn) submit(cmd *scsi.Command, resp *scsi.Response, done Completer, pi
 		CDB:                        cmd.CDB[:cmd.CDBLen],
 	}
 	c.sendMu.Lock()
-	if !serialLE(c.cmdSN, c.maxCmdSN.Load()) {
+	// A full window, or one that commands of Execute wait for: Submit never waits, nor overtakes
+	// them (they would wait as long as newcomers kept taking the slots that open).
+	if !serialLE(c.cmdSN, c.maxCmdSN.Load()) || c.windowWaiters() {
 		c.sendMu.Unlock()
 		c.release(t)
 		return false

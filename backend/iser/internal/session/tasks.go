@@ -5,6 +5,7 @@ package session
 
 import (
 	"context"
+	"slices"
 
 	"github.com/iser-blk/iser-blk/backend/iser/internal/pdu"
 )
@@ -69,6 +70,10 @@ func (c *conn) release(t *task) {
 		}
 		break
 	}
+	select {
+	case <-t.win: // cannot happen (waitWindow consumes or passes on its wake-up); stay clean anyway
+	default:
+	}
 	if t.idx < c.nSCSI {
 		c.free <- t.idx
 	} else {
@@ -90,8 +95,11 @@ func (c *conn) lookup(itt uint32) *task {
 }
 
 // waitWindow blocks until CmdSN may be sent (CmdSN <= MaxCmdSN, §4.2.2.1); it returns with
-// sendMu held on success.
-func (c *conn) waitWindow(ctx context.Context) error {
+// sendMu held on success. Waiters queue in winQ and each advance of MaxCmdSN wakes as many of them
+// as it opened slots, first come first: waking every waiter for every slot (what a broadcast
+// does) costs a goroutine wake-up per waiter per completed command once the target's window is
+// smaller than the queue depth (LIO: 64 commands), and it let newcomers overtake the waiters.
+func (c *conn) waitWindow(ctx context.Context, t *task) error {
 	for {
 		c.sendMu.Lock()
 		if serialLE(c.cmdSN, c.maxCmdSN.Load()) {
@@ -106,25 +114,59 @@ func (c *conn) waitWindow(ctx context.Context) error {
 			c.winMu.Unlock()
 			continue
 		}
-		if c.winCh == nil {
-			c.winCh = make(chan struct{})
-		}
-		ch := c.winCh
+		c.winQ = append(c.winQ, t)
 		c.winMu.Unlock()
 		var err error
 		select {
-		case <-ch:
+		case <-t.win:
 		case <-ctx.Done():
 			err = ctx.Err()
 		case <-c.done:
 			err = c.connErr()
 		}
+		if err != nil {
+			c.leaveWindowQueue(t)
+		}
 		c.winWaiters.Add(-1)
 		if err != nil {
 			return err
 		}
+		// Woken: a slot opened for us, though a sender that did not wait may have taken it;
+		// then we queue again at the end.
 	}
 }
+
+// leaveWindowQueue takes a waiter that gives up out of winQ, or, if it was woken as it gave up,
+// passes the wake-up on to the next waiter.
+func (c *conn) leaveWindowQueue(t *task) {
+	c.winMu.Lock()
+	defer c.winMu.Unlock()
+	if i := slices.Index(c.winQ, t); i >= 0 {
+		c.winQ = slices.Delete(c.winQ, i, i+1)
+		return
+	}
+	select {
+	case <-t.win:
+		c.wakeWindowLocked(1)
+	default:
+	}
+}
+
+// wakeWindowLocked wakes the first n waiters of winQ (winMu held).
+func (c *conn) wakeWindowLocked(n uint32) {
+	k := int(min(n, uint32(len(c.winQ))))
+	for _, w := range c.winQ[:k] {
+		select {
+		case w.win <- struct{}{}:
+		default: // cannot happen: a task is queued once and drains its wake-up before queueing again
+		}
+	}
+	c.winQ = append(c.winQ[:0], c.winQ[k:]...)
+}
+
+// windowWaiters reports whether commands wait for the window: Submit then declines rather than
+// overtake them.
+func (c *conn) windowWaiters() bool { return c.winWaiters.Load() > 0 }
 
 // updateWindow applies ExpCmdSN/MaxCmdSN from a target PDU (§4.2.2.1): ignored when MaxCmdSN <
 // ExpCmdSN-1, and never moved backwards.
@@ -136,17 +178,14 @@ func (c *conn) updateWindow(bhs *pdu.BHS) {
 	if serialGT(exp, c.expCmdSN.Load()) {
 		c.expCmdSN.Store(exp)
 	}
-	if serialGT(maxSN, c.maxCmdSN.Load()) {
+	if old := c.maxCmdSN.Load(); serialGT(maxSN, old) {
 		// The reader is the only writer of maxCmdSN. Waiters register (winWaiters) before they
 		// re-check maxCmdSN, so either they see the new value or we see them: the lock is taken
 		// only when someone waits.
 		c.maxCmdSN.Store(maxSN)
 		if c.winWaiters.Load() > 0 {
 			c.winMu.Lock()
-			if c.winCh != nil {
-				close(c.winCh)
-				c.winCh = nil
-			}
+			c.wakeWindowLocked(maxSN - old) // serial difference: the slots that opened
 			c.winMu.Unlock()
 		}
 	}

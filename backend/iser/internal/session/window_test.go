@@ -158,3 +158,80 @@ func TestLoginAndPingTimeouts(t *testing.T) {
 	s2.Close()
 	<-done
 }
+
+// TestWindowWakesWaitersInOrder: commands waiting for a closed CmdSN window are let in first
+// come first, one per slot the target opens; the others go on waiting without being woken. A
+// waiter that gives up leaves the queue, and a wake-up it got as it gave up goes to the next.
+func TestWindowWakesWaitersInOrder(t *testing.T) {
+	c := &conn{done: make(chan struct{})}
+	c.cmdSN = 11
+	c.maxCmdSN.Store(10) // closed: the next CmdSN is beyond MaxCmdSN
+	const n = 4
+	tasks := make([]task, n)
+	ctxs := make([]context.Context, n)
+	cancels := make([]context.CancelFunc, n)
+	in := make(chan int, n)
+	errs := make(chan error, n)
+	for i := range tasks {
+		tasks[i].win = make(chan struct{}, 1)
+		ctxs[i], cancels[i] = context.WithCancel(context.Background())
+		defer cancels[i]()
+		go func() {
+			if err := c.waitWindow(ctxs[i], &tasks[i]); err != nil {
+				errs <- err
+				return
+			}
+			c.cmdSN++ // the command is sent: its slot is taken
+			c.sendMu.Unlock()
+			in <- i
+		}()
+		waitFor(t, func() bool { return windowQueueLen(c) == i+1 }) // queue in a known order
+	}
+	advance := func(maxSN uint32) {
+		var b pdu.BHS
+		pdu.EncodeNOPIn(&b, 0, 0, pdu.ReservedTag, pdu.ReservedTag, pdu.TargetHeader{ExpCmdSN: 11, MaxCmdSN: maxSN})
+		c.updateWindow(&b)
+	}
+	// One slot: the first waiter, only.
+	advance(11)
+	if got := <-in; got != 0 {
+		t.Fatalf("waiter %d got the first slot, want 0", got)
+	}
+	if q := windowQueueLen(c); q != n-1 {
+		t.Fatalf("%d waiters queued after one slot opened, want %d", q, n-1)
+	}
+	// The second waiter gives up: it leaves the queue.
+	cancels[1]()
+	if err := <-errs; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled waiter: %v", err)
+	}
+	if q := windowQueueLen(c); q != n-2 {
+		t.Fatalf("%d waiters queued after one gave up, want %d", q, n-2)
+	}
+	// Two slots: the third and the fourth.
+	advance(13)
+	if a, b := <-in, <-in; a+b != 5 {
+		t.Fatalf("waiters %d and %d got two slots, want 2 and 3", a, b)
+	}
+	if q, w := windowQueueLen(c), c.winWaiters.Load(); q != 0 || w != 0 {
+		t.Fatalf("queue %d, waiters %d after everyone got in", q, w)
+	}
+}
+
+func windowQueueLen(c *conn) int {
+	c.winMu.Lock()
+	defer c.winMu.Unlock()
+	return len(c.winQ)
+}
+
+// waitFor polls cond until it holds, for at most 10 s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached within 10 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
