@@ -156,6 +156,7 @@ func newConn(s *Session, tc transport.Conn, portal string, p *login.Params) *con
 		readerDone: make(chan struct{}),
 		respBuf:    make([]byte, p.MaxRecvDataSegmentLength),
 		batch:      batchState{flushes: make([]block.Flusher, 0, 8)},
+		winQ:       make([]*task, 0, s.cfg.MaxTasks), // every SCSI task may wait: no growth later
 	}
 	c.expCmdSN.Store(p.ExpCmdSN)
 	c.maxCmdSN.Store(p.MaxCmdSN)
