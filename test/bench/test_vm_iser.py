@@ -73,7 +73,8 @@ class BoundsTest(unittest.TestCase):
             # job → system → (iops, MiB/s, p50 µs, CPU µs per I/O)
             runs = {
                 "seqwrite-1m-qd8": {"iser-blk-ublk-tcp": (100, 100, 80000, 14000),
-                                    "kernel-tcp": (250, 250, 30000, 6000)},
+                                    "kernel-tcp": (250, 250, 30000, 6000),
+                                    "iser-blk-ublk-mem": (900, 900, 7000, 1300)},
                 "randread-4k-qd1": {"iser-blk-ublk-tcp": (900, 3.5, 1000, 1400), "kernel-tcp": (3000, 11, 300, 400),
                                     "iser-blk-ublk-mem": (2000, 8, 450, 600), "kernel-ram": (8000, 31, 100, 120)},
                 "randread-4k-qd32": {"iser-blk-ublk-tcp": (6000, 23, 4000, 200), "kernel-tcp": (8000, 31, 3000, 150),
@@ -84,19 +85,18 @@ class BoundsTest(unittest.TestCase):
                     f = os.path.join(g, f"1-{job}-{s}.json")
                     json.dump(fio_json(iops, mib, p50, write="write" in job), open(f, "w"))
                     open(f + ".cpu", "w").write(f"{cpu}\n")
-            for rep, c in ((1, 300.0), (2, 400.0), (3, 350.0)):
-                open(os.path.join(g, f"copy-{rep}.txt"), "w").write(f"{c}\n")
-                open(os.path.join(g, f"tcp-{rep}.txt"), "w").write(f"{c * 20}\n")
-            lines = vm_iser.bounds(vm_iser.load(out), vm_iser.load_copy(out), vm_iser.load_copy(out, "tcp"))
+            for rep, (tx, rx) in ((1, (5000.0, 3000.0)), (2, (6000.0, 4000.0)), (3, (5700.0, 3500.0))):
+                open(os.path.join(g, f"tcp-{rep}.txt"), "w").write(f"{tx} {rx}\n")
+            lines = vm_iser.bounds(vm_iser.load(out), vm_iser.load_tcp(out))
         by = {l.split(" | ")[0][2:]: l.split(" | ") for l in lines if l.startswith("| ") and "---" not in l}
-        # 1 MiB write: floor 7000 over TCP + 350 copy = 7350 µs; speed bound 6000/7350 = 0.82,
-        # measured 0.40
+        # 1 MiB write: floor 1300 (ublk on mem://) + 5700 (TCP send) = 7000 µs; speed bound
+        # 6000/7000 = 0.86, measured 0.40
         w = by["seqwrite-1m-qd8: speed"]
-        self.assertEqual((w[2], w[3], w[4]), ("0.40×", "0.82×", "0.49"))
-        self.assertIn("gateway CPU floor 7350 µs per I/O = 7000 over TCP + 350 copy, kernel 6000", w[5])
+        self.assertEqual((w[2], w[3], w[4]), ("0.40×", "0.86×", "0.47"))
+        self.assertIn("gateway CPU floor 7000 µs per I/O = iser-blk-ublk-mem 1300 + TCP send 5700, kernel 6000", w[5])
         self.assertIn("busy vCPUs: kernel 1.50, gateway 1.40", w[5])
         c = by["seqwrite-1m-qd8: CPU per I/O"]
-        self.assertEqual((c[2], c[3], c[4]), ("2.33×", "1.23×", "0.53"))
+        self.assertEqual((c[2], c[3], c[4]), ("2.33×", "1.17×", "0.50"))
         # QD1: sound 450/300; estimate 450 + 300 − 100 = 650 → 2.17×; measured 1000/300
         self.assertEqual(by["randread-4k-qd1: p50 (sound)"][2:5], ["3.33×", "1.50×", "0.45"])
         self.assertEqual(by["randread-4k-qd1: p50 (estimate)"][2:5], ["3.33×", "2.17×", "0.65"])
@@ -105,8 +105,8 @@ class BoundsTest(unittest.TestCase):
         self.assertEqual(by["randread-4k-qd32: CPU per I/O (estimate)"][2:5], ["1.33×", "1.27×", "0.95"])
         # no reads measured: the row says so instead of inventing a figure
         self.assertEqual(by["seqread-1m-qd8: speed"][2:5], ["–", "–", "–"])
-        self.assertIn("One kernel copy of a MiB: 350 µs of guest CPU (median of 3); a MiB over loopback TCP "
-                      "between two processes: 7000 µs (median of 3)", lines[-1])
+        self.assertIn("A MiB over loopback TCP between two processes: 5700 µs of guest CPU to send, 3500 to "
+                      "receive (medians of 3)", lines[-1])
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ p50 latency and CPU per I/O, and the ratios to the kernel's initiator of the sam
 (iser systems to kernel-iser, TCP systems to kernel-tcp): throughput and IOPS as system/kernel
 (higher is better), p50 and CPU as system/kernel (lower is better). Then the bounds of issue 37's
 ublk + iSCSI/TCP rows against kernel-tcp, from the two floors the guest also measures
-(iser-blk-ublk-mem, kernel-ram) and its cost of one kernel copy of a MiB (OUTDIR/guest/copy-*.txt).
+(iser-blk-ublk-mem, kernel-ram) and what a MiB over loopback TCP costs (OUTDIR/guest/tcp-*.txt).
 
     python3 vm_iser.py OUTDIR
 """
@@ -88,22 +88,23 @@ def table(runs):
     return lines
 
 
-def load_copy(out, kind="copy"):
-    """The guest's CPU µs per MiB, per repetition: one kernel copy (kind "copy") or a MiB sent
-    over loopback TCP between two processes ("tcp")."""
-    return [float(open(f).read()) for f in sorted(glob.glob(os.path.join(out, "guest", f"{kind}-*.txt")))]
+def load_tcp(out):
+    """What a MiB over loopback TCP between two processes costs, per repetition: (send, receive)
+    µs of CPU."""
+    return [tuple(float(x) for x in open(f).read().split()[:2])
+            for f in sorted(glob.glob(os.path.join(out, "guest", "tcp-*.txt")))]
 
 
-def bounds(runs, copies, tcps=()):
+def bounds(runs, tcps=()):
     """Issue 37's rows for ublk + iSCSI/TCP against kernel-tcp, each beside the bound the machine
     sets, from medians. The gateway and the kernel initiator share the guest's vCPUs with LIO, and
     in these jobs the guest is busy (the busy vCPUs column), so CPU per I/O sets the speed.
 
-    - 1 MiB write and read: every byte crosses a socket between the gateway's memory and LIO (as
-      between two processes over loopback TCP: tcp) and ublk copies it once between the request's
-      pages and the tag's buffer (copy). iscsi_tcp does neither: it sends the bio's pages and
-      receives into them. Floor: tcp + copy per MiB (LIO's work beyond its socket is left out,
-      so the floor is low).
+    - 1 MiB write: the gateway costs at least what a ublk gateway with a free backend costs
+      (iser-blk-ublk-mem: the request's round trip and ublk's copy) plus sending the MiB from its
+      memory into a TCP socket (the sender's half of a MiB between two processes over loopback
+      TCP); LIO's work is left out, so the floor is low. iscsi_tcp pays neither part: it sends
+      the bio's pages. 1 MiB read: the same with the receiver's half.
     - 4 KiB QD1 p50: a gateway answers no faster than a ublk gateway whose backend costs nothing
       (iser-blk-ublk-mem): a sound floor. The estimate adds what the network and the target add
       to the kernel's own path: p50(ublk-mem) + p50(kernel-tcp) − p50(kernel-ram).
@@ -117,8 +118,8 @@ def bounds(runs, copies, tcps=()):
     gw, k, mem, ram = "iser-blk-ublk-tcp", "kernel-tcp", "iser-blk-ublk-mem", "kernel-ram"
     lines = ["| row | goal | measured | bound | gap to the bound | how the bound is made |",
              "| --- | --- | --- | --- | --- | --- |"]
-    copy = statistics.median(copies) if copies else None
-    tcp = statistics.median(tcps) if tcps else None
+    send = statistics.median(t[0] for t in tcps) if tcps else None
+    recv = statistics.median(t[1] for t in tcps) if tcps else None
 
     def busy(job, system):
         c, i = m(job, system, "cpu"), m(job, system, "iops")
@@ -131,13 +132,14 @@ def bounds(runs, copies, tcps=()):
         gap = measured / bound if higher_better else bound / measured
         lines.append(f"| {name} | {goal} | {measured:.2f}× | {bound:.2f}× | {gap:.2f} | {how} |")
 
-    for job in ("seqwrite-1m-qd8", "seqread-1m-qd8"):
-        kc, gc, ki, gi = m(job, k, "cpu"), m(job, gw, "cpu"), m(job, k, "mib"), m(job, gw, "mib")
-        floor = None if tcp is None or copy is None else tcp + copy
+    for job, half, side in (("seqwrite-1m-qd8", send, "send"), ("seqread-1m-qd8", recv, "receive")):
+        kc, gc, mc = m(job, k, "cpu"), m(job, gw, "cpu"), m(job, mem, "cpu")
+        ki, gi = m(job, k, "mib"), m(job, gw, "mib")
+        floor = None if None in (half, mc) else mc + half
         row(f"{job}: speed", "≥ 1.0×", None if gi is None or not ki else gi / ki,
             None if floor is None or kc is None else min(kc / floor, 1.0),
             f"CPU-bound (busy vCPUs: kernel {fmt(busy(job, k))}, gateway {fmt(busy(job, gw))}); "
-            f"gateway CPU floor {fmt(floor, 0)} µs per I/O = {fmt(tcp, 0)} over TCP + {fmt(copy, 0)} copy, "
+            f"gateway CPU floor {fmt(floor, 0)} µs per I/O = {mem} {fmt(mc, 0)} + TCP {side} {fmt(half, 0)}, "
             f"kernel {fmt(kc, 0)}", True)
         row(f"{job}: CPU per I/O", "–", None if gc is None or not kc else gc / kc,
             None if floor is None or not kc else max(floor / kc, 1.0), f"gateway {fmt(gc, 0)} µs against the floor",
@@ -160,8 +162,8 @@ def bounds(runs, copies, tcps=()):
     row(f"{job}: CPU per I/O (estimate)", "≤ 1.0×", None if gc is None or not kc else gc / kc,
         None if est is None or not kc else est / kc, f"gateway {fmt(gc, 0)} µs against the floor", False)
     lines.append("")
-    lines.append(f"One kernel copy of a MiB: {fmt(copy, 0)} µs of guest CPU (median of {len(copies)}); a MiB over "
-                 f"loopback TCP between two processes: {fmt(tcp, 0)} µs (median of {len(tcps)}). Ratios are "
+    lines.append(f"A MiB over loopback TCP between two processes: {fmt(send, 0)} µs of guest CPU to send, "
+                 f"{fmt(recv, 0)} to receive (medians of {len(tcps)}). Ratios are "
                  f"{gw} / kernel-tcp; gap = measured / bound for speed, bound / measured for p50 and CPU "
                  "(1.00 = at the bound). A sound bound holds whatever the gateway does; an estimate adds "
                  "measured parts and can be beaten by overlapping them.")
@@ -177,4 +179,4 @@ if __name__ == "__main__":
     runs = load(out)
     print("\n".join(table(runs)))
     print()
-    print("\n".join(bounds(runs, load_copy(out), load_copy(out, "tcp"))))
+    print("\n".join(bounds(runs, load_tcp(out))))

@@ -14,9 +14,8 @@
 #                       gateway whose backend costs nothing (served on the ring thread)
 #   kernel-ram          the kernel's RAM disk (brd), /dev/ram0: the block layer and one copy, no
 #                       network and no SCSI
-# After each repetition's runs, the guest's cost of one kernel copy of a MiB (a tmpfs file read
-# into a user buffer) goes to OUTDIR/copy-<rep>.txt, and of a MiB sent over loopback TCP from one
-# process to another to OUTDIR/tcp-<rep>.txt.
+# After each repetition's runs, what a MiB sent over loopback TCP from one process to another
+# costs the sender and the receiver goes to OUTDIR/tcp-<rep>.txt.
 # Jobs (fio, direct=1, libaio, time-based): 1 MiB sequential write QD8, 1 MiB sequential read QD8,
 # 4 KiB random read QD32, 4 KiB random read QD1 (its p50 of the total latency, submission
 # included). Loops: repetition (outer), job, system
@@ -31,8 +30,8 @@
 # OUTDIR/env.txt (guest details),
 # OUTDIR/<system>.log (the iser-blk gateways' logs) and prints one line per run:
 #   RUN rep=R job=J sys=S iops=… mibps=… load=…
-# Needs ISERBLK_BIN (the CLI) and a guest with ~2 GiB (VM_MEM=3072): the LUN, the RAM disk, the
-# mem:// device and the copy's file live in guest RAM.
+# Needs ISERBLK_BIN (the CLI) and a guest with ~2 GiB (VM_MEM=3072): the LUN, the RAM disk and the
+# mem:// device live in guest RAM.
 # One { } block: bash reads all of it before running, so an edit to this file while it runs
 # cannot make the running copy execute shifted bytes.
 {
@@ -161,39 +160,24 @@ rwcalls() { awk '/^sysc[rw]:/ {s += $2} END {print s + 0}' "/proc/$1/io"; }
 # busy_ticks: the guest's CPU time so far in clock ticks, all vCPUs, without idle and iowait
 busy_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 
-# copy_cost FILE: the guest's CPU µs for one kernel copy of a MiB, into FILE: a 128 MiB tmpfs file
-# read 8 times into dd's buffer and thrown away is one copy per MiB (page cache → user; one
-# system call per MiB beside it), the kind the gateway makes and the kernel initiator avoids
-# (ublk's copy of a request's pages, a socket send's copy). (A pipe would add a context switch per
-# 64 KiB, which in an emulated guest costs more than the copies.)
-copy_cost() {
-	local f=/dev/shm/bench-copy t0 busy i
-	dd if=/dev/zero of=$f bs=1M count=128 status=none
-	t0=$(busy_ticks)
-	for i in 1 2 3 4 5 6 7 8; do dd if=$f of=/dev/null bs=1M status=none; done
-	busy=$(($(busy_ticks) - t0))
-	rm -f $f
-	awk -v b="$busy" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f\n", b / hz * 1e6 / (128 * 8)}' >"$1"
-	log "one kernel copy of a MiB: $(cat "$1") µs of CPU"
-}
-
-# tcp_cost FILE: the guest's CPU µs to move a MiB from one process to another over loopback TCP
-# (512 MiB in 256 KiB sends, a receiver copying into its buffer), into FILE. A gateway's written
-# bytes cross a socket like this from user memory (the send allocates socket pages, zeroed when
-# the kernel has init_on_alloc, as Debian's has, and copies into them); the kernel initiator
-# sends the request's own pages and skips both.
+# tcp_cost FILE: what moving a MiB over loopback TCP from one process to another costs the guest,
+# into FILE as "SEND RECV" µs of CPU per MiB: the sending thread's (its system calls include
+# the loopback delivery) and the receiving thread's, 512 MiB in 256 KiB writes into a 256 KiB
+# buffer. A gateway's written bytes leave its memory like the sender's (the kernel allocates
+# socket pages, zeroed where init_on_alloc is on, as in Debian's kernel, and copies into them);
+# read data arrives like the receiver's. iscsi_tcp does neither: it sends and receives the
+# request's own pages.
 tcp_cost() {
 	python3 - "$1" <<-'EOF'
-		import os, socket, sys, threading
-		def busy():
-		    f = open('/proc/stat').readline().split()
-		    return sum(int(f[i]) for i in (1, 2, 3, 6, 7))
+		import socket, sys, threading, time
 		total, chunk = 512 << 20, 256 << 10
 		ls = socket.socket()
 		ls.bind(('127.0.0.1', 0))
 		ls.listen(1)
+		rx_cpu = []
 		def rx():
 		    c, _ = ls.accept()
+		    t0 = time.thread_time()
 		    buf = memoryview(bytearray(chunk))
 		    n = 0
 		    while n < total:
@@ -201,18 +185,20 @@ tcp_cost() {
 		        if k == 0:
 		            break
 		        n += k
+		    rx_cpu.append(time.thread_time() - t0)
 		t = threading.Thread(target=rx)
 		t.start()
 		s = socket.create_connection(ls.getsockname())
 		data = b'\xa5' * chunk
-		b0 = busy()
+		t0 = time.thread_time()
 		for _ in range(total // chunk):
 		    s.sendall(data)
+		tx = time.thread_time() - t0
 		t.join()
-		us = (busy() - b0) / os.sysconf('SC_CLK_TCK') * 1e6 / (total >> 20)
-		open(sys.argv[1], 'w').write(f"{us:.1f}\n")
+		mib = total >> 20
+		open(sys.argv[1], 'w').write(f"{tx * 1e6 / mib:.1f} {rx_cpu[0] * 1e6 / mib:.1f}\n")
 	EOF
-	log "a MiB over loopback TCP between two processes: $(cat "$1") µs of CPU"
+	log "a MiB over loopback TCP between two processes: $(cat "$1") µs of CPU (send, receive)"
 }
 
 for rep in $(seq 1 "$reps"); do
@@ -252,7 +238,6 @@ for rep in $(seq 1 "$reps"); do
 			EOF
 		done
 	done
-	copy_cost "$out/copy-$rep.txt"
 	tcp_cost "$out/tcp-$rep.txt"
 done
 # warnings from the gateways (command timeouts, reconnects) would make their figures suspect
