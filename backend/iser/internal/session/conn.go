@@ -110,6 +110,9 @@ type conn struct {
 	params login.Params
 	log    *zap.Logger
 
+	// What Submit takes on this connection (submit.go): the largest transfer, the largest write.
+	submitMax, writeMax int
+
 	tasks   []task
 	free    chan uint32 // free SCSI slot indices [0, MaxTasks)
 	ctlFree chan uint32 // free control slot indices [MaxTasks, MaxTasks+controlSlots)
@@ -158,6 +161,7 @@ func newConn(s *Session, tc transport.Conn, portal string, p *login.Params) *con
 		batch:      batchState{flushes: make([]block.Flusher, 0, 8)},
 		winQ:       make([]*task, 0, s.cfg.MaxTasks), // every SCSI task may wait: no growth later
 	}
+	c.submitMax, c.writeMax = c.submitLengthMax(), c.asyncWriteMax()
 	c.expCmdSN.Store(p.ExpCmdSN)
 	c.maxCmdSN.Store(p.MaxCmdSN)
 	c.expStatSN.Store(p.StatSN + 1)

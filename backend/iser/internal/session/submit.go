@@ -41,13 +41,14 @@ func (s *Session) SubmitWriteMax() int {
 	if c == nil || s.cfg.Discovery {
 		return 0
 	}
-	return c.asyncWriteMax()
+	return c.writeMax
 }
 
 // maxSubmitLength bounds a submitted command's transfer.
 const maxSubmitLength = 1 << 24
 
-// submitLengthMax is the largest transfer submit takes on c: maxSubmitLength, or less where the
+// submitLengthMax is the largest transfer submit takes on c (kept in c.submitMax: the transport
+// and the parameters are the connection's for life, so neither limit is worked out per command): maxSubmitLength, or less where the
 // transport caps one command's data (iSER's MaxTransferLength, see MaxCommandData), since a
 // command over that cap fails the connection when it is sent rather than being declined.
 func (c *conn) submitLengthMax() int {
@@ -135,12 +136,12 @@ func (c *conn) submit(cmd *scsi.Command, resp *scsi.Response, done Completer, pi
 	if pipeW >= 0 {
 		length = pipeLen
 	}
-	if cmd.CDBLen == 0 || cmd.CDBLen > 16 || length > c.submitLengthMax() || !c.direct(cmd.Data) {
+	if cmd.CDBLen == 0 || cmd.CDBLen > 16 || length > c.submitMax || !c.direct(cmd.Data) {
 		return false
 	}
 	var unsolicited, immediate int
 	if cmd.Dir == scsi.DirWrite {
-		if len(cmd.Data) > c.asyncWriteMax() {
+		if len(cmd.Data) > c.writeMax {
 			return false // Data-Out PDUs to send, or an R2T to answer: Execute's task does that
 		}
 		unsolicited, immediate = c.params.UnsolicitedLimit(len(cmd.Data))
