@@ -155,21 +155,30 @@ func runAttach(ctx context.Context, tf *targetFlags, ef *exportFlags, af *attach
 	defer p.Close()
 	at.Opened(dev)
 	code := exitOK
-	if tk, err := prepareTakeover(sf, af.kind(), ef.target, &ef.cache, dev, log); err != nil {
-		code = failTakeover(err)
+	if err := prepareTakeover(at, sf, af.kind(), ef, log); err != nil {
+		code = fail("attach", err) // a corrupt, foreign or other-kind state file: exit 7
+	} else if af.useUblk {
+		af.uo.Counters, af.uo.Logger = counters, log
+		code = attachUblk(ctx, at, af.uo, p)
 	} else {
-		at.TakeOver(tk)
-		if af.useUblk {
-			af.uo.Counters, af.uo.Logger = counters, log
-			code = attachUblk(ctx, at, af.uo, p)
-		} else {
-			code = attachNBD(ctx, at, af, ef, p, mem, counters, log)
-		}
+		code = attachNBD(ctx, at, af, ef, p, mem, counters, log)
 	}
 	if err := at.Err(); err != nil {
 		code = fail("attach", err)
 	}
 	return at.Shutdown(code)
+}
+
+// prepareTakeover reads attach --name's state file; without --name there is none.
+func prepareTakeover(at *gateway.Attachment, sf *serviceFlags, kind modes.Frontend, ef *exportFlags, log *zap.Logger) error {
+	if sf.name == "" {
+		return nil
+	}
+	opts, err := takeoverOptions(kind, ef, log)
+	if err != nil {
+		return err
+	}
+	return at.PrepareTakeover(opts)
 }
 
 // earlyName is the gateway name known before the device exists: --name, or nbdN for --nbd
@@ -221,5 +230,5 @@ func attachNBD(ctx context.Context, at *gateway.Attachment, af *attachFlags, ef 
 		fmt.Fprintf(os.Stderr, "iser-blk attach: %v\n", err)
 		return exitNoKernel
 	}
-	return failTakeover(err)
+	return fail("attach", err)
 }

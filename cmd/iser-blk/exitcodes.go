@@ -9,6 +9,7 @@ import (
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/internal/buildinfo"
 	"github.com/iser-blk/iser-blk/internal/control"
+	"github.com/iser-blk/iser-blk/internal/takeover"
 )
 
 // Exit codes, documented in the README. Scripts may rely on them.
@@ -45,6 +46,8 @@ func exitCode(err error) int {
 		return exitNoKernel
 	case errors.Is(err, iser.ErrPortalUnreachable):
 		return exitUnreachable
+	case errors.Is(err, takeover.ErrNoResume):
+		return exitNoResume
 	}
 	return exitFailure
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
+	"github.com/iser-blk/iser-blk/internal/takeover"
 )
 
 // TestRDMANotBuiltExitCode: iser:// in a binary without RDMA is a usage error (2) with a hint
@@ -34,5 +35,14 @@ func TestRDMANotBuiltExitCode(t *testing.T) {
 	}
 	if h := hint(fmt.Errorf("x: %w", iser.ErrPortalUnreachable)); h != "" {
 		t.Errorf("hint for an unreachable portal: %q", h)
+	}
+}
+
+// TestNoResumeExitCode: a takeover refused (a corrupt, foreign or other-kind state file, a
+// device not waiting) is exit 7 however deep it is wrapped, so scripts can tell it from a failure.
+func TestNoResumeExitCode(t *testing.T) {
+	err := fmt.Errorf("attach: %w", fmt.Errorf("%w: state file names a nbd device", takeover.ErrNoResume))
+	if got := exitCode(err); got != exitNoResume {
+		t.Errorf("exitCode(%v) = %d, want %d", err, got, exitNoResume)
 	}
 }

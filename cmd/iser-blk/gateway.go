@@ -5,8 +5,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -15,7 +13,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
-	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/buildinfo"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/gateway"
@@ -63,45 +60,13 @@ func identity(name string, kind modes.Frontend, path string, ef *exportFlags) st
 	return status.Identity{Name: name, Device: name, FrontendKind: kind, FrontendPath: path, Targets: targets, CacheMode: mode}
 }
 
-// prepareTakeover reads attach --name's state file (nil without --name: no state file). A
-// corrupt, foreign or other-kind state stops the attach (exit 7).
-func prepareTakeover(sf *serviceFlags, kind modes.Frontend, target string, cf *cacheFlags, dev block.Device, log *zap.Logger) (*takeover.Takeover, error) {
-	if sf.name == "" {
-		return nil, nil
-	}
-	mode, err := modes.ParseCache(cf.Mode) // "wb", "none", ...: the state file spells it one way
-	if err != nil {
-		return nil, usagef("%v", err)
-	}
-	cacheDev, err := cf.dev.absPath()
-	if err != nil {
-		return nil, err
-	}
-	if cacheDev != "" {
-		mode = modes.WriteThrough // every acknowledged write is in the log: a crash loses none
-	}
-	if err := control.ValidateName(sf.name); err != nil {
-		return nil, usagef("--name: %v", err)
-	}
-	dir := control.RunDir(sf.runDir)
-	if err := control.EnsureRunDir(dir); err != nil {
-		return nil, err
-	}
-	// The identity is the URL without credentials, the size and the block size. The LUN's VPD
-	// 0x83 name (Identity.DeviceID) is left empty: tgtd derives it from the target id and LUN
-	// number, so it would refuse a legitimate successor when targets come back in another order
-	// and still not tell two LUNs behind one IQN and number apart.
-	return takeover.Prepare(takeover.Options{Dir: dir, Name: sf.name, Kind: kind, CacheMode: mode, CacheDev: cacheDev, Log: log,
-		LUN: statefile.Identity{Target: iser.RedactURL(target), Size: dev.Size(), BlockSize: dev.BlockSize()}})
-}
-
-// failTakeover reports a takeover refused before any device was touched.
-func failTakeover(err error) int {
-	if errors.Is(err, takeover.ErrNoResume) {
-		fmt.Fprintf(os.Stderr, "iser-blk attach: %v\n", err)
-		return exitNoResume
-	}
-	return fail("attach", err)
+// takeoverOptions are what attach --name's takeover (gateway.Attachment.PrepareTakeover) takes
+// from the flags: the kind of device, the LUN's target and the cache.
+func takeoverOptions(kind modes.Frontend, ef *exportFlags, log *zap.Logger) (takeover.Options, error) {
+	mode, _ := modes.ParseCache(ef.cache.Mode) // a bad --cache stops openStack before anything serves
+	cacheDev, err := ef.cache.dev.absPath()
+	return takeover.Options{Kind: kind, CacheMode: mode, CacheDev: cacheDev, Log: log,
+		LUN: statefile.Identity{Target: iser.RedactURL(ef.target)}}, err
 }
 
 // signalContext returns a context cancelled by the first SIGINT or SIGTERM. The second one is

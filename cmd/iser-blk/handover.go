@@ -39,7 +39,7 @@ func newRestartCmd() *cobra.Command {
 			ctx := cmd.Context()
 			return handOver(ctx, "restart", runDir, pos[0], func(c *control.Client, progress func(control.Progress)) (control.DetachResult, error) {
 				return c.Restart(ctx, opts, progress)
-			}, "is re-executing")
+			}, "gateway %s (PID %d) is re-executing: %s dirty written back")
 		})
 	addRunDir(cmd, &runDir)
 	cli.Group(cmd, groupService, func(fs *pflag.FlagSet) {
@@ -72,7 +72,7 @@ func newStopCmd() *cobra.Command {
 			ctx := cmd.Context()
 			return handOver(ctx, "stop", runDir, pos[0], func(c *control.Client, progress func(control.Progress)) (control.DetachResult, error) {
 				return c.StopKeep(ctx, opts, progress)
-			}, "stopped, its device kept for a successor")
+			}, "gateway %s (PID %d) stopped, its device kept for a successor: %s dirty written back")
 		})
 	addRunDir(cmd, &runDir)
 	cli.Group(cmd, groupService, func(fs *pflag.FlagSet) {
@@ -82,21 +82,18 @@ func newStopCmd() *cobra.Command {
 	return cmd
 }
 
-// handOver runs a hand-over request (call) against gateway name, showing its progress, and
-// prints what became of the gateway (done) and how much it wrote back.
-func handOver(ctx context.Context, cmd, runDir, name string, call func(*control.Client, func(control.Progress)) (control.DetachResult, error), done string) int {
+// handOver runs a request that ends gateway name's process image (detach, restart, stop --keep;
+// call sends it, with its progress shown on stderr) and prints what became of the gateway:
+// report is a format of its name, PID and the bytes it wrote back.
+func handOver(ctx context.Context, cmd, runDir, name string, call func(*control.Client, func(control.Progress)) (control.DetachResult, error), report string) int {
 	c, err := control.Dial(ctx, control.RunDir(runDir), name)
 	if err != nil {
 		return manageFail(cmd, err)
 	}
-	var written uint64
-	res, err := call(c, func(p control.Progress) {
-		written = max(written, p.WrittenBackBytes)
-		printProgress(p)
-	})
+	res, err := call(c, printProgress)
 	if err != nil {
 		return manageFail(cmd, err)
 	}
-	fmt.Printf("gateway %s (PID %d) %s: %s dirty written back\n", c.Name, res.PID, done, humanize.IBytes(written))
+	fmt.Printf(report+"\n", c.Name, res.PID, humanize.IBytes(res.WrittenBackBytes))
 	return exitOK
 }

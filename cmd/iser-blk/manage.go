@@ -11,7 +11,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -132,16 +131,9 @@ func newDetachCmd() *cobra.Command {
 }
 
 func runDetach(ctx context.Context, runDir, name string, opts control.DetachOptions) int {
-	c, err := control.Dial(ctx, control.RunDir(runDir), name)
-	if err != nil {
-		return manageFail("detach", err)
-	}
-	res, err := c.Detach(ctx, opts, printProgress)
-	if err != nil {
-		return manageFail("detach", err)
-	}
-	fmt.Printf("detached %s (PID %d): %s written back\n", c.Name, res.PID, humanize.IBytes(res.WrittenBackBytes))
-	return exitOK
+	return handOver(ctx, "detach", runDir, name, func(c *control.Client, progress func(control.Progress)) (control.DetachResult, error) {
+		return c.Detach(ctx, opts, progress)
+	}, "detached %s (PID %d): %s written back")
 }
 
 // printProgress shows a detach's progress on the caller's terminal (stderr: stdout is the

@@ -39,7 +39,7 @@ func (s *Server) detach(w *replyWriter, req Request) bool {
 // runDetach calls the handler, one detach at a time, with progress streamed to w.
 func (s *Server) runDetach(w *replyWriter, req Request) (DetachResult, error) {
 	var res DetachResult
-	err := s.exclusive(w, req, func(ctx context.Context) (err error) {
+	_, err := s.exclusive(w, req, func(ctx context.Context) (err error) {
 		res, err = s.handler.Detach(ctx, req)
 		return err
 	})
@@ -47,10 +47,11 @@ func (s *Server) runDetach(w *replyWriter, req Request) (DetachResult, error) {
 }
 
 // exclusive runs op under req's timeout with the lifecycle streamed to w as progress lines; one
-// detach, restart or stop runs at a time (a second one is answered "busy").
-func (s *Server) exclusive(w *replyWriter, req Request, op func(ctx context.Context) error) error {
+// detach, restart or stop runs at a time (a second one is answered "busy"). written is the most
+// write-back the lifecycle reported meanwhile, whether or not a slow client saw that line.
+func (s *Server) exclusive(w *replyWriter, req Request, op func(ctx context.Context) error) (written uint64, err error) {
 	if !s.detachMu.TryLock() {
-		return &Error{Code: CodeBusy, Message: "a detach, restart or stop is already running; try again once it has ended"}
+		return 0, &Error{Code: CodeBusy, Message: "a detach, restart or stop is already running; try again once it has ended"}
 	}
 	defer s.detachMu.Unlock()
 	ctx := context.Background()
@@ -65,10 +66,10 @@ func (s *Server) exclusive(w *replyWriter, req Request, op func(ctx context.Cont
 	if s.opts.Lifecycle != nil {
 		unsubscribe = s.opts.Lifecycle.Subscribe(stream)
 	}
-	err := op(ctx)
+	err = op(ctx)
 	unsubscribe()
 	stream.stop()
-	return err
+	return stream.written, err
 }
 
 // progressStream is a lifecycle.Observer that hands lines to a writer goroutine through a
@@ -79,9 +80,10 @@ type progressStream struct {
 	queue chan Progress
 	done  chan struct{}
 
-	mu     sync.Mutex // guards state, closed and sending on queue
-	state  string
-	closed bool
+	mu      sync.Mutex // guards state, closed, written and sending on queue
+	state   string
+	closed  bool
+	written uint64 // the most written-back bytes reported, dropped lines included
 }
 
 func newProgressStream(w *replyWriter) *progressStream {
@@ -104,6 +106,7 @@ func (p *progressStream) FlushProgressed(fp lifecycle.FlushProgress) {
 	if p.closed {
 		return
 	}
+	p.written = max(p.written, fp.WrittenBackBytes)
 	state := p.state
 	if state == "" {
 		state = string(lifecycle.Flushing)

@@ -87,7 +87,8 @@ func (p Progress) String() string {
 	return p.State
 }
 
-// DetachResult is what a finished detach reports.
+// DetachResult is what a finished detach, restart or stop --keep reports: the gateway's PID and
+// the bytes it wrote back on the way.
 type DetachResult struct {
 	PID              int    `json:"pid"` // the gateway, which exits after this reply
 	WrittenBackBytes uint64 `json:"written_back_bytes"`

@@ -62,7 +62,7 @@ func (s *Server) stop(w *replyWriter, req Request) bool {
 // that ends this process image (re-exec or exit).
 func (s *Server) handOver(w *replyWriter, req Request, what string, prepare func(context.Context, Request) (func() error, error)) bool {
 	var step func() error
-	err := s.exclusive(w, req, func(ctx context.Context) (err error) {
+	written, err := s.exclusive(w, req, func(ctx context.Context) (err error) {
 		step, err = prepare(ctx, req)
 		return err
 	})
@@ -73,7 +73,7 @@ func (s *Server) handOver(w *replyWriter, req Request, what string, prepare func
 		}
 		return w.error(err)
 	}
-	ok := w.write(Reply{Type: ReplyDone, Result: &DetachResult{PID: os.Getpid()}})
+	ok := w.write(Reply{Type: ReplyDone, Result: &DetachResult{PID: os.Getpid(), WrittenBackBytes: written}})
 	if err := step(); err != nil {
 		s.opts.Log.Error(what+": ending the process image failed", zap.Error(err))
 	}

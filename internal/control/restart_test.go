@@ -6,14 +6,17 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/iser-blk/iser-blk/internal/lifecycle"
 )
 
 // restartingGateway is a fakeGateway that offers OpRestart.
 type restartingGateway struct {
 	*fakeGateway
-	flushErr error
-	stuck    bool // the drain never ends: Restart waits for its context
-	reexeced chan struct{}
+	flushErr  error
+	stuck     bool     // the drain never ends: Restart waits for its context
+	writeBack []uint64 // the written-back bytes Restart reports, in order
+	reexeced  chan struct{}
 }
 
 func (g *restartingGateway) Restart(ctx context.Context, _ Request) (func() error, error) {
@@ -23,6 +26,9 @@ func (g *restartingGateway) Restart(ctx context.Context, _ Request) (func() erro
 	}
 	if g.flushErr != nil {
 		return nil, g.flushErr
+	}
+	for _, n := range g.writeBack { // the write-back, as the gateway's flush reports it
+		g.lm.ReportFlush(lifecycle.FlushProgress{WrittenBackBytes: n})
 	}
 	return func() error { close(g.reexeced); return nil }, nil
 }
@@ -47,6 +53,23 @@ func TestRestartAnswersThenReexecs(t *testing.T) {
 	res, err := c.Restart(context.Background(), RestartOptions{}, nil)
 	if err != nil || res.PID != os.Getpid() {
 		t.Fatalf("restart: %+v, %v", res, err)
+	}
+	<-g.reexeced // the re-exec step runs after the answer (a hang here fails the test by timeout)
+}
+
+// The answer to a restart carries the bytes written back on the way, however many progress
+// lines the client was shown (a slow client misses some).
+func TestRestartReportsWrittenBack(t *testing.T) {
+	dir := testRunDir(t)
+	g := &restartingGateway{fakeGateway: newFakeGateway("gw"), reexeced: make(chan struct{}), writeBack: []uint64{4096, 1 << 20, 3 << 20}}
+	serveRestarting(t, dir, "gw", g)
+	c, err := Dial(context.Background(), dir, "gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Restart(context.Background(), RestartOptions{}, nil)
+	if err != nil || res.WrittenBackBytes != 3<<20 {
+		t.Fatalf("restart: %+v, %v; want %d bytes written back", res, err, 3<<20)
 	}
 	<-g.reexeced // the re-exec step runs after the answer (a hang here fails the test by timeout)
 }

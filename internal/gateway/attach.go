@@ -145,6 +145,32 @@ func (a *Attachment) TakeOver(tk *takeover.Takeover) {
 	}
 }
 
+// PrepareTakeover reads the state file attach --name's predecessor left (takeover.Prepare) and
+// sets the takeover (TakeOver). It needs the gateway named before login and the device the
+// command opened (Opened): the run directory and the name are the gateway's claim, and the LUN's
+// size and block size the device's; opts gives the rest (the target, redacted; the cache).
+//
+// The LUN's VPD 0x83 name (statefile.Identity.DeviceID) is left empty: tgtd derives it from the
+// target id and LUN number, so it would refuse a legitimate successor when targets come back in
+// another order and still not tell two LUNs behind one IQN and number apart.
+func (a *Attachment) PrepareTakeover(opts takeover.Options) error {
+	g := a.Gateway()
+	if g == nil || a.dev == nil {
+		return errors.New("gateway: a takeover needs the gateway named before login and the device opened")
+	}
+	opts.Dir, opts.Name = g.svc.Claim()
+	opts.LUN.Size, opts.LUN.BlockSize = a.dev.Size(), a.dev.BlockSize()
+	if opts.Log == nil {
+		opts.Log = a.opts.Log
+	}
+	tk, err := takeover.Prepare(opts)
+	if err != nil {
+		return err
+	}
+	a.TakeOver(tk)
+	return nil
+}
+
 // Announced is the frontend's news that the device accepts I/O at path: it tells the user,
 // names the gateway after the device if no name was given, and moves the lifecycle to ready
 // (sd_notify READY=1). A gateway that cannot start stops the frontend (a device nobody can

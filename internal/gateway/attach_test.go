@@ -333,3 +333,50 @@ func TestAttachmentFencedOnAnnounce(t *testing.T) {
 	_, err := f.at.Gateway().Restart(context.Background(), control.Request{})
 	wantControlError(t, err, control.CodeRefused, "fenced")
 }
+
+// PrepareTakeover reads the state file under the gateway's claim (its run directory and name)
+// for a LUN of the opened device's size: a predecessor's record of that LUN is taken over
+// (recovering), one of another kind of device refuses the attach (takeover.ErrNoResume), and
+// without a gateway named before login there is nothing to take over.
+func TestAttachmentPrepareTakeover(t *testing.T) {
+	lun := takeover.Options{Kind: modes.Ublk, CacheMode: modes.WriteBack,
+		LUN: statefile.Identity{Target: "iscsi://192.0.2.1/iqn.2026-01.test:t1/1"}}
+	f := newAttachFixture(t, memDevice(t, 1<<20))
+	if err := f.at.PrepareTakeover(lun); err == nil {
+		t.Fatal("a takeover before the gateway is named")
+	}
+	if err := f.takeover(t).Record(modes.Ublk, 4); err != nil { // the predecessor's record
+		t.Fatal(err)
+	}
+	if err := f.at.Name("gw"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.at.PrepareTakeover(lun); err != nil {
+		t.Fatalf("taking over the predecessor's device: %v", err)
+	}
+	wantState(t, f.at.Gateway(), lifecycle.Recovering, "ublk device a previous gateway")
+
+	nbdKind := lun
+	nbdKind.Kind = modes.NBD
+	if err := f.at.PrepareTakeover(nbdKind); !errors.Is(err, takeover.ErrNoResume) {
+		t.Fatalf("a ublk state file for an nbd attach: %v, want ErrNoResume", err)
+	}
+
+	// The LUN's size is the opened device's: a record of a 2 MiB LUN is not this 1 MiB one.
+	g := newAttachFixture(t, memDevice(t, 1<<20))
+	other := lun
+	other.Dir, other.Name, other.LUN.Size, other.LUN.BlockSize = g.dir, "gw", 2<<20, g.dev.BlockSize()
+	prev, err := takeover.Prepare(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := prev.Record(modes.Ublk, 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.at.Name("gw"); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.at.PrepareTakeover(lun); !errors.Is(err, takeover.ErrNoResume) {
+		t.Fatalf("a 2 MiB LUN's state file for a 1 MiB device: %v, want ErrNoResume", err)
+	}
+}

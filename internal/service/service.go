@@ -120,6 +120,9 @@ func (s *Service) startMetrics(opts Options) error {
 	return nil
 }
 
+// Claim is the name this service holds and the run directory it holds it in.
+func (s *Service) Claim() (dir, name string) { return s.claim.Dir, s.claim.Name }
+
 // Detached is closed once a control-socket detach has succeeded and been answered (see
 // control.Server.Detached; Close lets a running detach answer, so a gateway need not wait).
 func (s *Service) Detached() <-chan struct{} { return s.control.Detached() }

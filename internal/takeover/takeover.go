@@ -46,8 +46,8 @@ type Options struct {
 	LUN       statefile.Identity
 	CacheMode modes.Cache
 	// CacheDev is the gateway's --cache-dev (absolute), "" for none. A write-back log there keeps
-	// every acknowledged write across a crash of the process, so such a gateway runs with
-	// CacheMode write-through here: its death never fences.
+	// every acknowledged write across a crash of the process, so Prepare records such a gateway
+	// as write-through whatever CacheMode says: its death never fences.
 	CacheDev string
 	Log      *zap.Logger
 }
@@ -76,6 +76,9 @@ type Takeover struct {
 func Prepare(opts Options) (*Takeover, error) {
 	if opts.Log == nil {
 		opts.Log = zap.NewNop()
+	}
+	if opts.CacheDev != "" {
+		opts.CacheMode = modes.WriteThrough // every acknowledged write is in the log
 	}
 	path := statefile.Path(opts.Dir, opts.Name)
 	t := &Takeover{path: path, name: opts.Name, cacheMode: opts.CacheMode, cacheDev: opts.CacheDev, lun: opts.LUN,
