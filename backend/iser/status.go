@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/iser-blk/iser-blk/backend/iser/internal/login"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/rdma"
 	"github.com/iser-blk/iser-blk/internal/status"
 )
 
@@ -104,4 +105,19 @@ func (d *Device) ReplacementStatus() status.Replacement {
 		r.NoPathSeconds = time.Since(since).Seconds()
 	}
 	return r
+}
+
+// RDMAStatus implements status.RDMAProvider: the process's verbs counters (internal/rdma), for
+// a device with an iSER path; nil over TCP.
+func (d *Device) RDMAStatus() *status.RDMA {
+	if !strings.HasPrefix(d.info.URL, "iser://") {
+		return nil
+	}
+	c := rdma.Stats()
+	return &status.RDMA{
+		SendPosts: uint64(c.SendPosts), SendWorkRequests: uint64(c.SendWRs),
+		RecvPosts: uint64(c.RecvPosts), RecvWorkRequests: uint64(c.RecvWRs),
+		Completions: uint64(c.Completions), CompletionEvents: uint64(c.CQEvents),
+		MissedCompletionEvents: uint64(c.CQEventsMissed),
+	}
 }

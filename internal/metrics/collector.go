@@ -69,11 +69,15 @@ var (
 	replTimeout     = desc("replacement_timeout_seconds", "How long I/O waits without a path before it fails (--replacement-timeout); negative: forever.")
 	noPath          = desc("no_path_seconds", "How long every path has been down; 0 while one is up.")
 	nopRoundTrip    = desc("path_nop_round_trip_seconds", "Last NOP-Out/NOP-In round trip on the path; absent before the first answered ping.", "portal")
+	rdmaPosts       = desc("rdma_posts_total", "ibv_post_send and ibv_post_recv calls of the iSER connections, by queue (send, recv); iSER only.", "queue")
+	rdmaWRs         = desc("rdma_work_requests_total", "Work requests those posts carried, by queue (send, recv); iSER only.", "queue")
+	rdmaCompletions = desc("rdma_completions_total", "Work completions polled from the iSER connections' completion queues; iSER only.")
+	rdmaEvents      = desc("rdma_completion_events_total", "Completion-channel events taken: a completion poller woken by the device; iSER only.")
 	allDescs        = []*prometheus.Desc{buildInfo, gatewayInfo, gatewayState, gatewayFenced, startTime,
 		requests, requestErrors, requestDuration, readBytes, writtenBytes, inFlight, lunSize,
 		cacheCapacity, cacheUsed, cacheDirty, cacheDirtyLimit, cacheHits, cacheMisses, writtenBack,
 		throttled, writeBackErrors, pathUp, pathState, replTimeout, noPath, reconnects, replayed,
-		taskManagement, nopRoundTrip}
+		taskManagement, nopRoundTrip, rdmaPosts, rdmaWRs, rdmaCompletions, rdmaEvents}
 )
 
 // Collector is a prometheus.Collector over a status source.
@@ -113,6 +117,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if r := st.Replacement; r != nil {
 		e.gauge(replTimeout, r.TimeoutSeconds)
 		e.gauge(noPath, r.NoPathSeconds)
+	}
+	if r := st.RDMA; r != nil {
+		e.rdma(r)
 	}
 }
 
@@ -182,6 +189,15 @@ func (e emitter) path(p status.Path) {
 	if p.NopRoundTrip.Samples > 0 { // no sample is no value, not a round trip of 0 s
 		e.gauge(nopRoundTrip, p.NopRoundTrip.LastSeconds, p.Portal)
 	}
+}
+
+func (e emitter) rdma(r *status.RDMA) {
+	e.counter(rdmaPosts, float64(r.SendPosts), "send")
+	e.counter(rdmaPosts, float64(r.RecvPosts), "recv")
+	e.counter(rdmaWRs, float64(r.SendWorkRequests), "send")
+	e.counter(rdmaWRs, float64(r.RecvWorkRequests), "recv")
+	e.counter(rdmaCompletions, float64(r.Completions))
+	e.counter(rdmaEvents, float64(r.CompletionEvents))
 }
 
 func (e emitter) labels(values ...string) []string {

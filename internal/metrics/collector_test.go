@@ -28,6 +28,9 @@ func (*layers) PathsStatus() []status.Path {
 func (*layers) ReplacementStatus() status.Replacement {
 	return status.Replacement{TimeoutSeconds: 120, NoPathSeconds: 0}
 }
+func (*layers) RDMAStatus() *status.RDMA {
+	return &status.RDMA{SendPosts: 40, SendWorkRequests: 100, RecvPosts: 5, RecvWorkRequests: 80, Completions: 150, CompletionEvents: 30}
+}
 func (*layers) LUNStatus() status.LUN {
 	return status.LUN{TargetName: "iqn.2003-01.org.example:disk", Number: 3, WWN: "naa.60014050deadbeef0000000000000001",
 		SizeBytes: 8 << 30, BlockSize: 4096}
@@ -168,6 +171,12 @@ func TestScrapeEqualsSnapshot(t *testing.T) {
 		{"iser_blk_gateway_info", map[string]string{"target": "iqn.2003-01.org.example:disk", "lun": "3",
 			"wwn": "naa.60014050deadbeef0000000000000001", "version": "1.2.3"}, 1},
 		{"iser_blk_start_time_seconds", nil, float64(st.Gateway.StartedAt.UnixNano()) / 1e9},
+		{"iser_blk_rdma_posts_total", map[string]string{"queue": "send"}, 40},
+		{"iser_blk_rdma_posts_total", map[string]string{"queue": "recv"}, 5},
+		{"iser_blk_rdma_work_requests_total", map[string]string{"queue": "send"}, 100},
+		{"iser_blk_rdma_work_requests_total", map[string]string{"queue": "recv"}, 80},
+		{"iser_blk_rdma_completions_total", nil, 150},
+		{"iser_blk_rdma_completion_events_total", nil, 30},
 	}
 	for _, c := range checks {
 		labels := map[string]string{"name": "gw", "device": "nbd0"}

@@ -23,6 +23,9 @@ type (
 	// ReplacementProvider is optional: a PathsProvider that implements it (backend/iser) fills
 	// Status.Replacement too.
 	ReplacementProvider interface{ ReplacementStatus() Replacement }
+	// RDMAProvider is optional too: a PathsProvider that implements it (backend/iser) fills
+	// Status.RDMA with what RDMAStatus returns (nil: the backend has no iSER path).
+	RDMAProvider interface{ RDMAStatus() *RDMA }
 )
 
 // FencedReason begins the lifecycle reason of a gateway whose device is fenced (it took over
@@ -90,6 +93,9 @@ func (r *Registry) Snapshot() Status {
 		if rp, ok := r.paths.(ReplacementProvider); ok {
 			rs := rp.ReplacementStatus()
 			st.Replacement = &rs
+		}
+		if rp, ok := r.paths.(RDMAProvider); ok {
+			st.RDMA = rp.RDMAStatus()
 		}
 	}
 	if r.lun != nil {

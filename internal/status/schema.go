@@ -25,10 +25,12 @@ type Status struct {
 	Paths   []Path  `json:"paths"`
 	// Replacement is the backend's replacement-timeout clock; omitted when the backend has none.
 	Replacement *Replacement `json:"replacement,omitempty"`
-	LUN         *LUN         `json:"lun,omitempty"`
-	Frontend    *Frontend    `json:"frontend,omitempty"`
-	Cache       *Cache       `json:"cache,omitempty"`
-	IO          IO           `json:"io"`
+	// RDMA is the verbs work of the gateway's iSER connections; omitted without an iSER path.
+	RDMA     *RDMA     `json:"rdma,omitempty"`
+	LUN      *LUN      `json:"lun,omitempty"`
+	Frontend *Frontend `json:"frontend,omitempty"`
+	Cache    *Cache    `json:"cache,omitempty"`
+	IO       IO        `json:"io"`
 }
 
 // Gateway identifies the process and says what it serves. It is what `iser-blk list` prints.
@@ -74,6 +76,20 @@ func (p Path) Up() bool { return p.State == "up" }
 type Replacement struct {
 	TimeoutSeconds float64 `json:"timeout_seconds"` // --replacement-timeout; negative: I/O waits forever
 	NoPathSeconds  float64 `json:"no_path_seconds"` // since the last path went down; 0 while one is up
+}
+
+// RDMA counts the verbs work of the process's iSER connections since it started (one gateway per
+// process), every connection and path together. Per I/O they tell how well work is batched:
+// work requests per post (one post is one doorbell; on soft-RoCE one system call), signalled
+// work requests (completions), and how often a completion poller slept and was woken (events).
+type RDMA struct {
+	SendPosts              uint64 `json:"send_posts"`               // ibv_post_send calls
+	SendWorkRequests       uint64 `json:"send_work_requests"`       // the send work requests they carried
+	RecvPosts              uint64 `json:"recv_posts"`               // ibv_post_recv calls
+	RecvWorkRequests       uint64 `json:"recv_work_requests"`       // the receive work requests they carried
+	Completions            uint64 `json:"completions"`              // work completions polled
+	CompletionEvents       uint64 `json:"completion_events"`        // completion-channel events: a poller woken
+	MissedCompletionEvents uint64 `json:"missed_completion_events"` // completions found by a safety poll with no event queued
 }
 
 // Negotiated is the outcome of login negotiation on a path (RFC 7143 §13; iSER: RFC 7145 §6).

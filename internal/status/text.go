@@ -51,6 +51,10 @@ func WriteText(w io.Writer, st Status) error {
 	for _, p := range st.Paths {
 		writePath(tw, p)
 	}
+	if r := st.RDMA; r != nil {
+		fmt.Fprintf(tw, "rdma\t%d sends in %d posts, %d receives in %d posts, %d completions, %d completion events (%d missed)\n",
+			r.SendWorkRequests, r.SendPosts, r.RecvWorkRequests, r.RecvPosts, r.Completions, r.CompletionEvents, r.MissedCompletionEvents)
+	}
 	for _, op := range st.IO.Ops {
 		fmt.Fprintf(tw, "io %s\t%d requests, %d errors, %s\n", op.Op, op.Requests, op.Errors, humanize.IBytes(op.Bytes))
 	}

@@ -40,14 +40,16 @@ func TestWriteTextShowsEveryPart(t *testing.T) {
 		Cache:    &c,
 		Paths: []Path{{Portal: "10.0.0.1:3260", Transport: "tcp", State: "up",
 			Negotiated: Negotiated{MaxRecvDataSegmentLengthTarget: 262144, HeaderDigest: "None", DataDigest: "CRC32C"}}},
-		IO: io.IOStatus(),
+		RDMA: &RDMA{SendPosts: 7, SendWorkRequests: 21, RecvPosts: 2, RecvWorkRequests: 32, Completions: 40, CompletionEvents: 9},
+		IO:   io.IOStatus(),
 	}
 	var b strings.Builder
 	if err := WriteText(&b, st); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"/dev/ublkb0", "8.0 GiB", "LIO-ORG", "2 queues", "3.0 MiB dirty",
-		"hit ratio 50.0%", "MEDIUM ERROR", "path 10.0.0.1:3260", "256 KiB", "CRC32C", "io read", "4.0 KiB"} {
+		"hit ratio 50.0%", "MEDIUM ERROR", "path 10.0.0.1:3260", "256 KiB", "CRC32C", "io read", "4.0 KiB",
+		"21 sends in 7 posts, 32 receives in 2 posts, 40 completions, 9 completion events"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("status text lacks %q:\n%s", want, b.String())
 		}

@@ -109,5 +109,34 @@ class BoundsTest(unittest.TestCase):
                       "receive (medians of 3)", lines[-1])
 
 
+class CountersTest(unittest.TestCase):
+    def test_counters_per_io_medians(self):
+        with tempfile.TemporaryDirectory() as out:
+            g = os.path.join(out, "guest")
+            os.makedirs(g)
+            for rep, ctxt, wrs in [(1, 2.0, 3.0), (2, 4.0, 5.0), (3, 3.0, 4.0)]:
+                f = os.path.join(g, f"{rep}-randread-4k-qd32-iser-blk-ublk-iser.json")
+                json.dump(fio_json(1000, 4, 100), open(f, "w"))
+                json.dump({"ctxt": ctxt, "sent_pkts": 1.0, "rcvd_pkts": 2.0,
+                           "rdma": {"send_work_requests": wrs, "send_posts": 0.5, "completions": 2.0,
+                                    "completion_events": 0.25}}, open(f + ".ctr", "w"))
+            f = os.path.join(g, "1-randread-4k-qd32-kernel-iser.json")
+            json.dump(fio_json(2000, 8, 50), open(f, "w"))
+            json.dump({"ctxt": 1.5, "sent_pkts": 1.0, "rcvd_pkts": 2.0, "rdma": None}, open(f + ".ctr", "w"))
+            lines = vm_iser.counters_table(vm_iser.load(out))
+        by = {l.split(" | ")[1]: l for l in lines if l.startswith("| randread-4k-qd32 |")}
+        # medians: ctxt 3, send WRs 4; the kernel has no verbs counters of ours
+        self.assertEqual(by["iser-blk-ublk-iser"],
+                         "| randread-4k-qd32 | iser-blk-ublk-iser | 3.00 | 1.00 | 2.00 | 4.00 | 0.50 | – | – | 2.00 | 0.25 |")
+        self.assertEqual(by["kernel-iser"], "| randread-4k-qd32 | kernel-iser | 1.50 | 1.00 | 2.00 | – | – | – | – | – | – |")
+
+    def test_no_counters_no_table(self):
+        with tempfile.TemporaryDirectory() as out:
+            g = os.path.join(out, "guest")
+            os.makedirs(g)
+            json.dump(fio_json(1000, 4, 100), open(os.path.join(g, "1-randread-4k-qd32-kernel-iser.json"), "w"))
+            self.assertEqual(vm_iser.counters_table(vm_iser.load(out)), [])
+
+
 if __name__ == "__main__":
     unittest.main()

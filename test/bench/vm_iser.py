@@ -37,9 +37,11 @@ def load(out):
         _, job, system = m.groups()
         j = json.load(open(f))["jobs"][0]
         d = j["write"] if "write" in job else j["read"]
-        cpu = calls = None
+        cpu = calls = ctr = None
         if os.path.exists(f + ".cpu"):
             cpu = float(open(f + ".cpu").read())
+        if os.path.exists(f + ".ctr"):  # counters per I/O (bench-iser.sh's counters)
+            ctr = json.load(open(f + ".ctr"))
         if os.path.exists(f + ".calls"):  # the gateway's read/write-class system calls in the run
             calls = int(open(f + ".calls").read()) / max(d.get("total_ios", 0), 1)
         # the total latency where the guest recorded its percentiles (lat_percentiles=1): a ublk
@@ -47,8 +49,52 @@ def load(out):
         lat = d["lat_ns"] if d.get("lat_ns", {}).get("percentile") else d["clat_ns"]
         p50 = lat.get("percentile", {}).get("50.000000", 0) / 1000
         runs.setdefault((job, system), []).append(
-            dict(iops=d["iops"], mib=d["bw_bytes"] / 2**20, p50=p50, cpu=cpu, calls=calls))
+            dict(iops=d["iops"], mib=d["bw_bytes"] / 2**20, p50=p50, cpu=cpu, calls=calls, **flat(ctr)))
     return runs
+
+
+# The counters table's columns: key in a run, heading.
+COUNTERS = [("ctxt", "context switches"), ("sent_pkts", "RoCE pkts sent"), ("rcvd_pkts", "RoCE pkts rcvd"),
+            ("rdma.send_work_requests", "send WRs"), ("rdma.send_posts", "send posts"),
+            ("rdma.recv_work_requests", "recv WRs"), ("rdma.recv_posts", "recv posts"),
+            ("rdma.completions", "completions"), ("rdma.completion_events", "CQ events")]
+
+
+def flat(ctr, prefix=""):
+    """{"rdma": {"send_posts": x}} → {"rdma.send_posts": x}; None → {}."""
+    out = {}
+    for k, v in (ctr or {}).items():
+        if isinstance(v, dict):
+            out.update(flat(v, prefix + k + "."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def counters_table(runs):
+    """Per job and system, the median per I/O of each counter the guest recorded (issue 37: why
+    the kernel's ib_iser is ahead, with counters before any change)."""
+    if not any(r.get("ctxt") is not None for v in runs.values() for r in v):
+        return []
+    lines = ["| job | system | " + " | ".join(h for _, h in COUNTERS) + " |",
+             "| --- | --- |" + " --- |" * len(COUNTERS)]
+    for job in JOBS:
+        for s in SYSTEMS:
+            v = runs.get((job, s))
+            if not v:
+                continue
+            cells = []
+            for k, _ in COUNTERS:
+                m = med(v, k)
+                cells.append("–" if m is None else f"{m[0]:.2f}")
+            lines.append(f"| {job} | {s} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Per I/O, medians over the repetitions: the whole guest's context switches (/proc/stat ctxt), "
+                 "the soft-RoCE device's packets (every iSER initiator's traffic crosses it; the TCP "
+                 "systems' do not), and for the iser-blk iSER gateways their verbs work (status --json's "
+                 "rdma: work requests, the posts that carried them, completions polled, completion-channel "
+                 "events, i.e. poller wake-ups).")
+    return lines
 
 
 def med(runs, key):
@@ -179,4 +225,8 @@ if __name__ == "__main__":
     runs = load(out)
     print("\n".join(table(runs)))
     print()
+    ct = counters_table(runs)
+    if ct:
+        print("\n".join(ct))
+        print()
     print("\n".join(bounds(runs, load_tcp(out))))

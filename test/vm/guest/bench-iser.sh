@@ -24,9 +24,12 @@
 # the gateway, the kernel's initiator and LIO's target all run in it, so it compares what each
 # way of reaching the LUN costs the machine.
 #
-#   bench-iser.sh OUTDIR [--runtime S] [--ramp S] [--reps N] [--size-mib N]
+#   bench-iser.sh OUTDIR [--runtime S] [--ramp S] [--reps N] [--size-mib N] [--systems A,B] [--jobs A,B]
 #
+# --systems and --jobs run only those (all of them are still set up, so the guest is the same).
 # Writes OUTDIR/<rep>-<job>-<system>.json (fio's JSON) and .json.cpu (the guest's CPU µs per I/O),
+# .json.ctr (per I/O: the guest's context switches, the soft-RoCE device's packets sent and
+# received, and for the iser-blk iSER gateways their verbs counters from `iser-blk status --json`),
 # OUTDIR/env.txt (guest details),
 # OUTDIR/<system>.log (the iser-blk gateways' logs) and prints one line per run:
 #   RUN rep=R job=J sys=S iops=… mibps=… load=…
@@ -39,18 +42,22 @@ set -euo pipefail
 here=$(dirname "${BASH_SOURCE[0]}")
 . "$here/lib.sh"
 
-out=${1:?usage: bench-iser.sh OUTDIR [--runtime S] [--ramp S] [--reps N] [--size-mib N]}
+out=${1:?usage: bench-iser.sh OUTDIR [--runtime S] [--ramp S] [--reps N] [--size-mib N] [--systems A,B] [--jobs A,B]}
 shift
 runtime=15
 ramp=0
 reps=3
 size_mib=256
+only_systems=
+only_jobs=
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--runtime) runtime=$2; shift 2 ;;
 	--ramp) ramp=$2; shift 2 ;;
 	--reps) reps=$2; shift 2 ;;
 	--size-mib) size_mib=$2; shift 2 ;;
+	--systems) only_systems=$2; shift 2 ;;
+	--jobs) only_jobs=$2; shift 2 ;;
 	*) die "unknown argument: $1" ;;
 	esac
 done
@@ -122,6 +129,21 @@ declare -A devs=([iser-blk-iser]=/dev/nbd0 [iser-blk-tcp]=/dev/nbd1 [kernel-iser
 	[iser-blk-ublk-mem]=/dev/ublkb2 [kernel-ram]=$BRD_DEV [iser-blk-ublk-iser]=/dev/ublkb3)
 systems=(iser-blk-iser iser-blk-ublk-iser kernel-iser iser-blk-tcp iser-blk-ublk-tcp iser-blk-ublk-tcp-workers
 	kernel-tcp iser-blk-ublk-mem kernel-ram)
+# the iser-blk gateways over iSER: their names (the device's base name) for `iser-blk status`
+declare -A rdma_gw=([iser-blk-iser]=nbd0 [iser-blk-ublk-iser]=ublkb3)
+# only SELECTED LIST: LIST without the words not in the comma-separated SELECTED ("": all)
+only() {
+	local sel=$1
+	shift
+	local w
+	for w in "$@"; do
+		[ -z "$sel" ] || [[ ",$sel," == *",$w,"* ]] && echo "$w"
+	done
+}
+if [ -n "$only_systems" ]; then
+	for w in ${only_systems//,/ }; do [ -n "${devs[$w]:-}" ] || die "--systems: no system $w"; done
+fi
+mapfile -t systems < <(only "$only_systems" "${systems[@]}")
 
 {
 	echo "date: $(date -u +%FT%TZ)"
@@ -151,6 +173,10 @@ declare -A jobs=(
 )
 # writes first: the reads then read data that was written (not a never-touched RAM page)
 order=(seqwrite-1m-qd8 seqread-1m-qd8 randread-4k-qd32 randread-4k-qd1)
+if [ -n "$only_jobs" ]; then
+	for w in ${only_jobs//,/ }; do [ -n "${jobs[$w]:-}" ] || die "--jobs: no job $w"; done
+fi
+mapfile -t order < <(only "$only_jobs" "${order[@]}")
 
 # rwcalls PID: read- and write-class system calls of PID so far, all its threads (/proc/PID/io
 # syscr + syscw: read, readv, recvmsg, write, writev, sendmsg, ... on sockets and eventfds;
@@ -159,6 +185,21 @@ rwcalls() { awk '/^sysc[rw]:/ {s += $2} END {print s + 0}' "/proc/$1/io"; }
 
 # busy_ticks: the guest's CPU time so far in clock ticks, all vCPUs, without idle and iowait
 busy_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
+
+# counters SYSTEM: one JSON object of the counters each run reports per I/O, so far: the guest's
+# context switches (/proc/stat ctxt), the soft-RoCE device's packets (hw_counters sent_pkts,
+# rcvd_pkts: every initiator's iSER traffic crosses it) and, for an iser-blk iSER gateway, its
+# verbs counters (status --json's rdma part)
+counters() {
+	local hw=/sys/class/infiniband/$RDMA_DEV/ports/1/hw_counters rdma=null
+	if [ -n "${rdma_gw[$1]:-}" ]; then
+		rdma=$("$bin" status --json "${rdma_gw[$1]}" | python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin).get("rdma")))') ||
+			rdma=null # the table then shows no verbs counters for the run
+	fi
+	printf '{"ctxt": %s, "sent_pkts": %s, "rcvd_pkts": %s, "rdma": %s}\n' \
+		"$(awk '/^ctxt/ {print $2}' /proc/stat)" "$(cat "$hw/sent_pkts" 2>/dev/null || echo null)" \
+		"$(cat "$hw/rcvd_pkts" 2>/dev/null || echo null)" "$rdma"
+}
 
 # tcp_cost FILE: what moving a MiB over loopback TCP from one process to another costs the guest,
 # into FILE as "SEND RECV" µs of CPU per MiB: the sending thread's (its system calls include
@@ -208,6 +249,7 @@ for rep in $(seq 1 "$reps"); do
 			load=$(cut -d' ' -f1 /proc/loadavg)
 			calls0=0
 			[ -z "${gwpid[$sys]:-}" ] || calls0=$(rwcalls "${gwpid[$sys]}")
+			ctr0=$(counters "$sys")
 			t0=$(busy_ticks)
 			# shellcheck disable=SC2086 # the job's arguments are words
 			fio --name="$job" --filename="${devs[$sys]}" --direct=1 --ioengine=libaio \
@@ -215,12 +257,13 @@ for rep in $(seq 1 "$reps"); do
 				--output-format=json --output="$f" >/dev/null ||
 				die "fio $job on $sys (${devs[$sys]}) failed"
 			busy=$(($(busy_ticks) - t0))
+			ctr1=$(counters "$sys")
 			if [ -n "${gwpid[$sys]:-}" ]; then # the gateway's read- and write-class system calls
 				echo "$(($(rwcalls "${gwpid[$sys]}") - calls0))" >"$f.calls"
 			fi
-			python3 - "$f" "$rep" "$job" "$sys" "$load" "$busy" "$(getconf CLK_TCK)" <<-'EOF'
+			python3 - "$f" "$rep" "$job" "$sys" "$load" "$busy" "$(getconf CLK_TCK)" "$ctr0" "$ctr1" <<-'EOF'
 				import json, sys
-				f, rep, job, sysname, load, busy, hz = sys.argv[1:]
+				f, rep, job, sysname, load, busy, hz, ctr0, ctr1 = sys.argv[1:]
 				j = json.load(open(f))["jobs"][0]
 				d = j["write"] if "write" in job else j["read"]
 				ios = max(d["total_ios"], 1)
@@ -235,6 +278,13 @@ for rep in $(seq 1 "$reps"); do
 				      f"errors={j['error']} load={load}")
 				with open(f + ".cpu", "w") as o:  # the guest's CPU µs per I/O, for the host's table
 				    o.write(f"{cpu:.3f}\n")
+				# counters per I/O (the ramp's I/O is in them too, like the CPU's)
+				def per_io(a, b):
+				    if isinstance(a, dict) and isinstance(b, dict):
+				        return {k: per_io(a[k], b[k]) for k in a if k in b}
+				    return None if a is None or b is None else (b - a) / ios
+				with open(f + ".ctr", "w") as o:
+				    json.dump(per_io(json.loads(ctr0), json.loads(ctr1)), o)
 			EOF
 		done
 	done

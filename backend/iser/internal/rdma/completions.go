@@ -74,6 +74,7 @@ func (c *Conn) pollLoop() {
 			c.fail(fmt.Errorf("ibv_get_cq_event: %w", syscall.Errno(-r)))
 			return
 		}
+		counters.cqEvents.Add(1)
 		if c.dropNextCQEvent.Load() && c.dropNextCQEvent.CompareAndSwap(true, false) {
 			lost = true // as if the kernel had never queued it: the CQ is disarmed, nobody polls
 			continue
@@ -84,6 +85,7 @@ func (c *Conn) pollLoop() {
 
 // deliver hands the first n work completions of the scratch array to OnCompletion.
 func (c *Conn) deliver(batch []Completion, n int) {
+	counters.completions.Add(int64(n))
 	wcs := unsafe.Slice(c.wcScratch, n)
 	for i := range wcs {
 		w := &wcs[i]

@@ -70,8 +70,14 @@ type Counters struct {
 	LiveConns, LiveQPs, LiveCQs, LivePDs, LiveMRs int64
 	MRRegistrations                               int64 // ibv_reg_mr calls that succeeded, ever
 	// SendPosts and SendWRs count ibv_post_send calls and the work requests they carried: their
-	// ratio is the send batching factor.
+	// ratio is the send batching factor. RecvPosts and RecvWRs are the same for ibv_post_recv.
 	SendPosts, SendWRs int64
+	RecvPosts, RecvWRs int64
+	// Completions counts work completions polled from the CQs; CQEvents counts completion-channel
+	// events taken, i.e. the times a CQ poller parked and was woken by the device. Per I/O,
+	// Completions says how many work requests were signalled and CQEvents how often the poller
+	// slept and woke.
+	Completions, CQEvents int64
 	// Connections counts connections ever established (Dial or Accept).
 	Connections int64
 	// CQEventsMissed counts completions the poller found by its safety re-poll with no
@@ -83,6 +89,8 @@ type Counters struct {
 var counters struct {
 	conns, qps, cqs, pds, mrs, regs atomic.Int64
 	sendPosts, sendWRs, established atomic.Int64
+	recvPosts, recvWRs              atomic.Int64
+	completions, cqEvents           atomic.Int64
 	cqEventsMissed                  atomic.Int64
 }
 
@@ -92,6 +100,8 @@ func Stats() Counters {
 		LiveConns: counters.conns.Load(), LiveQPs: counters.qps.Load(), LiveCQs: counters.cqs.Load(),
 		LivePDs: counters.pds.Load(), LiveMRs: counters.mrs.Load(), MRRegistrations: counters.regs.Load(),
 		SendPosts: counters.sendPosts.Load(), SendWRs: counters.sendWRs.Load(),
+		RecvPosts: counters.recvPosts.Load(), RecvWRs: counters.recvWRs.Load(),
+		Completions: counters.completions.Load(), CQEvents: counters.cqEvents.Load(),
 		Connections: counters.established.Load(), CQEventsMissed: counters.cqEventsMissed.Load(),
 	}
 }
@@ -408,6 +418,8 @@ func (c *Conn) PostRecv(wrs ...RecvWR) error {
 		if r := C.isb_post_recv(c.id.qp, c.recvScratch, C.int(n)); r < 0 {
 			return fmt.Errorf("ibv_post_recv (%d work requests): %w", n, syscall.Errno(-r))
 		}
+		counters.recvPosts.Add(1)
+		counters.recvWRs.Add(int64(n))
 		wrs = wrs[n:]
 	}
 	return nil

@@ -9,7 +9,10 @@ type Counters struct {
 	LiveConns, LiveQPs, LiveCQs, LivePDs, LiveMRs int64
 	MRRegistrations                               int64
 	SendPosts, SendWRs                            int64
+	RecvPosts, RecvWRs                            int64
+	Completions, CQEvents                         int64
 	Connections                                   int64
+	CQEventsMissed                                int64
 }
 
 // Stats returns zero counters: nothing is ever registered without RDMA support.
