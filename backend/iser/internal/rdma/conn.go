@@ -75,8 +75,8 @@ type Counters struct {
 	RecvPosts, RecvWRs int64
 	// Completions counts work completions polled from the CQs; CQEvents counts completion-channel
 	// events taken, i.e. the times a CQ poller parked and was woken by the device. Per I/O,
-	// Completions says how many work requests were signalled and CQEvents how often the poller
-	// slept and woke.
+	// Completions says how many work requests reported (receives, signalled sends, and anything
+	// that failed) and CQEvents how often the poller slept and woke.
 	Completions, CQEvents int64
 	// Connections counts connections ever established (Dial or Accept).
 	Connections int64

@@ -72,13 +72,6 @@ func (d Dialer) Dial(ctx context.Context, portal string, opts transport.DialOpti
 	return DialISER(ctx, portal, d.Options)
 }
 
-// wr_id layout: kind in the top byte, slot index below.
-const (
-	wrRecv = 1 << 56
-	wrSend = 2 << 56
-	wrMask = 1<<56 - 1
-)
-
 // Descriptor layout: iSER header + BHS + room for the largest AHS + the data segment.
 const (
 	ahsRoom    = pdu.MaxAHSLength
@@ -115,6 +108,7 @@ type ISERConn struct {
 	sendSize  int
 	nsend     int
 	sendFree  chan int32
+	reclaim   *sendReclaim // which sends are signalled; the descriptors in flight
 	rxq       chan rxItem
 	dead      chan struct{}
 	deadOnce  sync.Once
@@ -137,15 +131,11 @@ type ISERConn struct {
 	maxSend atomic.Int32
 	started atomic.Bool
 
-	// Send batching: senders queue work requests; one poster goroutine (parked on kick when
-	// idle) posts everything queued as one chain, so that under load one ibv_post_send (one
-	// doorbell, on rxe one system call) carries many PDUs while the order of the queue (the
-	// session's CmdSN order) is kept.
-	sq        *sendQueue
-	sqKick    chan struct{}
-	posterOut chan struct{}
-	// posterStarted is set before the poster goroutine starts (Dial) and read by Close.
-	posterStarted bool
+	// Send batching: senders queue work requests and the one whose push finds no post in
+	// progress posts everything queued as one chain (sendq.go), so that one ibv_post_send (one
+	// doorbell, on rxe one system call) carries a batch of PDUs, with no goroutine wake-up,
+	// while the order of the queue (the session's CmdSN order) is kept.
+	sq *sendQueue
 
 	bmu     sync.Mutex
 	bounces map[uint32]*bounced
@@ -195,8 +185,6 @@ func DialISER(ctx context.Context, portal string, o Options) (_ *ISERConn, err e
 	if err = ic.postInitialRecvs(); err != nil {
 		return nil, err
 	}
-	ic.posterStarted = true
-	go ic.poster()
 	return ic, nil
 }
 
@@ -245,8 +233,7 @@ func newISERConn(remote string, o Options, p *pool.Pool, reg *registrar) *ISERCo
 	ic.sendSize = headerRoom + defaultRecvDataSegLength
 	ic.sendFree = make(chan int32, ic.nsend)
 	ic.sq = newSendQueue(ic.nsend)
-	ic.sqKick = make(chan struct{}, 1)
-	ic.posterOut = make(chan struct{})
+	ic.reclaim = newSendReclaim(ic.nsend)
 	ic.rxq = make(chan rxItem, ic.nrecv)
 	ic.repost = make([]RecvWR, 0, ic.nrecv)
 	for i := range ic.nsend {
@@ -386,10 +373,7 @@ func (ic *ISERConn) RemoteAddr() string { return "iser://" + ic.remote }
 func (ic *ISERConn) Close() error {
 	var err error
 	ic.closeOnce.Do(func() {
-		ic.fail(ErrClosed)
-		if ic.posterStarted {
-			<-ic.posterOut // it leaves once dead is closed; ibv_post_send never blocks
-		}
+		ic.fail(ErrClosed) // a poster mid-post is serialised with the QP's end by Conn.Close
 		if ic.c != nil {
 			liveMu.Lock()
 			delete(live, ic)

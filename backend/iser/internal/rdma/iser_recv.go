@@ -34,8 +34,8 @@ func (ic *ISERConn) onCompletion(batch []Completion) {
 				continue
 			}
 			ic.rxq <- rxItem{slot: slot, n: wc.ByteLen} // never blocks: one entry per descriptor
-		case wrSend:
-			ic.sendFree <- slot
+		case wrSend: // signalled, or in error: gives back its descriptor and the earlier ones
+			ic.reclaim.completed(slot, ic.sendFree)
 			if !wc.OK() {
 				ic.fail(fmt.Errorf("iser: send to %s: %w", ic.remote, &CompletionError{Op: wc.Op, Status: wc.Status, VendorErr: wc.VendorErr}))
 			}

@@ -2,8 +2,8 @@
 
 package rdma
 
-// The send side of an iSER connection: send buffers, the poster, commands with the STags of
-// their buffers (RFC 7145) and the bounce buffers of requests outside registered memory.
+// The send side of an iSER connection: send buffers, posting (sendq.go), commands with the STags
+// of their buffers (RFC 7145) and the bounce buffers of requests outside registered memory.
 
 import (
 	"context"
@@ -21,12 +21,15 @@ func (ic *ISERConn) sendBuf(i int32) []byte {
 }
 
 // acquireSend takes a free send descriptor, waiting for a send completion if all are in flight.
-func (ic *ISERConn) acquireSend() (int32, error) {
+// Before it waits it posts what the caller queued (b), since those work requests hold
+// descriptors that only their completions give back.
+func (ic *ISERConn) acquireSend(b *postTurn) (int32, error) {
 	select {
 	case s := <-ic.sendFree:
 		return s, nil
 	default:
 	}
+	_ = b.post(ic) // a failed post ends the connection: the wait below sees it
 	tc, stop := ic.deadlineChan()
 	defer stop()
 	select {
@@ -39,10 +42,24 @@ func (ic *ISERConn) acquireSend() (int32, error) {
 	}
 }
 
-// send builds the descriptor (iSER header, BHS, AHS, data) and posts it. data travels as a second
-// SGE straight from registered pool memory when it lies there, else it is copied into the
-// descriptor (login, text, NOP payloads).
-func (ic *ISERConn) send(h *Header, bhs *pdu.BHS, ahs, data []byte) error {
+// postTurn is one sender's call into the transport (a PDU, or a batch of them): whether one of
+// its pushes made it the poster (sendQueue), so that it posts before it returns.
+type postTurn struct{ poster bool }
+
+// post posts the queue if this sender is the poster (see sendQueue); the error is the
+// connection's when a post failed.
+func (b *postTurn) post(ic *ISERConn) error {
+	if !b.poster {
+		return nil
+	}
+	b.poster = false
+	return ic.post()
+}
+
+// queue builds the descriptor (iSER header, BHS, AHS, data) and queues it for posting (b). data
+// travels as a second SGE straight from registered pool memory when it lies there, else it is
+// copied into the descriptor (login, text, NOP payloads).
+func (ic *ISERConn) queue(b *postTurn, h *Header, bhs *pdu.BHS, ahs, data []byte) error {
 	select {
 	case <-ic.dead:
 		return ic.err()
@@ -54,7 +71,7 @@ func (ic *ISERConn) send(h *Header, bhs *pdu.BHS, ahs, data []byte) error {
 	if limit := int(ic.maxSend.Load()); len(data) > limit && ic.started.Load() {
 		return fmt.Errorf("iser: %d-byte data segment exceeds TargetRecvDataSegmentLength %d", len(data), limit)
 	}
-	slot, err := ic.acquireSend()
+	slot, err := ic.acquireSend(b)
 	if err != nil {
 		return err
 	}
@@ -63,54 +80,62 @@ func (ic *ISERConn) send(h *Header, bhs *pdu.BHS, ahs, data []byte) error {
 	if ic.mem == nil {
 		return ErrClosed
 	}
-	b := ic.sendBuf(slot)
-	h.Encode(b)
-	copy(b[HeaderLen:], bhs[:])
+	d := ic.sendBuf(slot)
+	h.Encode(d)
+	copy(d[HeaderLen:], bhs[:])
 	n := HeaderLen + pdu.BHSLen
-	n += copy(b[n:], ahs)
-	w := SendWR{ID: wrSend | uint64(slot), Op: OpSend, Signaled: true, NSGE: 1}
+	n += copy(d[n:], ahs)
+	w := SendWR{ID: wrSend | uint64(slot), Op: OpSend, NSGE: 1} // the poster decides Signaled (reclaim.go)
 	if len(data) > 0 {
 		if lkey, _, ok := ic.keysFor(data); ok {
 			w.NSGE = 2
 			w.SGE[1] = SGE{Addr: addrOf(data), Len: uint32(len(data)), LKey: lkey}
-		} else if n+len(data) <= len(b) {
-			n += copy(b[n:], data)
+		} else if n+len(data) <= len(d) {
+			n += copy(d[n:], data)
 		} else {
 			ic.sendFree <- slot
-			return fmt.Errorf("iser: %d-byte data segment does not fit a %d-byte descriptor", len(data), len(b)-n)
+			return fmt.Errorf("iser: %d-byte data segment does not fit a %d-byte descriptor", len(data), len(d)-n)
 		}
 	}
-	w.SGE[0] = ic.mr.SGE(b[:n])
-	ic.sq.push(w) // never grows the buffers: at most one entry per send slot
-	select {
-	case ic.sqKick <- struct{}{}:
-	default: // the poster is already due to run
+	w.SGE[0] = ic.mr.SGE(d[:n])
+	if ic.sq.push(w) { // never grows the buffers: at most one entry per send slot
+		b.poster = true
 	}
 	return nil
 }
 
-// poster posts queued sends in batches until the connection fails or closes.
-func (ic *ISERConn) poster() {
-	defer close(ic.posterOut)
-	for {
+// post posts queued sends in batches, each as one chain, until the queue is empty: the poster's
+// turn (sendQueue), which also decides which sends are signalled (reclaim.go). A failed post
+// fails the connection, and the rest of the turn only empties the queue: a PDU posted after a
+// lost one would reach the target behind a gap. Nothing gives back the descriptors of a failed
+// post (the device may hold some of its work requests, and a descriptor given back twice would
+// be worse than one lost): every sender that waits for one also waits for the connection's end.
+func (ic *ISERConn) post() error {
+	var err error
+	for batch := ic.sq.take(); batch != nil; batch = ic.sq.take() {
 		select {
-		case <-ic.sqKick:
 		case <-ic.dead:
-			return
-		}
-		batch := ic.sq.take()
-		if batch == nil {
-			continue // an earlier round took what this kick announced
-		}
-		if err := ic.c.PostSend(batch...); err != nil {
-			for _, w := range batch {
-				ic.sendFree <- int32(w.ID & wrMask)
+			err = ic.err()
+		default:
+			ic.reclaim.post(batch, len(ic.sendFree))
+			if perr := ic.c.PostSend(batch...); perr != nil {
+				ic.fail(fmt.Errorf("iser: post %d sends: %w", len(batch), perr))
+				err = ic.err()
 			}
-			ic.fail(fmt.Errorf("iser: post %d sends: %w", len(batch), err))
-			return
 		}
 		ic.sq.done(batch)
 	}
+	return err
+}
+
+// send queues one PDU and posts it (with whatever others queued meanwhile).
+func (ic *ISERConn) send(h *Header, bhs *pdu.BHS, ahs, data []byte) error {
+	var b postTurn
+	err := ic.queue(&b, h, bhs, ahs, data)
+	if perr := b.post(ic); err == nil {
+		err = perr
+	}
+	return err
 }
 
 // WritePDU implements transport.Conn.
@@ -123,21 +148,58 @@ func (ic *ISERConn) WritePDU(bhs *pdu.BHS, ahs, data []byte) error {
 // and address, so the target RDMA-Reads write data (WSV) or RDMA-Writes read data (RSV) straight
 // from/into it. A buffer that is not registered pool memory is bounced through a pool buffer.
 func (ic *ISERConn) WriteCommand(bhs *pdu.BHS, ahs []byte, t *transport.Task) error {
+	var b postTurn
+	err := ic.queueCommand(&b, bhs, ahs, t)
+	if perr := b.post(ic); err == nil {
+		err = perr
+	}
+	return err
+}
+
+// WritePDUs implements transport.BatchWriter: every PDU of the batch is queued, then posted
+// as one chain (one doorbell). What was queued before an error goes out too, in order.
+func (ic *ISERConn) WritePDUs(batch []transport.OutPDU) error {
+	var b postTurn
+	var err error
+	for i := range batch {
+		o := &batch[i]
+		if o.Task != nil {
+			err = ic.queueCommand(&b, o.BHS, o.AHS, o.Task)
+		} else {
+			err = ic.queue(&b, &Header{Flags: OpcodeControl}, o.BHS, o.AHS, o.Data)
+		}
+		if err != nil {
+			break
+		}
+	}
+	if perr := b.post(ic); err == nil {
+		err = perr
+	}
+	return err
+}
+
+var _ transport.BatchWriter = (*ISERConn)(nil)
+
+// queueCommand queues a SCSI Command PDU (see WriteCommand).
+func (ic *ISERConn) queueCommand(b *postTurn, bhs *pdu.BHS, ahs []byte, t *transport.Task) error {
 	h := Header{Flags: OpcodeControl}
 	buf := t.Buf
 	if len(buf) > ic.opts.MaxTransfer {
 		return fmt.Errorf("iser: %d-byte command exceeds the %d-byte iSER transfer limit", len(buf), ic.opts.MaxTransfer)
 	}
 	if len(buf) == 0 || t.Dir == scsi.DirNone {
-		return ic.send(&h, bhs, ahs, nil)
+		return ic.queue(b, &h, bhs, ahs, nil)
 	}
 	_, rkey, ok := ic.keysFor(buf)
 	if !ok {
-		b, err := ic.bounce(t)
+		// The bounce buffer may wait for the pool, whose buffers the PDUs queued before this one
+		// hold until their responses come: post them first.
+		_ = b.post(ic)
+		bb, err := ic.bounce(t)
 		if err != nil {
 			return err
 		}
-		buf = b
+		buf = bb
 		if _, rkey, ok = ic.keysFor(buf); !ok {
 			ic.dropBounce(t.ITT)
 			return fmt.Errorf("iser: bounce buffer is not registered: %w", errNotRegistered)
@@ -159,7 +221,7 @@ func (ic *ISERConn) WriteCommand(bhs *pdu.BHS, ahs []byte, t *transport.Task) er
 		h.ReadSTag = rkey
 		h.ReadVA = addrOf(buf)
 	}
-	if err := ic.send(&h, bhs, ahs, imm); err != nil {
+	if err := ic.queue(b, &h, bhs, ahs, imm); err != nil {
 		ic.dropBounce(t.ITT)
 		return err
 	}

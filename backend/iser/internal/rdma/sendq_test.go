@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -37,31 +38,56 @@ func TestSendQueueEmptyTakeKeepsBuffersApart(t *testing.T) {
 	}
 }
 
-// TestSendQueueConcurrent: many senders, one poster that takes batches (often finding nothing),
-// holds each a while as ibv_post_send would and checks it did not change meanwhile; every work
-// request comes out exactly once and each sender's in order. Run with -race.
+// TestSendQueueOnePoster: the first push makes its sender the poster, pushes during its turn do
+// not, and the take that finds the queue empty ends the turn, so the next push starts one.
+func TestSendQueueOnePoster(t *testing.T) {
+	q := newSendQueue(4)
+	if !q.push(SendWR{ID: 1}) {
+		t.Fatal("the first push did not make its sender the poster")
+	}
+	if q.push(SendWR{ID: 2}) {
+		t.Fatal("a push during a poster's turn made a second poster")
+	}
+	b := q.take()
+	if len(b) != 2 {
+		t.Fatalf("batch %+v, want both work requests", b)
+	}
+	if q.push(SendWR{ID: 3}) {
+		t.Fatal("a push while the poster posts a batch made a second poster")
+	}
+	q.done(b)
+	if b := q.take(); len(b) != 1 || b[0].ID != 3 {
+		t.Fatalf("the poster's next batch %+v, want the work request pushed meanwhile", b)
+	} else {
+		q.done(b)
+	}
+	if b := q.take(); b != nil {
+		t.Fatalf("take on an empty queue returned %+v", b)
+	}
+	if !q.push(SendWR{ID: 4}) {
+		t.Fatal("the push after the turn ended did not start a new one: its work request would never be posted")
+	}
+}
+
+// TestSendQueueConcurrent: many senders, each posting when its push makes it the poster, holding
+// each batch a while as ibv_post_send would and checking it did not change meanwhile. There is
+// never more than one poster, every work request comes out exactly once and each sender's in
+// order. Run with -race.
 func TestSendQueueConcurrent(t *testing.T) {
 	const senders, each = 8, 2000
 	q := newSendQueue(senders)
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	got := make(chan []uint64, 1)
-	go func() {
-		var ids []uint64
-		for {
-			b := q.take()
-			if b == nil {
-				select {
-				case <-stop:
-					if b = q.take(); b == nil {
-						got <- ids
-						return
-					}
-				default:
-					runtime.Gosched()
-					continue
-				}
-			}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex // guards ids
+		ids     []uint64
+		posters atomic.Int32
+	)
+	post := func() {
+		if n := posters.Add(1); n != 1 {
+			t.Errorf("%d posters at once", n)
+		}
+		defer posters.Add(-1)
+		for b := q.take(); b != nil; b = q.take() {
 			snap := slices.Clone(b)
 			for range 3 {
 				runtime.Gosched() // senders run while the batch is "being posted"
@@ -69,24 +95,26 @@ func TestSendQueueConcurrent(t *testing.T) {
 			if !slices.Equal(b, snap) {
 				t.Errorf("batch changed while held: %+v, was %+v", b, snap)
 			}
+			mu.Lock()
 			for _, w := range b {
 				ids = append(ids, w.ID)
 			}
+			mu.Unlock()
 			q.done(b)
 		}
-	}()
+	}
 	for s := range senders {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range each {
-				q.push(SendWR{ID: uint64(s)<<32 | uint64(i), NSGE: 1 + i%2})
+				if q.push(SendWR{ID: uint64(s)<<32 | uint64(i), NSGE: 1 + i%2}) {
+					post()
+				}
 			}
 		}()
 	}
 	wg.Wait()
-	close(stop)
-	ids := <-got
 	if len(ids) != senders*each {
 		t.Fatalf("%d work requests came out, %d went in", len(ids), senders*each)
 	}

@@ -12,8 +12,9 @@
 //     the CQ is re-armed (ibv_req_notify_cq) only when it is empty. While a connection is busy the
 //     poller also re-polls after a second without an event (a dropped event must not stall it);
 //     idle, it parks without a timer.
-//   - A batch of sends being posted is owned by the poster alone (sendq.go): senders append to
-//     the other buffer.
+//   - Sends are posted by the sender whose push found no post in progress (sendq.go), one
+//     poster at a time, in push order; a batch being posted is owned by the poster alone, and
+//     senders append to the other buffer.
 //   - Every C resource a Conn or Listener owns (cm_id, event channel, PD, CQ, completion channel,
 //     QP, MRs) is released by Close and on every error path of Dial/Accept, in dependency order.
 //   - Pool regions are registered once per region per connection (ibv_reg_mr), never per I/O.
