@@ -258,3 +258,10 @@ func TestCompletions(t *testing.T) {
 		t.Errorf("the hidden gen-man is offered:\n%s", stdout)
 	}
 }
+
+// A --name no gateway can have stops attach before anything is opened, as a bad argument (2).
+func TestAttachBadNameIsUsage(t *testing.T) {
+	if code, _, _ := runOut("attach", "--target", "mem://64MiB", "--ublk", "--name", "bad name", "--run-dir", t.TempDir()); code != exitUsage {
+		t.Fatalf("attach --name 'bad name': exit %d, want %d", code, exitUsage)
+	}
+}

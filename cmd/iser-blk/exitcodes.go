@@ -28,10 +28,11 @@ const (
 func exitCode(err error) int {
 	var ue *usageError
 	var inUse *control.NameInUseError
+	var badName *control.BadNameError
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.As(err, &ue), errors.As(err, &inUse), errors.Is(err, iser.ErrBadURL), errors.Is(err, iser.ErrLoginConfig),
+	case errors.As(err, &ue), errors.As(err, &inUse), errors.As(err, &badName), errors.Is(err, iser.ErrBadURL), errors.Is(err, iser.ErrLoginConfig),
 		errors.Is(err, iser.ErrRDMANotBuilt):
 		// ErrRDMANotBuilt: iser:// given to the static build is this binary's limit, not the
 		// host's (exit 6 is for a host without an RDMA device).

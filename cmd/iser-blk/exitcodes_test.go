@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
+	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/takeover"
 )
 
@@ -44,5 +45,16 @@ func TestNoResumeExitCode(t *testing.T) {
 	err := fmt.Errorf("attach: %w", fmt.Errorf("%w: state file names a nbd device", takeover.ErrNoResume))
 	if got := exitCode(err); got != exitNoResume {
 		t.Errorf("exitCode(%v) = %d, want %d", err, got, exitNoResume)
+	}
+}
+
+// TestBadNameExitCode: a --name no gateway can have is a bad argument (exit 2), like a name
+// another gateway holds, however the claim wraps it.
+func TestBadNameExitCode(t *testing.T) {
+	for _, name := range []string{"", "bad name", "-x", strings.Repeat("a", 300)} {
+		err := fmt.Errorf("claim: %w", control.ValidateName(name))
+		if got := exitCode(err); got != exitUsage {
+			t.Errorf("exitCode(%v) = %d, want %d", err, got, exitUsage)
+		}
 	}
 }

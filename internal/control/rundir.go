@@ -36,16 +36,22 @@ func RunDir(flagValue string) string {
 // path separators).
 func ValidateName(name string) error {
 	if name == "" {
-		return fmt.Errorf("gateway name is empty")
+		return &BadNameError{"gateway name is empty"}
 	}
 	if len(name) > MaxNameLen {
-		return fmt.Errorf("gateway name %.20q… is %d bytes, more than %d", name, len(name), MaxNameLen)
+		return &BadNameError{fmt.Sprintf("gateway name %.20q… is %d bytes, more than %d", name, len(name), MaxNameLen)}
 	}
 	if !validName.MatchString(name) {
-		return fmt.Errorf("gateway name %q: use letters, digits, '.', '_' and '-', starting with a letter or digit", name)
+		return &BadNameError{fmt.Sprintf("gateway name %q: use letters, digits, '.', '_' and '-', starting with a letter or digit", name)}
 	}
 	return nil
 }
+
+// BadNameError is ValidateName's: the name cannot be a gateway's. The CLI exits 2 on it (a bad
+// argument), as it does for a name another gateway holds (NameInUseError).
+type BadNameError struct{ Reason string }
+
+func (e *BadNameError) Error() string { return e.Reason }
 
 // SocketPath is the control socket of name in dir.
 func SocketPath(dir, name string) string { return filepath.Join(dir, name+".sock") }
