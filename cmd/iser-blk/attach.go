@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
@@ -26,7 +27,9 @@ import (
 	"github.com/iser-blk/iser-blk/internal/gateway"
 	"github.com/iser-blk/iser-blk/internal/logging"
 	"github.com/iser-blk/iser-blk/internal/modes"
+	"github.com/iser-blk/iser-blk/internal/statefile"
 	"github.com/iser-blk/iser-blk/internal/status"
+	"github.com/iser-blk/iser-blk/internal/takeover"
 	"github.com/iser-blk/iser-blk/pool"
 )
 
@@ -169,16 +172,20 @@ func runAttach(ctx context.Context, tf *targetFlags, ef *exportFlags, af *attach
 	return at.Shutdown(code)
 }
 
-// prepareTakeover reads attach --name's state file; without --name there is none.
+// prepareTakeover reads attach --name's state file (gateway.Attachment.PrepareTakeover) with
+// what the flags say of the device kind, the LUN's target and the cache; without --name there
+// is none.
 func prepareTakeover(at *gateway.Attachment, sf *serviceFlags, kind modes.Frontend, ef *exportFlags, log *zap.Logger) error {
 	if sf.name == "" {
 		return nil
 	}
-	opts, err := takeoverOptions(kind, ef, log)
+	mode, _ := modes.ParseCache(ef.cache.Mode) // a bad --cache stops openStack before anything serves
+	cacheDev, err := ef.cache.dev.absPath()
 	if err != nil {
 		return err
 	}
-	return at.PrepareTakeover(opts)
+	return at.PrepareTakeover(takeover.Options{Kind: kind, CacheMode: mode, CacheDev: cacheDev, Log: log,
+		LUN: statefile.Identity{Target: iser.RedactURL(ef.target)}})
 }
 
 // earlyName is the gateway name known before the device exists: --name, or nbdN for --nbd

@@ -1,7 +1,6 @@
 package main
 
-// The wiring of a serving command's gateway (internal/gateway) and takeover
-// (internal/takeover): flags to options.
+// The wiring of a serving command's gateway (internal/gateway): flags to options.
 
 import (
 	"context"
@@ -18,9 +17,7 @@ import (
 	"github.com/iser-blk/iser-blk/internal/gateway"
 	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/service"
-	"github.com/iser-blk/iser-blk/internal/statefile"
 	"github.com/iser-blk/iser-blk/internal/status"
-	"github.com/iser-blk/iser-blk/internal/takeover"
 )
 
 // serviceFlags are --name, --run-dir and --metrics-listen, shared by serve and attach.
@@ -58,15 +55,6 @@ func identity(name string, kind modes.Frontend, path string, ef *exportFlags) st
 	}
 	mode, _ := modes.ParseCache(ef.cache.Mode) // a bad --cache stops openStack before anything serves
 	return status.Identity{Name: name, Device: name, FrontendKind: kind, FrontendPath: path, Targets: targets, CacheMode: mode}
-}
-
-// takeoverOptions are what attach --name's takeover (gateway.Attachment.PrepareTakeover) takes
-// from the flags: the kind of device, the LUN's target and the cache.
-func takeoverOptions(kind modes.Frontend, ef *exportFlags, log *zap.Logger) (takeover.Options, error) {
-	mode, _ := modes.ParseCache(ef.cache.Mode) // a bad --cache stops openStack before anything serves
-	cacheDev, err := ef.cache.dev.absPath()
-	return takeover.Options{Kind: kind, CacheMode: mode, CacheDev: cacheDev, Log: log,
-		LUN: statefile.Identity{Target: iser.RedactURL(ef.target)}}, err
 }
 
 // signalContext returns a context cancelled by the first SIGINT or SIGTERM. The second one is

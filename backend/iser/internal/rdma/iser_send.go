@@ -56,6 +56,15 @@ func (b *postTurn) post(ic *ISERConn) error {
 	return ic.post()
 }
 
+// finish ends the sender's call: it posts what the call queued, and returns err, the queueing's
+// error, or else the post's.
+func (b *postTurn) finish(ic *ISERConn, err error) error {
+	if perr := b.post(ic); err == nil {
+		err = perr
+	}
+	return err
+}
+
 // queue builds the descriptor (iSER header, BHS, AHS, data) and queues it for posting (b). data
 // travels as a second SGE straight from registered pool memory when it lies there, else it is
 // copied into the descriptor (login, text, NOP payloads).
@@ -132,10 +141,7 @@ func (ic *ISERConn) post() error {
 func (ic *ISERConn) send(h *Header, bhs *pdu.BHS, ahs, data []byte) error {
 	var b postTurn
 	err := ic.queue(&b, h, bhs, ahs, data)
-	if perr := b.post(ic); err == nil {
-		err = perr
-	}
-	return err
+	return b.finish(ic, err)
 }
 
 // WritePDU implements transport.Conn.
@@ -150,10 +156,7 @@ func (ic *ISERConn) WritePDU(bhs *pdu.BHS, ahs, data []byte) error {
 func (ic *ISERConn) WriteCommand(bhs *pdu.BHS, ahs []byte, t *transport.Task) error {
 	var b postTurn
 	err := ic.queueCommand(&b, bhs, ahs, t)
-	if perr := b.post(ic); err == nil {
-		err = perr
-	}
-	return err
+	return b.finish(ic, err)
 }
 
 // WritePDUs implements transport.BatchWriter: every PDU of the batch is queued, then posted
@@ -172,10 +175,7 @@ func (ic *ISERConn) WritePDUs(batch []transport.OutPDU) error {
 			break
 		}
 	}
-	if perr := b.post(ic); err == nil {
-		err = perr
-	}
-	return err
+	return b.finish(ic, err)
 }
 
 var _ transport.BatchWriter = (*ISERConn)(nil)
