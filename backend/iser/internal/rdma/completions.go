@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"syscall"
 	"time"
 	"unsafe"
@@ -38,6 +39,10 @@ func (c *Conn) pollLoop() {
 			if n > 0 {
 				c.deliver(batch, n)
 				lastBusy = time.Now()
+				// Let whoever the completions woke (the iSER reader: runnext on this P) run
+				// before this goroutine polls again and arms the CQ: on rxe the arming is a
+				// system call, and it would sit between the response and its reader.
+				runtime.Gosched()
 				continue
 			}
 			if !armed {
