@@ -130,12 +130,33 @@ class CountersTest(unittest.TestCase):
                          "| randread-4k-qd32 | iser-blk-ublk-iser | 3.00 | 1.00 | 2.00 | 4.00 | 0.50 | – | – | 2.00 | 0.25 |")
         self.assertEqual(by["kernel-iser"], "| randread-4k-qd32 | kernel-iser | 1.50 | 1.00 | 2.00 | – | – | – | – | – | – |")
 
+    def test_switches_per_io_by_task(self):
+        with tempfile.TemporaryDirectory() as out:
+            g = os.path.join(out, "guest")
+            os.makedirs(g)
+            for rep, gw in [(1, 10.0), (2, 14.0), (3, 12.0)]:
+                f = os.path.join(g, f"{rep}-randread-4k-qd1-iser-blk-ublk-tcp.json")
+                json.dump(fio_json(1000, 4, 100), open(f, "w"))
+                json.dump({"overrun": rep - 1, "into": {"iser-blk": gw, "swapper": 8.0, "fio": 2.0,
+                                                       "iscsi_trx": 1.0, "iscsi_ttx": 0.5}},
+                          open(f + ".sched", "w"))
+            f = os.path.join(g, "1-randread-4k-qd1-kernel-tcp.json")
+            json.dump(fio_json(2000, 8, 50), open(f, "w"))
+            json.dump({"overrun": 0, "into": {"kworker": 2.0, "swapper": 2.0, "fio": 1.0}}, open(f + ".sched", "w"))
+            lines = vm_iser.sched_table(vm_iser.load(out))
+        by = {l.split(" | ")[1]: l for l in lines if l.startswith("| randread-4k-qd1 |")}
+        # medians: gateway 12, all 23.5; others = iscsi_trx + iscsi_ttx; the most events any run lost
+        self.assertEqual(by["iser-blk-ublk-tcp"],
+                         "| randread-4k-qd1 | iser-blk-ublk-tcp | 23.50 | 12.00 | 8.00 | 0.00 | 2.00 | 1.50 | 2 |")
+        self.assertEqual(by["kernel-tcp"], "| randread-4k-qd1 | kernel-tcp | 5.00 | 0.00 | 2.00 | 2.00 | 1.00 | 0.00 | 0 |")
+
     def test_no_counters_no_table(self):
         with tempfile.TemporaryDirectory() as out:
             g = os.path.join(out, "guest")
             os.makedirs(g)
             json.dump(fio_json(1000, 4, 100), open(os.path.join(g, "1-randread-4k-qd32-kernel-iser.json"), "w"))
             self.assertEqual(vm_iser.counters_table(vm_iser.load(out)), [])
+            self.assertEqual(vm_iser.sched_table(vm_iser.load(out)), [])
 
 
 if __name__ == "__main__":

@@ -19,12 +19,23 @@ import sys
 JOBS = ["seqwrite-1m-qd8", "seqread-1m-qd8", "randread-4k-qd32", "randread-4k-qd1"]
 SYSTEMS = ["iser-blk-iser", "iser-blk-ublk-iser", "kernel-iser", "iser-blk-tcp", "iser-blk-ublk-tcp",
            "iser-blk-ublk-tcp-workers", "kernel-tcp", "iser-blk-ublk-mem", "kernel-ram"]
-NAME = re.compile(r"(\d+)-(.+)-(" + "|".join(re.escape(s) for s in SYSTEMS) + r")\.json$")
+# bench-iser.sh --ab-gomaxprocs N adds the ublk gateways again with GOMAXPROCS=N: SYSTEM-pN
+VARIANT = re.compile(r"iser-blk-ublk-(?:tcp|iser)-p\d+")
+NAME = re.compile(r"(\d+)-(.+)-(" + "|".join(re.escape(s) for s in SYSTEMS) + "|" + VARIANT.pattern + r")\.json$")
 
 
 def reference(system):
     """The kernel initiator a system is compared with."""
-    return "kernel-iser" if system.endswith("iser") else "kernel-tcp"
+    return "kernel-iser" if re.sub(r"-p\d+$", "", system).endswith("iser") else "kernel-tcp"
+
+
+def systems(runs):
+    """SYSTEMS, each followed by its --ab-gomaxprocs variants that ran."""
+    out = []
+    for s in SYSTEMS:
+        out.append(s)
+        out.extend(sorted({v for _, v in runs if v.startswith(s + "-p") and VARIANT.fullmatch(v)}))
+    return out
 
 
 def load(out):
@@ -42,6 +53,10 @@ def load(out):
             cpu = float(open(f + ".cpu").read())
         if os.path.exists(f + ".ctr"):  # counters per I/O (bench-iser.sh's counters)
             ctr = json.load(open(f + ".ctr"))
+        if os.path.exists(f + ".sched"):  # --sched: switches into each task per I/O
+            sc = json.load(open(f + ".sched"))
+            ctr = dict(ctr or {}, sched=dict(sc["into"], total=sum(sc["into"].values()),
+                                             overrun=sc["overrun"]))
         if os.path.exists(f + ".calls"):  # the gateway's read/write-class system calls in the run
             calls = int(open(f + ".calls").read()) / max(d.get("total_ios", 0), 1)
         # the total latency where the guest recorded its percentiles (lat_percentiles=1): a ublk
@@ -79,7 +94,7 @@ def counters_table(runs):
     lines = ["| job | system | " + " | ".join(h for _, h in COUNTERS) + " |",
              "| --- | --- |" + " --- |" * len(COUNTERS)]
     for job in JOBS:
-        for s in SYSTEMS:
+        for s in systems(runs):
             v = runs.get((job, s))
             if not v:
                 continue
@@ -94,6 +109,39 @@ def counters_table(runs):
                  "systems' do not), and for the iser-blk iSER gateways their verbs work (status --json's "
                  "rdma: work requests, the posts that carried them, completions polled, completion-channel "
                  "events, i.e. poller wake-ups).")
+    return lines
+
+
+# The switches table's tasks: the gateways' threads (all named iser-blk), the idle task, the
+# kernel's workers, the client; every other task is in "others".
+SCHED_TASKS = [("iser-blk", "gateway threads"), ("swapper", "idle"), ("kworker", "kworker"), ("fio", "fio")]
+
+
+def sched_table(runs):
+    """With bench-iser.sh --sched: per job and system, the median per I/O of the context switches
+    into each task (issue 37: which threads a request wakes, and how often)."""
+    if not any(r.get("sched.total") is not None for v in runs.values() for r in v):
+        return []
+    lines = ["| job | system | all | " + " | ".join(h for _, h in SCHED_TASKS) + " | others | events lost |",
+             "| --- | --- | --- |" + " --- |" * (len(SCHED_TASKS) + 2)]
+    named = {"sched." + t for t, _ in SCHED_TASKS} | {"sched.total", "sched.overrun"}
+    for job in JOBS:
+        for s in systems(runs):
+            v = [r for r in runs.get((job, s), []) if r.get("sched.total") is not None]
+            if not v:
+                continue
+            for r in v:
+                r["sched.others"] = sum(x for k, x in r.items() if k.startswith("sched.") and k not in named)
+            cells = []
+            for k in ["total"] + [t for t, _ in SCHED_TASKS] + ["others"]:
+                m = med([dict(r, **{"sched." + k: r.get("sched." + k, 0.0)}) for r in v], "sched." + k)
+                cells.append(f"{m[0]:.2f}")
+            cells.append(str(max(int(r["sched.overrun"]) for r in v)))
+            lines.append(f"| {job} | {s} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Per I/O, medians over the repetitions: the guest's context switches (tracefs "
+                 "sched_switch) by the task switched to. A traced run's speeds are not those of an "
+                 "untraced one; \"events lost\" > 0 makes its row an undercount.")
     return lines
 
 
@@ -115,7 +163,7 @@ def table(runs):
              "vs kernel: speed | p50 | CPU |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for job in JOBS:
-        for s in SYSTEMS:
+        for s in systems(runs):
             v = runs.get((job, s))
             if not v:
                 continue
@@ -228,5 +276,9 @@ if __name__ == "__main__":
     ct = counters_table(runs)
     if ct:
         print("\n".join(ct))
+        print()
+    st = sched_table(runs)
+    if st:
+        print("\n".join(st))
         print()
     print("\n".join(bounds(runs, load_tcp(out))))

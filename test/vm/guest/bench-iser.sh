@@ -25,8 +25,16 @@
 # way of reaching the LUN costs the machine.
 #
 #   bench-iser.sh OUTDIR [--runtime S] [--ramp S] [--reps N] [--size-mib N] [--systems A,B] [--jobs A,B]
+#                        [--sched] [--ab-gomaxprocs N]
 #
 # --systems and --jobs run only those (all of them are still set up, so the guest is the same).
+# --sched traces every context switch and wake-up of each run (tracefs sched:sched_switch and
+# sched_wakeup; the whole trace in .json.trace.gz) and writes .json.sched: per I/O, the switches
+# into each task (named by its command, CPU and worker numbers dropped; swapper is the idle task). Tracing slows every switch: a --sched run's speeds are not
+# comparable with an untraced run's.
+# --ab-gomaxprocs N attaches the two ublk gateways over LIO once more with GOMAXPROCS=N in their
+# environment (systems iser-blk-ublk-tcp-pN on /dev/ublkb4 and iser-blk-ublk-iser-pN on
+# /dev/ublkb5), so that a change of the runtime's processor count is measured side by side.
 # Writes OUTDIR/<rep>-<job>-<system>.json (fio's JSON) and .json.cpu (the guest's CPU µs per I/O),
 # .json.ctr (per I/O: the guest's context switches, the soft-RoCE device's packets sent and
 # received, and for the iser-blk iSER gateways their verbs counters from `iser-blk status --json`),
@@ -42,7 +50,7 @@ set -euo pipefail
 here=$(dirname "${BASH_SOURCE[0]}")
 . "$here/lib.sh"
 
-out=${1:?usage: bench-iser.sh OUTDIR [--runtime S] [--ramp S] [--reps N] [--size-mib N] [--systems A,B] [--jobs A,B]}
+out=${1:?usage: bench-iser.sh OUTDIR [--runtime S] [--ramp S] [--reps N] [--size-mib N] [--systems A,B] [--jobs A,B] [--sched] [--ab-gomaxprocs N]}
 shift
 runtime=15
 ramp=0
@@ -50,6 +58,8 @@ reps=3
 size_mib=256
 only_systems=
 only_jobs=
+sched=0
+ab_procs=
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--runtime) runtime=$2; shift 2 ;;
@@ -58,6 +68,8 @@ while [ $# -gt 0 ]; do
 	--size-mib) size_mib=$2; shift 2 ;;
 	--systems) only_systems=$2; shift 2 ;;
 	--jobs) only_jobs=$2; shift 2 ;;
+	--sched) sched=1; shift ;;
+	--ab-gomaxprocs) ab_procs=$2; shift 2 ;;
 	*) die "unknown argument: $1" ;;
 	esac
 done
@@ -90,13 +102,14 @@ eval "$("$here/lio-target.sh" --backstore rd --size-mib "$size_mib")"
 log "LIO RAM LUN of $size_mib MiB at $LIO_PORTAL ($LIO_IQN), rxe $RDMA_DEV"
 
 # attach NAME DEV URL [FRONTEND ARGS]: start an iser-blk gateway with the cache off (on nbd DEV
-# unless frontend arguments are given); wait for it to print DEV
+# unless frontend arguments are given); wait for it to print DEV. gw_env: more environment for it.
+gw_env=()
 attach() {
 	local name=$1 dev=$2 url=$3
 	shift 3
 	local fe=("$@")
 	[ ${#fe[@]} -gt 0 ] || fe=(--nbd "$dev")
-	"$bin" attach "${fe[@]}" --target "$url" --cache off \
+	env ${gw_env[@]+"${gw_env[@]}"} "$bin" attach "${fe[@]}" --target "$url" --cache off \
 		--initiator-name "iqn.2025-01.io.iser-blk:bench-$name" \
 		>"$out/$name.stdout" 2>"$out/$name.log" &
 	pids+=($!)
@@ -131,6 +144,21 @@ systems=(iser-blk-iser iser-blk-ublk-iser kernel-iser iser-blk-tcp iser-blk-ublk
 	kernel-tcp iser-blk-ublk-mem kernel-ram)
 # the iser-blk gateways over iSER: their names (the device's base name) for `iser-blk status`
 declare -A rdma_gw=([iser-blk-iser]=nbd0 [iser-blk-ublk-iser]=ublkb3)
+if [ -n "$ab_procs" ]; then
+	gw_env=("GOMAXPROCS=$ab_procs")
+	attach "iser-blk-ublk-tcp-p$ab_procs" /dev/ublkb4 "iscsi://$LIO_PORTAL/$LIO_IQN/$LIO_LUN" --ublk --ublk-id 4
+	attach "iser-blk-ublk-iser-p$ab_procs" /dev/ublkb5 "iser://$LIO_PORTAL/$LIO_IQN/$LIO_LUN" --ublk --ublk-id 5
+	gw_env=()
+	devs[iser-blk-ublk-tcp-p$ab_procs]=/dev/ublkb4
+	devs[iser-blk-ublk-iser-p$ab_procs]=/dev/ublkb5
+	rdma_gw[iser-blk-ublk-iser-p$ab_procs]=ublkb5
+	# each right after the gateway it varies, so that the two run under the same load
+	# shellcheck disable=SC2207 # names are single words
+	systems=($(for s in "${systems[@]}"; do
+		echo "$s"
+		case $s in iser-blk-ublk-tcp | iser-blk-ublk-iser) echo "$s-p$ab_procs" ;; esac
+	done))
+fi
 # only SELECTED LIST: LIST without the words not in the comma-separated SELECTED ("": all)
 only() {
 	local sel=$1
@@ -244,6 +272,31 @@ tcp_cost() {
 	log "a MiB over loopback TCP between two processes: $(cat "$1") µs of CPU (send, receive)"
 }
 
+# sched_start / sched_stop FILE: with --sched, trace the context switches between them into FILE
+# (tracefs; the per-CPU buffers are sized for a QD1 run of a minute, and FILE's first line says
+# whether any event was lost)
+tracing=/sys/kernel/tracing
+if [ "$sched" = 1 ]; then
+	[ -d "$tracing/events" ] || mount -t tracefs nodev "$tracing"
+	echo 65536 >"$tracing/buffer_size_kb"
+fi
+sched_start() {
+	[ "$sched" = 1 ] || return 0
+	echo 0 >"$tracing/tracing_on"
+	echo >"$tracing/trace"
+	echo 1 >"$tracing/events/sched/sched_switch/enable"
+	echo 1 >"$tracing/events/sched/sched_wakeup/enable"
+	echo 1 >"$tracing/tracing_on"
+}
+sched_stop() {
+	[ "$sched" = 1 ] || return 0
+	echo 0 >"$tracing/tracing_on"
+	echo "overrun $(awk '/^overrun:/ {s += $2} END {print s + 0}' "$tracing"/per_cpu/cpu*/stats)" >"$1"
+	grep -o 'next_comm=[^ ]*' "$tracing/trace" | sed 's/^next_comm=//; s/[/:].*//; s/-*[0-9]*$//' |
+		sort | uniq -c >>"$1"
+	gzip -c "$tracing/trace" >"${1%.switches}.trace.gz" # both events, for a closer look
+}
+
 for rep in $(seq 1 "$reps"); do
 	for job in "${order[@]}"; do
 		for sys in "${systems[@]}"; do
@@ -253,12 +306,14 @@ for rep in $(seq 1 "$reps"); do
 			[ -z "${gwpid[$sys]:-}" ] || calls0=$(rwcalls "${gwpid[$sys]}")
 			ctr0=$(counters "$sys")
 			t0=$(busy_ticks)
+			sched_start
 			# shellcheck disable=SC2086 # the job's arguments are words
 			fio --name="$job" --filename="${devs[$sys]}" --direct=1 --ioengine=libaio \
 				${jobs[$job]} --time_based --runtime="$runtime" --ramp_time="$ramp" --lat_percentiles=1 \
 				--output-format=json --output="$f" >/dev/null ||
 				die "fio $job on $sys (${devs[$sys]}) failed"
 			busy=$(($(busy_ticks) - t0))
+			sched_stop "$f.switches"
 			ctr1=$(counters "$sys")
 			if [ -n "${gwpid[$sys]:-}" ]; then # the gateway's read- and write-class system calls
 				echo "$(($(rwcalls "${gwpid[$sys]}") - calls0))" >"$f.calls"
@@ -287,6 +342,22 @@ for rep in $(seq 1 "$reps"); do
 				    return None if a is None or b is None else (b - a) / ios
 				with open(f + ".ctr", "w") as o:
 				    json.dump(per_io(json.loads(ctr0), json.loads(ctr1)), o)
+				try:  # --sched: the switches into each task, per I/O
+				    lines = open(f + ".switches").read().split("\n")
+				except FileNotFoundError:
+				    lines = None
+				if lines is not None:
+				    overrun = int(lines[0].split()[1])
+				    into = {}
+				    for l in lines[1:]:
+				        if l.strip():
+				            n, task = l.split(None, 1)
+				            into[task] = into.get(task, 0) + int(n) / ios
+				    with open(f + ".sched", "w") as o:
+				        json.dump({"overrun": overrun, "into": into}, o)
+				    top = sorted(into.items(), key=lambda kv: -kv[1])
+				    print(f"SCHED rep={rep} job={job} sys={sysname} overrun={overrun} total={sum(into.values()):.2f} " +
+				          " ".join(f"{k}={v:.2f}" for k, v in top if v >= 0.05))
 			EOF
 		done
 	done
@@ -294,7 +365,7 @@ for rep in $(seq 1 "$reps"); do
 done
 # warnings from the gateways (command timeouts, reconnects) would make their figures suspect
 for sys in iser-blk-iser iser-blk-tcp iser-blk-ublk-tcp iser-blk-ublk-tcp-workers iser-blk-ublk-mem \
-	iser-blk-ublk-iser; do
+	iser-blk-ublk-iser ${ab_procs:+iser-blk-ublk-tcp-p$ab_procs iser-blk-ublk-iser-p$ab_procs}; do
 	kv "WARNINGS_$sys" "$(grep -ciE '"level":"(warn|error)"|\bWARN|\bERROR' "$out/$sys.log" || true)"
 done
 exit 0

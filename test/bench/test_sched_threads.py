@@ -1,0 +1,34 @@
+"""Unit test of sched_threads.py on trace lines as tracefs writes them. Run by make test's py
+tier (test/pyunit.py)."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sched_threads  # noqa: E402
+
+TRACE = """\
+# tracer: nop
+          <idle>-0       [001] dNh4.    60.692555: sched_wakeup: comm=iser-blk pid=381 prio=120 target_cpu=001
+          <idle>-0       [001] d..2.    60.692593: sched_switch: prev_comm=swapper/1 prev_pid=0 prev_prio=120 prev_state=R ==> next_comm=iser-blk next_pid=381 next_prio=120
+        iser-blk-381     [001] d..3.    60.692632: sched_wakeup: comm=iser-blk pid=393 prio=120 target_cpu=000
+        iser-blk-381     [001] d..2.    60.692688: sched_switch: prev_comm=iser-blk prev_pid=381 prev_prio=120 prev_state=S ==> next_comm=fio next_pid=610 next_prio=120
+     kworker/1:2-146     [001] d.h3.    60.694660: sched_wakeup: comm=iser-blk pid=381 prio=120 target_cpu=001
+     kworker/1:2-146     [001] d..2.    60.695020: sched_switch: prev_comm=kworker/1:2 prev_pid=146 prev_prio=120 prev_state=I ==> next_comm=iser-blk next_pid=381 next_prio=120
+             fio-610     [000] d..2.    60.695100: sched_switch: prev_comm=fio prev_pid=610 prev_prio=120 prev_state=S ==> next_comm=iser-blk next_pid=393 next_prio=120
+"""
+
+
+class AnalyseTest(unittest.TestCase):
+    def test_switches_and_wakers(self):
+        into, wakes = sched_threads.analyse(TRACE.splitlines())
+        self.assertEqual(dict(into), {"381": 2, "393": 1})
+        self.assertEqual(dict(wakes), {("<idle>", "381"): 1, ("iser-blk tid 381", "393"): 1,
+                                       ("kworker", "381"): 1})
+        lines = sched_threads.report(into, wakes, 2)
+        self.assertIn("  381: 1.00", lines)
+        self.assertIn("  <idle> -> 381: 0.50", lines)
+
+
+if __name__ == "__main__":
+    unittest.main()
