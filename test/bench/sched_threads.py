@@ -1,8 +1,11 @@
 """Which of a gateway's threads a request wakes, and who wakes them: from the trace that
 bench-iser.sh --sched keeps (OUTDIR/guest/<rep>-<job>-<system>.json.trace.gz, tracefs text of
 sched_switch and sched_wakeup), per I/O of that run: the switches into each thread of the
-gateway (all named iser-blk), and the wake-ups of those threads by waker (<idle>: an interrupt
-on an idle CPU, i.e. a timer or a device; "iser-blk tid N": another of the gateway's threads).
+gateway (all named iser-blk), the wake-ups of those threads by waker ("irq on X": an interrupt,
+hard or soft, that came while X ran, <idle> being an idle CPU; "iser-blk tid N": another of the
+gateway's threads; else the task that woke it), and for the thread switched into most, the gaps
+between its wake-ups by interrupt (a thread woken by a timer at a steady pace is a sleeper's
+tick, such as the Go runtime's sysmon).
 
     python3 sched_threads.py TRACE.gz IOS [COMM]
 """
@@ -11,37 +14,61 @@ import gzip
 import re
 import sys
 
-LINE = re.compile(r"^\s*(.+?)-(\d+)\s+\[(\d+)\]\s+\S+\s+([\d.]+): (sched_\w+): (.*)$")
 FIELD = re.compile(r"(\w+)=(\S+)")
 
 
+LINE = re.compile(r"^\s*(.+?)-(\d+)\s+\[(\d+)\]\s+(\S+)\s+([\d.]+): (sched_\w+): (.*)$")
+
+
 def task(comm):
-    """A task's name without CPU and worker numbers: kworker/1:2H → kworker."""
-    return re.sub(r"[/:].*|-*\d+$", "", comm)
+    """A task's name without CPU and worker numbers (kworker/1:2H → kworker), as bench-iser.sh's
+    tally names it."""
+    return re.sub(r"-*\d+$", "", re.sub(r"[/:].*", "", comm))
 
 
 def analyse(lines, comm="iser-blk"):
-    """(switches into each thread of comm by TID, wake-ups of comm's threads by (waker, TID))."""
-    into, wakes = collections.Counter(), collections.Counter()
+    """(switches into each thread of comm by TID, wake-ups of comm's threads by (waker, TID),
+    the times of each thread's wake-ups by interrupt by TID)."""
+    into, wakes, irq_times = collections.Counter(), collections.Counter(), collections.defaultdict(list)
     for line in lines:
         m = LINE.match(line)
         if not m:
             continue
-        cur, cur_pid, _, _, event, rest = m.groups()
+        cur, cur_pid, _, flags, ts, event, rest = m.groups()
         kv = dict(FIELD.findall(rest.replace(" ==> ", " ")))
         if event == "sched_switch" and kv.get("next_comm") == comm:
             into[kv["next_pid"]] += 1
         elif event == "sched_wakeup" and kv.get("comm") == comm:
-            waker = f"{comm} tid {cur_pid}" if cur == comm else task(cur)
+            # the flags' third character: h/H hard interrupt, s/S softirq (tracefs's irq-info)
+            if len(flags) > 2 and flags[2] in "hHsS":
+                waker = "irq on " + task(cur)
+                irq_times[kv["pid"]].append(float(ts))
+            elif cur == comm:
+                waker = f"{comm} tid {cur_pid}"
+            else:
+                waker = task(cur)
             wakes[(waker, kv["pid"])] += 1
-    return into, wakes
+    return into, wakes, irq_times
 
 
-def report(into, wakes, ios, top=8):
+def gaps(times):
+    """(p10, p50, p90) in µs of the intervals between successive times, None for fewer than 2."""
+    d = sorted((b - a) * 1e6 for a, b in zip(times, times[1:]))
+    if not d:
+        return None
+    return tuple(d[min(int(len(d) * q), len(d) - 1)] for q in (0.1, 0.5, 0.9))
+
+
+def report(into, wakes, irq_times, ios, top=8):
     out = ["switches into the gateway's threads per I/O, by TID:"]
     out += [f"  {tid}: {n / ios:.2f}" for tid, n in into.most_common(top)]
     out.append("wake-ups of the gateway's threads per I/O, by (waker, TID):")
     out += [f"  {w} -> {tid}: {n / ios:.2f}" for (w, tid), n in wakes.most_common(top)]
+    if into:
+        tid = into.most_common(1)[0][0]
+        g = gaps(irq_times.get(tid, []))
+        if g:
+            out.append(f"TID {tid}: µs between its wake-ups by interrupt: p10 {g[0]:.0f}, p50 {g[1]:.0f}, p90 {g[2]:.0f}")
     return out
 
 
@@ -49,4 +76,5 @@ if __name__ == "__main__":
     path, ios = sys.argv[1], float(sys.argv[2])
     comm = sys.argv[3] if len(sys.argv) > 3 else "iser-blk"
     with gzip.open(path, "rt") as f:
-        print("\n".join(report(*analyse(f, comm), ios)))
+        into, wakes, irq_times = analyse(f, comm)
+        print("\n".join(report(into, wakes, irq_times, ios)))

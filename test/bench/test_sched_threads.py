@@ -21,13 +21,23 @@ TRACE = """\
 
 class AnalyseTest(unittest.TestCase):
     def test_switches_and_wakers(self):
-        into, wakes = sched_threads.analyse(TRACE.splitlines())
+        into, wakes, irq_times = sched_threads.analyse(TRACE.splitlines())
         self.assertEqual(dict(into), {"381": 2, "393": 1})
-        self.assertEqual(dict(wakes), {("<idle>", "381"): 1, ("iser-blk tid 381", "393"): 1,
-                                       ("kworker", "381"): 1})
-        lines = sched_threads.report(into, wakes, 2)
+        # both wake-ups of 381 came in hard-interrupt context (flags d?h?): an interrupt on the
+        # idle CPU, one while a kworker ran; 393 was woken by thread 381 itself
+        self.assertEqual(dict(wakes), {("irq on <idle>", "381"): 1, ("iser-blk tid 381", "393"): 1,
+                                       ("irq on kworker", "381"): 1})
+        self.assertEqual(irq_times["381"], [60.692555, 60.694660])
+        lines = sched_threads.report(into, wakes, irq_times, 2)
         self.assertIn("  381: 1.00", lines)
-        self.assertIn("  <idle> -> 381: 0.50", lines)
+        self.assertIn("  irq on <idle> -> 381: 0.50", lines)
+        self.assertIn("TID 381: µs between its wake-ups by interrupt: p10 2105, p50 2105, p90 2105", lines)
+
+    def test_task_names_as_the_tally(self):
+        # bench-iser.sh's sed drops everything from / or : first, then trailing digits
+        self.assertEqual(sched_threads.task("kworker/1:2H"), "kworker")
+        self.assertEqual(sched_threads.task("jbd2/vda1-8"), "jbd")
+        self.assertEqual(sched_threads.task("swapper/0"), "swapper")
 
 
 if __name__ == "__main__":

@@ -130,12 +130,14 @@ def sched_table(runs):
             v = [r for r in runs.get((job, s), []) if r.get("sched.total") is not None]
             if not v:
                 continue
-            for r in v:
-                r["sched.others"] = sum(x for k, x in r.items() if k.startswith("sched.") and k not in named)
+            # per run, each column's value (a task the run never switched to: 0), runs left as they are
+            cols = [dict({"sched." + t: r.get("sched." + t, 0.0) for t, _ in SCHED_TASKS},
+                         **{"sched.total": r["sched.total"],
+                            "sched.others": sum(x for k, x in r.items() if k.startswith("sched.") and k not in named)})
+                    for r in v]
             cells = []
             for k in ["total"] + [t for t, _ in SCHED_TASKS] + ["others"]:
-                m = med([dict(r, **{"sched." + k: r.get("sched." + k, 0.0)}) for r in v], "sched." + k)
-                cells.append(f"{m[0]:.2f}")
+                cells.append(f"{med(cols, 'sched.' + k)[0]:.2f}")
             cells.append(str(max(int(r["sched.overrun"]) for r in v)))
             lines.append(f"| {job} | {s} | " + " | ".join(cells) + " |")
     lines.append("")

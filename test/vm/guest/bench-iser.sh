@@ -24,17 +24,19 @@
 # the gateway, the kernel's initiator and LIO's target all run in it, so it compares what each
 # way of reaching the LUN costs the machine.
 #
-#   bench-iser.sh OUTDIR [--runtime S] [--ramp S] [--reps N] [--size-mib N] [--systems A,B] [--jobs A,B]
-#                        [--sched] [--ab-gomaxprocs N]
+#   bench-iser.sh OUTDIR [--runtime S] [--ramp S] [--reps N] [--size-mib N]
+#                        [--systems A,B] [--jobs A,B] [--sched] [--ab-gomaxprocs N]
 #
 # --systems and --jobs run only those (all of them are still set up, so the guest is the same).
 # --sched traces every context switch and wake-up of each run (tracefs sched:sched_switch and
 # sched_wakeup; the whole trace in .json.trace.gz) and writes .json.sched: per I/O, the switches
-# into each task (named by its command, CPU and worker numbers dropped; swapper is the idle task). Tracing slows every switch: a --sched run's speeds are not
-# comparable with an untraced run's.
+# into each task (named by its command, CPU and worker numbers dropped; swapper is the idle
+# task). Tracing slows every switch: a --sched run's speeds are not comparable with an untraced
+# run's.
 # --ab-gomaxprocs N attaches the two ublk gateways over LIO once more with GOMAXPROCS=N in their
 # environment (systems iser-blk-ublk-tcp-pN on /dev/ublkb4 and iser-blk-ublk-iser-pN on
-# /dev/ublkb5), so that a change of the runtime's processor count is measured side by side.
+# /dev/ublkb5), so that a change of the runtime's processor count is measured side by side (odd
+# repetitions run the gateway first, even ones its variant).
 # Writes OUTDIR/<rep>-<job>-<system>.json (fio's JSON) and .json.cpu (the guest's CPU µs per I/O),
 # .json.ctr (per I/O: the guest's context switches, the soft-RoCE device's packets sent and
 # received, and for the iser-blk iSER gateways their verbs counters from `iser-blk status --json`),
@@ -152,7 +154,8 @@ if [ -n "$ab_procs" ]; then
 	devs[iser-blk-ublk-tcp-p$ab_procs]=/dev/ublkb4
 	devs[iser-blk-ublk-iser-p$ab_procs]=/dev/ublkb5
 	rdma_gw[iser-blk-ublk-iser-p$ab_procs]=ublkb5
-	# each right after the gateway it varies, so that the two run under the same load
+	# each beside the gateway it varies, so that the two run under the same load (the order of
+	# the two alternates with the repetition: rep_systems)
 	# shellcheck disable=SC2207 # names are single words
 	systems=($(for s in "${systems[@]}"; do
 		echo "$s"
@@ -272,9 +275,10 @@ tcp_cost() {
 	log "a MiB over loopback TCP between two processes: $(cat "$1") µs of CPU (send, receive)"
 }
 
-# sched_start / sched_stop FILE: with --sched, trace the context switches between them into FILE
-# (tracefs; the per-CPU buffers are sized for a QD1 run of a minute, and FILE's first line says
-# whether any event was lost)
+# sched_start / sched_stop / sched_save FILE: with --sched, trace the context switches and wake-ups
+# between start and stop (tracefs; the per-CPU buffers are sized for a QD1 run of a minute), then
+# tally them into FILE, whose first line says whether any event was lost. Stopped before the
+# counters are read, so that the guest's context switches in .ctr are the run's, not the tally's.
 tracing=/sys/kernel/tracing
 if [ "$sched" = 1 ]; then
 	[ -d "$tracing/events" ] || mount -t tracefs nodev "$tracing"
@@ -291,15 +295,37 @@ sched_start() {
 sched_stop() {
 	[ "$sched" = 1 ] || return 0
 	echo 0 >"$tracing/tracing_on"
+}
+sched_save() {
+	[ "$sched" = 1 ] || return 0
 	echo "overrun $(awk '/^overrun:/ {s += $2} END {print s + 0}' "$tracing"/per_cpu/cpu*/stats)" >"$1"
 	grep -o 'next_comm=[^ ]*' "$tracing/trace" | sed 's/^next_comm=//; s/[/:].*//; s/-*[0-9]*$//' |
 		sort | uniq -c >>"$1"
 	gzip -c "$tracing/trace" >"${1%.switches}.trace.gz" # both events, for a closer look
 }
 
+# rep_systems REP: the systems in the order repetition REP runs them: with --ab-gomaxprocs, an
+# even repetition runs each variant before the gateway it varies
+rep_systems() {
+	local i=0 n=${#systems[@]}
+	while [ "$i" -lt "$n" ]; do
+		local s=${systems[$i]} next=${systems[$((i + 1))]:-}
+		if [ -n "$ab_procs" ] && [ $(($1 % 2)) = 0 ] && [ "$next" = "$s-p$ab_procs" ]; then
+			echo "$next"
+			echo "$s"
+			i=$((i + 2))
+			continue
+		fi
+		echo "$s"
+		i=$((i + 1))
+	done
+}
+
 for rep in $(seq 1 "$reps"); do
 	for job in "${order[@]}"; do
-		for sys in "${systems[@]}"; do
+		# shellcheck disable=SC2207 # names are single words
+		rep_order=($(rep_systems "$rep"))
+		for sys in "${rep_order[@]}"; do
 			f=$out/$rep-$job-$sys.json
 			load=$(cut -d' ' -f1 /proc/loadavg)
 			calls0=0
@@ -312,9 +338,10 @@ for rep in $(seq 1 "$reps"); do
 				${jobs[$job]} --time_based --runtime="$runtime" --ramp_time="$ramp" --lat_percentiles=1 \
 				--output-format=json --output="$f" >/dev/null ||
 				die "fio $job on $sys (${devs[$sys]}) failed"
+			sched_stop
 			busy=$(($(busy_ticks) - t0))
-			sched_stop "$f.switches"
 			ctr1=$(counters "$sys")
+			sched_save "$f.switches"
 			if [ -n "${gwpid[$sys]:-}" ]; then # the gateway's read- and write-class system calls
 				echo "$(($(rwcalls "${gwpid[$sys]}") - calls0))" >"$f.calls"
 			fi

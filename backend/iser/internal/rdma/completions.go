@@ -41,7 +41,10 @@ func (c *Conn) pollLoop() {
 				lastBusy = time.Now()
 				// Let whoever the completions woke (the iSER reader: runnext on this P) run
 				// before this goroutine polls again and arms the CQ: on rxe the arming is a
-				// system call, and it would sit between the response and its reader.
+				// system call, and it would sit between the response and its reader. Measured
+				// at one P, the gateway's default on small hosts (docs/bench/findings-20261206-
+				// session30-sched-trace.md: QD1 p50 -12 %, QD32 IOPS +11-14 % over iSER); with
+				// more Ps the yield may also hand the poller to an idle P's thread.
 				runtime.Gosched()
 				continue
 			}
