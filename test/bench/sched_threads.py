@@ -8,6 +8,7 @@ between its wake-ups by interrupt (a thread woken by a timer at a steady pace is
 tick, such as the Go runtime's sysmon).
 
     python3 sched_threads.py TRACE.gz IOS [COMM]
+    python3 sched_threads.py --tally TRACE     (the guest: "COUNT TASK" lines, as uniq -c)
 """
 import collections
 import gzip
@@ -24,6 +25,18 @@ def task(comm):
     """A task's name without CPU and worker numbers (kworker/1:2H → kworker), as bench-iser.sh's
     tally names it."""
     return re.sub(r"-*\d+$", "", re.sub(r"[/:].*", "", comm))
+
+
+def tally(lines):
+    """The context switches of a trace by the task switched to (task names): what bench-iser.sh
+    --sched writes, per run, into .json.switches."""
+    into = collections.Counter()
+    for line in lines:
+        m = LINE.match(line)
+        if m and m.group(6) == "sched_switch":
+            kv = dict(FIELD.findall(m.group(7).replace(" ==> ", " ")))
+            into[task(kv["next_comm"])] += 1
+    return into
 
 
 def analyse(lines, comm="iser-blk"):
@@ -73,6 +86,10 @@ def report(into, wakes, irq_times, ios, top=8):
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "--tally":
+        with open(sys.argv[2]) as f:
+            print("\n".join(f"{n} {t}" for t, n in sorted(tally(f).items())))
+        sys.exit(0)
     path, ios = sys.argv[1], float(sys.argv[2])
     comm = sys.argv[3] if len(sys.argv) > 3 else "iser-blk"
     with gzip.open(path, "rt") as f:

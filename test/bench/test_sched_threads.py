@@ -33,6 +33,11 @@ class AnalyseTest(unittest.TestCase):
         self.assertIn("  irq on <idle> -> 381: 0.50", lines)
         self.assertIn("TID 381: µs between its wake-ups by interrupt: p10 2105, p50 2105, p90 2105", lines)
 
+    def test_tally_by_task(self):
+        # switches into iser-blk (381, 381, 393), fio and swapper are not in TRACE: only the
+        # tasks switched to count, CPU and worker numbers dropped
+        self.assertEqual(dict(sched_threads.tally(TRACE.splitlines())), {"iser-blk": 3, "fio": 1})
+
     def test_task_names_as_the_tally(self):
         # bench-iser.sh's sed drops everything from / or : first, then trailing digits
         self.assertEqual(sched_threads.task("kworker/1:2H"), "kworker")

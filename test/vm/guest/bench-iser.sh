@@ -299,8 +299,7 @@ sched_stop() {
 sched_save() {
 	[ "$sched" = 1 ] || return 0
 	echo "overrun $(awk '/^overrun:/ {s += $2} END {print s + 0}' "$tracing"/per_cpu/cpu*/stats)" >"$1"
-	grep -o 'next_comm=[^ ]*' "$tracing/trace" | sed 's/^next_comm=//; s/[/:].*//; s/-*[0-9]*$//' |
-		sort | uniq -c >>"$1"
+	python3 "$here/../../bench/sched_threads.py" --tally "$tracing/trace" >>"$1"
 	gzip -c "$tracing/trace" >"${1%.switches}.trace.gz" # both events, for a closer look
 }
 
