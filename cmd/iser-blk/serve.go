@@ -24,6 +24,7 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
 	"github.com/iser-blk/iser-blk/internal/cli"
+	"github.com/iser-blk/iser-blk/internal/gateway"
 	"github.com/iser-blk/iser-blk/internal/logging"
 	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/status"
@@ -104,56 +105,60 @@ func newServeCmd() *cobra.Command {
 }
 
 func runServe(ctx context.Context, f *serveFlags) int {
-	tf, ef, listenSpec, drain, tlsf, sf := &f.tf, &f.ef, f.listenSpec, f.drain, &f.tlsf, &f.sf
+	tf, ef := &f.tf, &f.ef
 	log := logging.Process(tf.debug)
 	defer log.Sync() //nolint:errcheck
-	tlsPolicy, err := tlsf.serverTLS(ctx, listenSpec, log)
+	tlsPolicy, err := f.tlsf.serverTLS(ctx, f.listenSpec, log)
 	if err != nil {
 		return fail("serve", err)
 	}
-	name, where, err := serveIdentity(listenSpec)
+	name, where, err := serveIdentity(f.listenSpec)
 	if err != nil {
 		return fail("serve", err)
 	}
-	// The name is claimed before logging in: a second gateway by that name costs no session.
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	counters := new(status.IOCounters)
-	g, err := startGateway(sf, identity(name, modes.NBDSocket, where, ef), counters, stop, log)
+	var p *pool.Pool
+	var mem int64
+	defer func() {
+		if p != nil {
+			p.Close()
+		}
+	}()
+	code, err := gateway.ServeExport(ctx, gateway.ExportOptions{
+		Start: func() (*gateway.Gateway, error) {
+			return startGateway(&f.sf, identity(name, modes.NBDSocket, where, ef), counters, stop, log)
+		},
+		Open: func() (dev block.Device, err error) {
+			dev, p, mem, err = openStack(ctx, tf, ef, log)
+			return dev, err
+		},
+		Listen: func(dev block.Device) (gateway.Export, error) {
+			srv, err := newExportServer(dev, ef, p, mem, counters, log)
+			if err != nil {
+				return gateway.Export{}, err
+			}
+			l, uri, err := listen(f.listenSpec)
+			if err != nil {
+				return gateway.Export{}, err
+			}
+			announce := func() {
+				uri := f.tlsf.options(f.listenSpec, log).URI(uri)
+				log.Info("serving NBD", zap.String("uri", uri), zap.String("export", ef.exportName),
+					zap.String("size", humanize.IBytes(uint64(dev.Size()))), zap.Int("block_size", dev.BlockSize()),
+					zap.Uint16("flags", srv.Flags()))
+				fmt.Println(uri)
+			}
+			serve := func(ctx context.Context) error { return srv.ServeUntil(ctx, l, tlsPolicy, f.drain) }
+			return gateway.Export{Serve: serve, Announce: announce}, nil
+		},
+		Frontend: status.Frontend{Kind: modes.NBDSocket, QueueDepth: ef.maxInflight},
+	})
 	if err != nil {
 		return fail("serve", err)
 	}
-	dev, p, mem, err := openStack(ctx, tf, ef, log)
-	if err != nil {
-		g.Abandon()
-		return fail("serve", err)
-	}
-	defer p.Close()
-	srv, err := newExportServer(dev, ef, p, mem, counters, log)
-	if err != nil {
-		dev.Close()
-		g.Abandon()
-		return fail("serve", err)
-	}
-	l, uri, err := listen(listenSpec)
-	if err != nil {
-		dev.Close()
-		g.Abandon()
-		return fail("serve", err)
-	}
-	g.Serving(dev, "", status.Frontend{Kind: modes.NBDSocket, QueueDepth: ef.maxInflight})
-	uri = tlsf.options(listenSpec, log).URI(uri)
-	log.Info("serving NBD", zap.String("uri", uri), zap.String("export", ef.exportName),
-		zap.String("size", humanize.IBytes(uint64(dev.Size()))), zap.Int("block_size", dev.BlockSize()),
-		zap.Uint16("flags", srv.Flags()))
-	fmt.Println(uri)
-	g.Ready()
-
-	code := exitOK
-	if err := srv.ServeUntil(ctx, l, tlsPolicy, drain); err != nil { // logged
-		code = exitFailure
-	}
-	return g.Shutdown(code, nil)
+	return code
 }
 
 // serveIdentity is serve's default gateway name and the frontend path status shows for the

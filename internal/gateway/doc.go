@@ -25,6 +25,10 @@
 //     being removed. After a hand-over committed, the signal is ignored: the new image or the
 //     successor owns the device. A second signal aborts the final flush.
 //
+// Serve's gateway is named before login, and ServeExport (export.go) is that command's whole
+// lifecycle: name, login, listen, ready, served until the context ends, then the shutdown; a
+// failure before it serves closes what was opened and gives the name up.
+//
 // An attach's gateway may be named only once the kernel has named its device (--ublk, --nbd
 // auto); Attachment (attach.go) is that command's whole lifecycle: the name claimed before
 // login when it is known, the takeover of a device a previous gateway left (recovering, then
