@@ -233,9 +233,6 @@ func attachNBD(ctx context.Context, at *gateway.Attachment, af *attachFlags, ef 
 		return exitOK
 	case errors.Is(err, gateway.ErrServing): // logged
 		return exitFailure
-	case errors.Is(err, nbd.ErrNoKernelNBD):
-		fmt.Fprintf(os.Stderr, "iser-blk attach: %v\n", err)
-		return exitNoKernel
 	}
 	return fail("attach", err)
 }

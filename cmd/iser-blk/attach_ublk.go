@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
@@ -12,7 +11,6 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
 	"github.com/iser-blk/iser-blk/internal/gateway"
-	"github.com/iser-blk/iser-blk/internal/takeover"
 	"github.com/iser-blk/iser-blk/pool"
 )
 
@@ -32,8 +30,7 @@ func attachUblk(ctx context.Context, at *gateway.Attachment, uopts ublk.Options,
 	}
 	maxIO, err := ublkMaxIO(uopts, p)
 	if err != nil {
-		log.Error("ublk attach failed", zap.Error(err))
-		return exitUsage
+		return fail("attach", usagef("%v", err))
 	}
 	if maxIO != uopts.MaxIO {
 		log.Info("ublk requests capped so that the per-tag buffers fit in half the buffer pool",
@@ -44,25 +41,14 @@ func attachUblk(ctx context.Context, at *gateway.Attachment, uopts ublk.Options,
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.Is(err, takeover.ErrNoResume):
-		log.Error("ublk takeover refused", zap.Error(err))
-		fmt.Fprintf(os.Stderr, "iser-blk: %v\n", err)
-		return exitNoResume
-	case errors.Is(err, ublk.ErrNoKernel), errors.Is(err, ublk.ErrNoRecovery):
-		log.Error("ublk is not available", zap.Error(err))
-		fmt.Fprintf(os.Stderr, "iser-blk: %v\n", err)
-		return exitNoKernel
 	case errors.Is(err, block.ErrInvalid):
-		log.Error("ublk attach failed", zap.Error(err))
-		return exitUsage
-	case errors.Is(err, ublk.ErrIDTaken): // like a name in use: another device holds the number
-		log.Error("ublk attach failed", zap.Error(err))
-		fmt.Fprintf(os.Stderr, "iser-blk attach: --ublk-id: %v\n", err)
-		return exitUsage
-	default:
-		log.Error("ublk attach failed", zap.Error(err))
-		return exitFailure
+		// Here it is the ublk parameters (--queues, --depth, --max-io) the driver refused;
+		// exitCode leaves block.ErrInvalid alone, since elsewhere it is a target's ILLEGAL REQUEST.
+		return fail("attach", usagef("%v", err))
+	case errors.Is(err, ublk.ErrIDTaken):
+		err = fmt.Errorf("--ublk-id: %w", err)
 	}
+	return fail("attach", err)
 }
 
 // ublkMaxIO is the request size to ask ublk for (ublk.FitMaxIO): the per-tag buffers may hold

@@ -20,7 +20,6 @@ import (
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/csi"
 	"github.com/iser-blk/iser-blk/internal/csipool"
-	"github.com/iser-blk/iser-blk/internal/initiatorname"
 	"github.com/iser-blk/iser-blk/internal/logging"
 	"github.com/iser-blk/iser-blk/internal/memlimit"
 )
@@ -39,15 +38,9 @@ const (
 // with this host's initiator name, claims in claims (csipool.DefaultClaimsFile by default). The
 // caller closes it.
 func newPoolController(luns []csipool.LUN, claims, name, erase string, log *zap.Logger) (*csipool.Controller, error) {
-	if name == "" {
-		n, generated, err := initiatorname.Host("/")
-		if err != nil {
-			return nil, fmt.Errorf("no initiator name for probing the pool's LUNs: %w; give --initiator-name", err)
-		}
-		if generated {
-			log.Info("generated this host's initiator name", zap.String("initiator_name", n), zap.String("kept_in", initiatorname.OwnFile))
-		}
-		name = n
+	name, err := initiatorNameOr(name, log)
+	if err != nil {
+		return nil, fmt.Errorf("probing the pool's LUNs: %w", err)
 	}
 	opts := iser.Options{InitiatorName: name}
 	// A pool URL that names a user (user@host) logs in with CHAP; its secret comes from the

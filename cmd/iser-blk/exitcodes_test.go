@@ -7,6 +7,9 @@ import (
 	"testing"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
+	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/frontend/nbd"
+	"github.com/iser-blk/iser-blk/frontend/ublk"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/takeover"
 )
@@ -55,6 +58,26 @@ func TestBadNameExitCode(t *testing.T) {
 		err := fmt.Errorf("claim: %w", control.ValidateName(name))
 		if got := exitCode(err); got != exitUsage {
 			t.Errorf("exitCode(%v) = %d, want %d", err, got, exitUsage)
+		}
+	}
+}
+
+// TestFrontendExitCodes: a kernel without ublk, its user recovery or nbd is exit 6 however the
+// frontend wraps it; a --ublk-id in use is a usage error (2), like a name in use; a target's
+// ILLEGAL REQUEST (block.ErrInvalid) is no usage error.
+func TestFrontendExitCodes(t *testing.T) {
+	for _, tt := range []struct {
+		err  error
+		code int
+	}{
+		{fmt.Errorf("ublk: %w", ublk.ErrNoKernel), exitNoKernel},
+		{fmt.Errorf("%w: device 3 was created without it", ublk.ErrNoRecovery), exitNoKernel},
+		{fmt.Errorf("attach: %w", nbd.ErrNoKernelNBD), exitNoKernel},
+		{fmt.Errorf("--ublk-id: %w", fmt.Errorf("%w: /dev/ublkb7 exists already", ublk.ErrIDTaken)), exitUsage},
+		{fmt.Errorf("read: %w", block.ErrInvalid), exitFailure},
+	} {
+		if got := exitCode(tt.err); got != tt.code {
+			t.Errorf("exitCode(%v) = %d, want %d", tt.err, got, tt.code)
 		}
 	}
 }

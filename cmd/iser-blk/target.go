@@ -84,21 +84,30 @@ func (tf *targetFlags) chap(urlUser string) (*iser.CHAP, error) {
 	return c, nil
 }
 
+// initiatorNameOr is given, or when that is "" this host's initiator name (open-iscsi's, else
+// one generated once and kept: initiatorname.Host), which it logs when it generated it.
+func initiatorNameOr(given string, log *zap.Logger) (string, error) {
+	if given != "" {
+		return given, nil
+	}
+	name, generated, err := initiatorname.Host("/")
+	if err != nil {
+		return "", fmt.Errorf("no initiator name: %w; give --initiator-name", err)
+	}
+	if generated {
+		log.Info("generated this host's initiator name", zap.String("initiator_name", name), zap.String("kept_in", initiatorname.OwnFile))
+	}
+	return name, nil
+}
+
 // options builds iser.Options for url's user.
 func (tf *targetFlags) options(urlUser string, log *zap.Logger) (iser.Options, error) {
 	chap, err := tf.chap(urlUser)
 	if err != nil {
 		return iser.Options{}, err
 	}
-	if tf.initiatorName == "" {
-		name, generated, err := initiatorname.Host("/")
-		if err != nil {
-			return iser.Options{}, fmt.Errorf("no initiator name: %w; give --initiator-name", err)
-		}
-		if generated {
-			log.Info("generated this host's initiator name", zap.String("initiator_name", name), zap.String("kept_in", initiatorname.OwnFile))
-		}
-		tf.initiatorName = name
+	if tf.initiatorName, err = initiatorNameOr(tf.initiatorName, log); err != nil {
+		return iser.Options{}, err
 	}
 	if tf.sessions < 0 || tf.sessions > 32 {
 		return iser.Options{}, usagef("--sessions must be 1..32")
