@@ -78,9 +78,10 @@ type queue struct {
 	err      error // why the ring loop ended (nil after a clean stop); read after exited
 
 	// Ring-thread-only counters.
-	inflight  int  // requests handed to workers or started on the device, not committed yet
-	dead      int  // tags the driver will not hand out again (aborted or failed)
-	submitted bool // requests started with SubmitAt since the last kick
+	inflight      int   // requests handed to workers or started on the device, not committed yet
+	inflightBytes int64 // their data (nrSectors), for waitKeepsP
+	dead          int   // tags the driver will not hand out again (aborted or failed)
+	submitted     bool  // requests started with SubmitAt since the last kick
 	// onRing and onWorkers count requests served from the ring thread (finished or started
 	// there) and by workers; logged when the queue ends, so that tests and operators can see
 	// which path served the queue.
@@ -262,6 +263,37 @@ func (q *queue) stop() {
 	q.wake()
 }
 
+// When the ring thread waits, it hands its P (the right to run Go code; the gateway has one on
+// small hosts) to the goroutines it waits for, unless many small requests are in flight
+// (waitKeepsP). Handing it off lets the iSCSI reader take a response or an R2T the moment it
+// arrives instead of a sysmon tick later (uring/enter.go). Measured side by side in the 2-vCPU
+// guest: 1 MiB writes over TCP 0.42× → 0.57× of the kernel initiator, 4 KiB QD1 p50 over iSER
+// 2.73× → 2.55×. But each hand-off costs thread switches: handing off at 4 KiB QD32 too made the
+// reader wake per response instead of per batch, CPU per I/O over TCP 1.02× → 1.18×; so there
+// the ring thread keeps its P, and the responses are taken in batches as before
+// (docs/bench/findings-20261206-session31-wait-handoff.md).
+const (
+	keepPMinInflight = 4        // more requests than this in flight, ...
+	keepPMaxAvgBytes = 64 << 10 // ... of less than this on average, keep the P
+)
+
+// began and ended count t's request in flight from its fetch to its commit.
+func (q *queue) began(t *tag) {
+	q.inflight++
+	q.inflightBytes += int64(t.nrSectors) << 9
+}
+
+func (q *queue) ended(t *tag) {
+	q.inflight--
+	q.inflightBytes -= int64(t.nrSectors) << 9
+}
+
+// waitKeepsP reports whether the ring thread's next wait keeps its P: many small requests in
+// flight, whose completions come in batches anyway (keepPMinInflight).
+func (q *queue) waitKeepsP() bool {
+	return q.inflight > keepPMinInflight && q.inflightBytes < int64(q.inflight)*keepPMaxAvgBytes
+}
+
 // errQueueAborted is returned when the driver aborted every tag without us stopping (the device
 // was stopped or deleted by someone else, or the driver gave up on us).
 var errQueueAborted = errors.New("the driver aborted every request slot of the queue")
@@ -282,6 +314,7 @@ func (q *queue) loop() error {
 			return errQueueAborted
 		}
 		q.kick()
+		q.ring.SetWaitKeepsP(q.waitKeepsP())
 		if _, err := q.ring.SubmitAndWait(1); err != nil {
 			return fmt.Errorf("ublk queue %d: %w", q.id, err)
 		}
@@ -311,7 +344,7 @@ func (q *queue) takeCompletions(res int32) error {
 	q.wakePending = false
 	q.mu.Unlock()
 	for _, c := range q.batch {
-		q.inflight--
+		q.ended(&q.tags[c.tag])
 		if err := q.prepIOCmd(ioCommitAndFetch, &q.tags[c.tag], c.result); err != nil {
 			return err
 		}
@@ -330,7 +363,7 @@ func (q *queue) fetched(ud uint64, res int32) error {
 	case res == ioResOK:
 		d := (*ioDesc)(unsafe.Pointer(&q.descs[int(ud)*sizeofIODesc]))
 		t.opFlags, t.nrSectors, t.startSector = d.OpFlags, d.NrSectors, d.StartSector
-		q.inflight++
+		q.began(t)
 		return q.dispatch(t)
 	case res == ioResAbort:
 		q.dead++

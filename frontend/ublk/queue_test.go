@@ -127,3 +127,46 @@ func BenchmarkCompletionHandoff(b *testing.B) {
 		}
 	}
 }
+
+// The ring thread's wait keeps its P only while more than keepPMinInflight requests averaging
+// under keepPMaxAvgBytes are in flight (4 KiB at QD32); an idle queue, a few requests (QD1) and
+// large ones (1 MiB streams) hand it off. Committed requests leave the count.
+func TestWaitKeepsP(t *testing.T) {
+	q := newHostQueue(t, 64)
+	fetch := func(n int, sectors uint32) {
+		for range n {
+			tg := &q.tags[q.inflight]
+			tg.nrSectors = sectors
+			q.began(tg)
+		}
+	}
+	commitAll := func() {
+		for q.inflight > 0 {
+			q.ended(&q.tags[q.inflight-1])
+		}
+		if q.inflightBytes != 0 {
+			t.Fatalf("%d bytes still counted with nothing in flight", q.inflightBytes)
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		n       int
+		sectors uint32
+		keep    bool
+	}{
+		{"idle", 0, 0, false},
+		{"QD1 4 KiB", 1, 8, false},
+		{"4 × 4 KiB", keepPMinInflight, 8, false},
+		{"5 × 4 KiB", keepPMinInflight + 1, 8, true},
+		{"32 × 4 KiB", 32, 8, true},
+		{"16 × 512 KiB", 16, 1024, false},
+		{"32 × 64 KiB", 32, keepPMaxAvgBytes >> 9, false},
+		{"32 × 32 KiB", 32, 64, true},
+	} {
+		fetch(tc.n, tc.sectors)
+		if got := q.waitKeepsP(); got != tc.keep {
+			t.Errorf("%s in flight: waitKeepsP %v, want %v", tc.name, got, tc.keep)
+		}
+		commitAll()
+	}
+}

@@ -70,7 +70,7 @@ func (q *queue) serveOnRing(t *tag) (served bool, err error) {
 	case !write && p.cachedR != nil && p.cachedR.ReadCached(buf, r.off),
 		write && flags == 0 && p.cachedW != nil && p.cachedW.WriteCached(buf, r.off):
 		t.end(int32(r.len))
-		q.inflight--
+		q.ended(t)
 		return true, q.prepIOCmd(ioCommitAndFetch, t, int32(r.len))
 	case p.sub != nil && !q.srv.stopping.Load() && q.submit(buf, r.off, write, flags, t):
 		q.submitted = true

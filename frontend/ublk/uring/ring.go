@@ -15,6 +15,8 @@
 //   - SubmitAndWait(n) returns only once n CQEs are there: a wait cut short by a signal (the Go
 //     runtime's preemption signal among them) is resumed, so a caller that waits for the CQE of
 //     the command it just submitted always finds it.
+//   - A wait hands the calling thread's P to the Go scheduler before it blocks (enter.go), unless
+//     the owner asked it to keep it (SetWaitKeepsP); a call that only submits keeps it.
 //   - Memory whose address an SQE carries (buffers, command payloads) must stay alive and
 //     unmoved until the CQE arrives; the caller keeps it referenced (Go's GC does not move
 //     objects).
@@ -45,6 +47,8 @@ type Ring struct {
 	sqes           unsafe.Pointer
 	sqeSize        uintptr
 	localTail      uint32 // SQEs handed out; published to *sqTail by Submit
+
+	waitKeepsP bool // SetWaitKeepsP
 
 	cqHead, cqTail *uint32
 	cqMask         uint32
@@ -202,6 +206,22 @@ func (r *Ring) Submit() (int, error) {
 	return r.SubmitAndWait(0)
 }
 
+// SetWaitKeepsP makes the waits of SubmitAndWait keep the thread's P (true) or hand it off
+// (false, the default; enter.go).
+func (r *Ring) SetWaitKeepsP(keep bool) { r.waitKeepsP = keep }
+
+// enter is io_uring_enter; a call that may wait hands the thread's P off first (enter.go).
+func (r *Ring) enter(toSubmit, wait uint32, flags uintptr) (uintptr, unix.Errno) {
+	if wait > 0 && r.cqReady() >= wait { // only submits: a short call
+		wait, flags = 0, 0
+	}
+	if wait > 0 && !r.waitKeepsP {
+		return enterBlocking(uintptr(r.fd), uintptr(toSubmit), uintptr(wait), flags)
+	}
+	n, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(toSubmit), uintptr(wait), flags, 0, 0)
+	return n, errno
+}
+
 // SubmitAndWait publishes and submits pending SQEs and, when wait > 0, blocks until at least wait
 // CQEs are available. Interrupted waits (EINTR: signals are routine in a Go process) are retried.
 func (r *Ring) SubmitAndWait(wait uint32) (int, error) {
@@ -219,7 +239,7 @@ func (r *Ring) SubmitAndWait(wait uint32) (int, error) {
 		if wait > 0 && r.cqReady() >= wait && toSubmit == 0 {
 			return submitted, nil
 		}
-		n, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(toSubmit), uintptr(wait), flags, 0, 0)
+		n, errno := r.enter(toSubmit, wait, flags)
 		switch errno {
 		case 0:
 			submitted += int(n)

@@ -3,6 +3,7 @@ package uring
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"runtime"
 	"testing"
 	"time"
@@ -281,4 +282,56 @@ func TestSubmitAndWaitSurvivesSignals(t *testing.T) {
 		t.Fatalf("cqe = %+v, want the POLLIN for user_data 9", cqe)
 	}
 	r.SeenCQE()
+}
+
+// TestWaitOnOneP: a locked thread waiting in SubmitAndWait at GOMAXPROCS=1 (the gateway's shape
+// on small hosts) lets the goroutine whose write it waits for run, round after round, whether
+// its waits hand the P off (enterBlocking: runtime.entersyscallblock, exitsyscall) or keep it
+// (SetWaitKeepsP: sysmon takes it back), and each wait comes back with its CQE.
+func TestWaitOnOneP(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	for _, keep := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keepP=%v", keep), func(t *testing.T) {
+			r := newRing(t, 4, 0)
+			r.SetWaitKeepsP(keep)
+			var p [2]int
+			if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(p[0])
+			defer unix.Close(p[1])
+			const rounds = 200
+			waiting := make(chan struct{})
+			done := make(chan error, 1)
+			go func() {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				buf := make([]byte, 1)
+				for i := range rounds {
+					PrepRead(r.GetSQE(), p[0], buf, -1, uint64(i))
+					waiting <- struct{}{}
+					if _, err := r.SubmitAndWait(1); err != nil {
+						done <- err
+						return
+					}
+					cqe := r.PeekCQE()
+					if cqe == nil || cqe.UserData != uint64(i) || cqe.Res != 1 || buf[0] != byte(i) {
+						done <- fmt.Errorf("round %d: cqe %+v, byte %d", i, cqe, buf[0])
+						return
+					}
+					r.SeenCQE()
+				}
+				done <- nil
+			}()
+			for i := range rounds {
+				<-waiting
+				if _, err := unix.Write(p[1], []byte{byte(i)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
 }

@@ -1,0 +1,43 @@
+package uring
+
+import (
+	_ "unsafe" // go:linkname
+
+	"golang.org/x/sys/unix"
+)
+
+// A wait in io_uring_enter tells the Go scheduler that it blocks (issue 37).
+//
+// unix.Syscall6 marks the calling thread as in a system call but lets it keep its P (the right
+// to run Go code): the runtime assumes a short call, and only sysmon takes the P back once the
+// call has lasted one of its ticks (20 µs asked, ~200 µs measured in the TCG guest). A ublk ring
+// thread waits in io_uring_enter for its next request, for as long as the disk is idle, and the
+// gateway runs on one P on small hosts (internal/procs). So every goroutine that had work meanwhile
+// (the iSCSI reader with the response the ring thread is waiting for) waited for sysmon's tick,
+// and sysmon, taking a P back on each, stayed in its busy mode: a trace of ublk over TCP at QD1
+// found one thread — sysmon — taking 8.5 of the gateway's 14 context switches per I/O
+// (docs/bench/findings-20261206-session30-sched-trace.md).
+//
+// enterBlocking is io_uring_enter through runtime.entersyscallblock instead, the runtime's own
+// way into a call known to block (its signal and timer sleeps use it): the P is handed off at once,
+// to a thread with work if there is any, and idles otherwise; on return the thread takes an idle P
+// back if there is one, as after any system call. Both runtime functions are exported for
+// linkname by the runtime itself, which promises to keep their signatures (go.dev/issue/67401).
+
+//go:linkname entersyscallblock runtime.entersyscallblock
+func entersyscallblock()
+
+//go:linkname exitsyscall runtime.exitsyscall
+func exitsyscall()
+
+// enterBlocking is io_uring_enter(fd, toSubmit, minComplete, flags) for a call that waits. Between
+// entersyscallblock and exitsyscall it must not grow its stack or be preempted, hence nosplit and
+// the raw system call (the same shape as syscall.Syscall6).
+//
+//go:nosplit
+func enterBlocking(fd, toSubmit, minComplete, flags uintptr) (uintptr, unix.Errno) {
+	entersyscallblock()
+	n, _, errno := unix.RawSyscall6(unix.SYS_IO_URING_ENTER, fd, toSubmit, minComplete, flags, 0, 0)
+	exitsyscall()
+	return n, errno
+}
