@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"syscall"
 
 	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
@@ -37,7 +39,12 @@ func attachUblk(ctx context.Context, at *gateway.Attachment, uopts ublk.Options,
 			zap.String("max_io", humanize.IBytes(uint64(maxIO))))
 	}
 	uopts.MaxIO = maxIO
-	err = at.RunUblk(ctx, uopts)
+	return ublkExit(at.RunUblk(ctx, uopts))
+}
+
+// ublkExit is the exit code of a ublk attach that ended with err, which it prints. exitCode maps
+// the ublk sentinels; what only ublk knows is mapped here.
+func ublkExit(err error) int {
 	switch {
 	case err == nil:
 		return exitOK
@@ -47,6 +54,11 @@ func attachUblk(ctx context.Context, at *gateway.Attachment, uopts ublk.Options,
 		return fail("attach", usagef("%v", err))
 	case errors.Is(err, ublk.ErrIDTaken):
 		err = fmt.Errorf("--ublk-id: %w", err)
+	case errors.Is(err, syscall.ENODEV) && !errors.Is(err, ublk.ErrNoKernel):
+		// A control command's ENODEV: the device went away under the gateway (deleted by
+		// someone else), a failure; exitCode's ENODEV is a host without an RDMA device.
+		fmt.Fprintf(os.Stderr, "iser-blk attach: %v\n", err)
+		return exitFailure
 	}
 	return fail("attach", err)
 }

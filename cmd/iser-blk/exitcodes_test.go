@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"syscall"
@@ -78,6 +79,30 @@ func TestFrontendExitCodes(t *testing.T) {
 	} {
 		if got := exitCode(tt.err); got != tt.code {
 			t.Errorf("exitCode(%v) = %d, want %d", tt.err, got, tt.code)
+		}
+	}
+}
+
+// TestUblkExit: how a ublk attach's end maps to exit codes: its parameters refused is a usage
+// error (2), --ublk-id in use too (2); no ublk or no user recovery is 6, a takeover refused 7,
+// and a device deleted under the gateway (a control command's ENODEV) a plain failure (1), not
+// "the kernel lacks it".
+func TestUblkExit(t *testing.T) {
+	for _, tt := range []struct {
+		err  error
+		code int
+	}{
+		{nil, exitOK},
+		{fmt.Errorf("ublk: SET_PARAMS: %w", block.ErrInvalid), exitUsage},
+		{fmt.Errorf("%w: /dev/ublkb7 exists already", ublk.ErrIDTaken), exitUsage},
+		{fmt.Errorf("%w: no /dev/ublk-control", ublk.ErrNoKernel), exitNoKernel},
+		{fmt.Errorf("%w: the kernel's ublk driver lacks it", ublk.ErrNoRecovery), exitNoKernel},
+		{fmt.Errorf("attach --name: %w", takeover.ErrNoResume), exitNoResume},
+		{fmt.Errorf("ublk: STOP_DEV: %w", syscall.ENODEV), exitFailure},
+		{errors.New("ublk server failed"), exitFailure},
+	} {
+		if got := ublkExit(tt.err); got != tt.code {
+			t.Errorf("ublkExit(%v) = %d, want %d", tt.err, got, tt.code)
 		}
 	}
 }
