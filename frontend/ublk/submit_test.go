@@ -112,7 +112,7 @@ func fetch(t *testing.T, q *queue, id int, opFlags, sectors uint32, start uint64
 	t.Helper()
 	tg := &q.tags[id]
 	tg.opFlags, tg.nrSectors, tg.startSector = opFlags, sectors, start
-	q.inflight++
+	q.began(tg)
 	if err := q.dispatch(tg); err != nil {
 		t.Fatal(err)
 	}
@@ -181,8 +181,8 @@ func TestRingPathSubmit(t *testing.T) {
 	if err := q.takeCompletions(8); err != nil {
 		t.Fatal(err)
 	}
-	if q.inflight != 0 {
-		t.Fatalf("inflight after take = %d", q.inflight)
+	if q.inflight != 0 || q.inflightBytes != 0 {
+		t.Fatalf("inflight after take = %d (%d bytes)", q.inflight, q.inflightBytes)
 	}
 	got := committed(q)
 	want := map[uint16]int32{0: 4096, 1: 4096, 2: 512}
@@ -215,8 +215,8 @@ func TestRingPathCached(t *testing.T) {
 	if handedToWorker(q, 0) || handedToWorker(q, 1) || !handedToWorker(q, 2) || !handedToWorker(q, 3) {
 		t.Fatal("cached requests went to workers, or declined ones did not")
 	}
-	if q.inflight != 2 || q.onRing != 2 {
-		t.Fatalf("inflight %d onRing %d, want 2 (the workers') and 2", q.inflight, q.onRing)
+	if q.inflight != 2 || q.inflightBytes != 2*4096 || q.onRing != 2 {
+		t.Fatalf("inflight %d (%d bytes) onRing %d, want 2 (the workers', 8 KiB) and 2", q.inflight, q.inflightBytes, q.onRing)
 	}
 	if v := readEventfd(t, q.efd); v != 0 {
 		t.Fatalf("a cached request woke the ring thread (%d)", v)

@@ -335,3 +335,40 @@ func TestWaitOnOneP(t *testing.T) {
 		})
 	}
 }
+
+// TestSubmitAndWaitWithCQEsReady: with a CQE already there, SubmitAndWait(1) submits what is
+// pending without waiting (a short call, which keeps the P) and returns at once; the new SQE's
+// own CQE follows.
+func TestSubmitAndWaitWithCQEsReady(t *testing.T) {
+	r := newRing(t, 4, 0)
+	PrepNop(r.GetSQE(), 1)
+	if _, err := r.SubmitAndWait(1); err != nil {
+		t.Fatal(err)
+	}
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	buf := make([]byte, 1)
+	PrepRead(r.GetSQE(), p[0], buf, -1, 2) // cannot complete until the write below
+	n, err := r.SubmitAndWait(1)
+	if err != nil || n != 1 || r.Pending() != 0 {
+		t.Fatalf("SubmitAndWait with a CQE ready: %d submitted, %v, %d pending; want 1, nil, 0", n, err, r.Pending())
+	}
+	if cqe := r.PeekCQE(); cqe == nil || cqe.UserData != 1 {
+		t.Fatalf("first CQE %+v, want the NOP's", cqe)
+	}
+	r.SeenCQE()
+	if _, err := unix.Write(p[1], []byte{7}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.SubmitAndWait(1); err != nil {
+		t.Fatal(err)
+	}
+	if cqe := r.PeekCQE(); cqe == nil || cqe.UserData != 2 || cqe.Res != 1 || buf[0] != 7 {
+		t.Fatalf("read CQE %+v (byte %d), want the read's", cqe, buf[0])
+	}
+	r.SeenCQE()
+}
