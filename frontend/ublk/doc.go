@@ -14,6 +14,11 @@
 // one slow request never delays the others (Longhorn measured an asynchronous ublk server at
 // 3-4x the IOPS of tgtd; synchronous Go servers stall a whole queue behind one round trip).
 //
+// The ring thread's waits in io_uring_enter hand its P to the Go scheduler (uring/enter.go), so
+// the goroutines it waits for (the iSCSI reader) run at once on a one-P gateway, unless many
+// small requests are in flight, where keeping it lets their completions come in batches
+// (queue.waitKeepsP).
+//
 // Data buffers: each tag has a fixed buffer of the negotiated maximum request size, taken from
 // the BufferPool; its address is the `addr` of every FETCH/COMMIT, so the kernel copies WRITE
 // data into it before the FETCH completes and copies READ data out of it when the COMMIT is
