@@ -137,13 +137,20 @@ func TestEventfdRead(t *testing.T) {
 
 // pollPipe returns a pipe, closed at the end of the test, with a POLLIN on its read end prepared
 // (not yet submitted) on r under user data ud.
-func pollPipe(t *testing.T, r *Ring, ud uint64) (p [2]int) {
+func pollPipe(t *testing.T, r *Ring, ud uint64) [2]int {
+	t.Helper()
+	p := newPipe(t)
+	PrepPollAdd(r.GetSQE(), p[0], unix.POLLIN, ud)
+	return p
+}
+
+// newPipe is a pipe closed when the test ends: p[0] reads, p[1] writes.
+func newPipe(t *testing.T) (p [2]int) {
 	t.Helper()
 	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Close(p[0]); unix.Close(p[1]) })
-	PrepPollAdd(r.GetSQE(), p[0], unix.POLLIN, ud)
 	return p
 }
 
@@ -294,12 +301,7 @@ func TestWaitOnOneP(t *testing.T) {
 		t.Run(fmt.Sprintf("keepP=%v", keep), func(t *testing.T) {
 			r := newRing(t, 4, 0)
 			r.SetWaitKeepsP(keep)
-			var p [2]int
-			if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-				t.Fatal(err)
-			}
-			defer unix.Close(p[0])
-			defer unix.Close(p[1])
+			p := newPipe(t)
 			const rounds = 200
 			waiting := make(chan struct{})
 			done := make(chan error, 1)
@@ -345,12 +347,7 @@ func TestSubmitAndWaitWithCQEsReady(t *testing.T) {
 	if _, err := r.SubmitAndWait(1); err != nil {
 		t.Fatal(err)
 	}
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(p[0])
-	defer unix.Close(p[1])
+	p := newPipe(t)
 	buf := make([]byte, 1)
 	PrepRead(r.GetSQE(), p[0], buf, -1, 2) // cannot complete until the write below
 	n, err := r.SubmitAndWait(1)
