@@ -19,7 +19,7 @@ import (
 // (docs/bench/findings-20261206-session30-sched-trace.md).
 //
 // enterBlocking is io_uring_enter through runtime.entersyscallblock instead, the runtime's own
-// way into a call known to block (its signal and timer sleeps use it): the P is handed off at once,
+// way into a call known to block (os/signal's receiver waits through it, notetsleepg): the P is handed off at once,
 // to a thread with work if there is any, and idles otherwise; on return the thread takes an idle P
 // back if there is one, as after any system call. Both runtime functions are exported for
 // linkname by the runtime itself, which promises to keep their signatures (go.dev/issue/67401).
