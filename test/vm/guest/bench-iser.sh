@@ -300,7 +300,7 @@ sched_save() {
 	[ "$sched" = 1 ] || return 0
 	echo "overrun $(awk '/^overrun:/ {s += $2} END {print s + 0}' "$tracing"/per_cpu/cpu*/stats)" >"$1"
 	python3 "$here/../../bench/sched_threads.py" --tally "$tracing/trace" >>"$1"
-	gzip -c <"$tracing/trace" >"${1%.switches}.trace.gz" # both events, for a closer look (stdin: tracefs sizes are not the content's, which gzip warns of)
+	cat "$tracing/trace" | gzip -c >"${1%.switches}.trace.gz" # both events, for a closer look (through a pipe: gzip warns of a file whose size is not its content's, as tracefs reports it)
 }
 
 # rep_systems REP: the systems in the order repetition REP runs them: with --ab-gomaxprocs, an
