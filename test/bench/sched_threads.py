@@ -7,7 +7,8 @@ gateway's threads; else the task that woke it), and for the thread switched into
 between its wake-ups by interrupt (a thread woken by a timer at a steady pace is a sleeper's
 tick, such as the Go runtime's sysmon).
 
-    python3 sched_threads.py TRACE.gz IOS [COMM]
+    python3 sched_threads.py TRACE.gz IOS [COMM]     (and, where the trace has them, the
+                                                 system calls of COMM's threads per I/O)
     python3 sched_threads.py --tally TRACE     (the guest: "COUNT TASK" lines, as uniq -c)
 """
 import collections
@@ -64,12 +65,46 @@ def analyse(lines, comm="iser-blk"):
     return into, wakes, irq_times
 
 
+SYSCALL = re.compile(r"^\s*(.+?)-(\d+)\s+\[\d+\]\s+\S+\s+[\d.]+: sys_enter: NR (\d+) ")
+
+# x86_64 numbers (arch/x86/entry/syscalls/syscall_64.tbl) of the calls a gateway makes
+SYSCALL_NAMES = {
+    0: "read", 1: "write", 7: "poll", 9: "mmap", 10: "mprotect", 11: "munmap", 13: "rt_sigaction",
+    14: "rt_sigprocmask", 15: "rt_sigreturn", 16: "ioctl", 19: "readv", 20: "writev",
+    24: "sched_yield", 28: "madvise", 35: "nanosleep", 39: "getpid", 44: "sendto", 45: "recvfrom",
+    46: "sendmsg", 47: "recvmsg", 186: "gettid", 202: "futex", 228: "clock_gettime",
+    232: "epoll_wait", 233: "epoll_ctl", 234: "tgkill", 270: "pselect6", 271: "ppoll",
+    275: "splice", 281: "epoll_pwait", 426: "io_uring_enter", 441: "epoll_pwait2",
+}
+
+
+def syscalls(lines, comm="iser-blk"):
+    """The system calls comm's threads entered (raw_syscalls:sys_enter, which bench-iser.sh
+    --sched records for tasks named comm), by name ("NR n" for one not in SYSCALL_NAMES)."""
+    calls = collections.Counter()
+    for line in lines:
+        m = SYSCALL.match(line)
+        if m and m.group(1) == comm:
+            nr = int(m.group(3))
+            calls[SYSCALL_NAMES.get(nr, f"NR {nr}")] += 1
+    return calls
+
+
 def gaps(times):
     """(p10, p50, p90) in µs of the intervals between successive times, None for fewer than 2."""
     d = sorted((b - a) * 1e6 for a, b in zip(times, times[1:]))
     if not d:
         return None
     return tuple(d[min(int(len(d) * q), len(d) - 1)] for q in (0.1, 0.5, 0.9))
+
+
+def report_syscalls(calls, ios, top=10):
+    """Lines for calls per I/O, the commonest first; none without any (a trace without the
+    system-call event)."""
+    if not calls:
+        return []
+    out = [f"system calls of the gateway's threads per I/O: {sum(calls.values()) / ios:.2f}, by call:"]
+    return out + [f"  {name}: {n / ios:.2f}" for name, n in calls.most_common(top)]
 
 
 def report(into, wakes, irq_times, ios, top=8):
@@ -93,5 +128,6 @@ if __name__ == "__main__":
     path, ios = sys.argv[1], float(sys.argv[2])
     comm = sys.argv[3] if len(sys.argv) > 3 else "iser-blk"
     with gzip.open(path, "rt") as f:
-        into, wakes, irq_times = analyse(f, comm)
-        print("\n".join(report(into, wakes, irq_times, ios)))
+        lines = f.readlines()
+    into, wakes, irq_times = analyse(lines, comm)
+    print("\n".join(report(into, wakes, irq_times, ios) + report_syscalls(syscalls(lines, comm), ios)))

@@ -13,6 +13,12 @@ TRACE = """\
           <idle>-0       [001] d..2.    60.692593: sched_switch: prev_comm=swapper/1 prev_pid=0 prev_prio=120 prev_state=R ==> next_comm=iser-blk next_pid=381 next_prio=120
         iser-blk-381     [001] d..3.    60.692632: sched_wakeup: comm=iser-blk pid=393 prio=120 target_cpu=000
         iser-blk-381     [001] d..2.    60.692688: sched_switch: prev_comm=iser-blk prev_pid=381 prev_prio=120 prev_state=S ==> next_comm=fio next_pid=610 next_prio=120
+        iser-blk-381     [001] .....    60.692640: sys_enter: NR 426 (3, 0, 1, 1, 0, 0)
+        iser-blk-393     [000] .....    60.692650: sys_enter: NR 0 (7, c000123000, 1000, 0, 0, 0)
+        iser-blk-393     [000] .....    60.692660: sys_enter: NR 1 (9, c000124000, 8, 0, 0, 0)
+        iser-blk-381     [001] .....    60.692670: sys_enter: NR 426 (3, 1, 1, 1, 0, 0)
+             fio-610     [000] .....    60.692680: sys_enter: NR 209 (7, 1, 0, 0, 0, 0)
+        iser-blk-393     [000] .....    60.692690: sys_enter: NR 999 (0, 0, 0, 0, 0, 0)
      kworker/1:2-146     [001] d.h3.    60.694660: sched_wakeup: comm=iser-blk pid=381 prio=120 target_cpu=001
      kworker/1:2-146     [001] d..2.    60.695020: sched_switch: prev_comm=kworker/1:2 prev_pid=146 prev_prio=120 prev_state=I ==> next_comm=iser-blk next_pid=381 next_prio=120
              fio-610     [000] d..2.    60.695100: sched_switch: prev_comm=fio prev_pid=610 prev_prio=120 prev_state=S ==> next_comm=iser-blk next_pid=393 next_prio=120
@@ -32,6 +38,16 @@ class AnalyseTest(unittest.TestCase):
         self.assertIn("  381: 1.00", lines)
         self.assertIn("  irq on <idle> -> 381: 0.50", lines)
         self.assertIn("TID 381: µs between its wake-ups by interrupt: p10 2105, p50 2105, p90 2105", lines)
+
+    def test_syscalls_of_the_gateway(self):
+        # the gateway's threads' sys_enter lines by call name (fio's io_submit is not the
+        # gateway's; an unknown number keeps its number), per I/O in the report
+        calls = sched_threads.syscalls(TRACE.splitlines())
+        self.assertEqual(dict(calls), {"io_uring_enter": 2, "read": 1, "write": 1, "NR 999": 1})
+        lines = sched_threads.report_syscalls(calls, 2)
+        self.assertEqual(lines[0], "system calls of the gateway's threads per I/O: 2.50, by call:")
+        self.assertEqual(lines[1], "  io_uring_enter: 1.00")
+        self.assertEqual(sched_threads.report_syscalls({}, 2), [])
 
     def test_tally_by_task(self):
         # switches into iser-blk (381, 381, 393), fio and swapper are not in TRACE: only the

@@ -31,8 +31,9 @@
 # --sched traces every context switch and wake-up of each run (tracefs sched:sched_switch and
 # sched_wakeup; the whole trace in .json.trace.gz) and writes .json.sched: per I/O, the switches
 # into each task (named by its command, CPU and worker numbers dropped; swapper is the idle
-# task). Tracing slows every switch: a --sched run's speeds are not comparable with an untraced
-# run's.
+# task). The kept trace also holds the system calls the gateways enter (raw_syscalls:sys_enter for
+# tasks named iser-blk), which test/bench/sched_threads.py counts per I/O. Tracing slows every
+# switch and call: a --sched run's speeds are not comparable with an untraced run's.
 # --ab-gomaxprocs N attaches the two ublk gateways over LIO once more with GOMAXPROCS=N in their
 # environment (systems iser-blk-ublk-tcp-pN on /dev/ublkb4 and iser-blk-ublk-iser-pN on
 # /dev/ublkb5), so that a change of the runtime's processor count is measured side by side (odd
@@ -283,6 +284,9 @@ tracing=/sys/kernel/tracing
 if [ "$sched" = 1 ]; then
 	[ -d "$tracing/events" ] || mount -t tracefs nodev "$tracing"
 	echo 65536 >"$tracing/buffer_size_kb"
+	# the gateways' system calls too (all of them are named iser-blk; idle ones add a few per
+	# second): sched_threads.py counts them per I/O
+	echo 'comm == "iser-blk"' >"$tracing/events/raw_syscalls/sys_enter/filter"
 fi
 sched_start() {
 	[ "$sched" = 1 ] || return 0
@@ -290,6 +294,7 @@ sched_start() {
 	echo >"$tracing/trace"
 	echo 1 >"$tracing/events/sched/sched_switch/enable"
 	echo 1 >"$tracing/events/sched/sched_wakeup/enable"
+	echo 1 >"$tracing/events/raw_syscalls/sys_enter/enable"
 	echo 1 >"$tracing/tracing_on"
 }
 sched_stop() {
