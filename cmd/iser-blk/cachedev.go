@@ -1,6 +1,6 @@
 package main
 
-// --cache-dev's flags (internal/cachedev puts the log into the stack).
+// --cache-dev's flags (internal/stack puts the log into the stack, through internal/cachedev).
 
 import (
 	"path/filepath"
@@ -40,10 +40,10 @@ func (f *cacheDevFlags) absPath() (string, error) {
 }
 
 // options parses --cache-dev-size into the options of internal/cachedev.
-func (f *cacheDevFlags) options(rawTarget string, log *zap.Logger) (cachedev.Options, error) {
+func (f *cacheDevFlags) options(log *zap.Logger) (cachedev.Options, error) {
 	size, err := humanize.ParseBytes(f.size)
 	if err != nil || size > 1<<50 {
 		return cachedev.Options{}, usagef("--cache-dev-size %q: want a size", f.size)
 	}
-	return cachedev.Options{Path: f.path, NewSize: int64(size), Format: f.format, Target: rawTarget, Log: log}, nil
+	return cachedev.Options{Path: f.path, NewSize: int64(size), Format: f.format, Log: log}, nil
 }

@@ -4,13 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"syscall"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
 	"github.com/iser-blk/iser-blk/internal/buildinfo"
 	"github.com/iser-blk/iser-blk/internal/control"
+	"github.com/iser-blk/iser-blk/internal/stack"
 	"github.com/iser-blk/iser-blk/internal/takeover"
 )
 
@@ -31,10 +31,11 @@ func exitCode(err error) int {
 	var ue *usageError
 	var inUse *control.NameInUseError
 	var badName *control.BadNameError
+	var badStack *stack.ConfigError
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.As(err, &ue), errors.As(err, &inUse), errors.As(err, &badName), errors.Is(err, iser.ErrBadURL), errors.Is(err, iser.ErrLoginConfig),
+	case errors.As(err, &ue), errors.As(err, &inUse), errors.As(err, &badName), errors.As(err, &badStack), errors.Is(err, iser.ErrBadURL), errors.Is(err, iser.ErrLoginConfig),
 		errors.Is(err, iser.ErrRDMANotBuilt), errors.Is(err, ublk.ErrIDTaken):
 		// ErrRDMANotBuilt: iser:// given to the static build is this binary's limit, not the
 		// host's (exit 6 is for a host without an RDMA device). ErrIDTaken: --ublk-id names a
@@ -44,7 +45,7 @@ func exitCode(err error) int {
 		return exitAuth
 	case errors.Is(err, iser.ErrTargetNotFound), errors.Is(err, iser.ErrTargetRemoved), errors.Is(err, iser.ErrLUNNotFound):
 		return exitNotFound
-	case errors.Is(err, iser.ErrTransportUnavailable), errors.Is(err, iser.ErrNoRDMA), errors.Is(err, syscall.ENODEV),
+	case errors.Is(err, iser.ErrTransportUnavailable), errors.Is(err, iser.ErrNoRDMA), errors.Is(err, iser.ErrNoRDMADevice),
 		errors.Is(err, ublk.ErrNoKernel), errors.Is(err, ublk.ErrNoRecovery), errors.Is(err, nbd.ErrNoKernelNBD):
 		// A build without rdma-core, or no RDMA device: checked before "unreachable", which
 		// the login layer also reports for these dial failures.

@@ -1,13 +1,13 @@
 package main
 
-// The device stack every serving command builds: the registered buffer pool, the backend
-// (iSCSI/iSER or mem://) and the cache in front of it (--cache); the frontends (serve.go,
-// attach.go, attach_ublk.go) take it from there; internal/gateway takes it down.
+// The device stack every serving command builds from its flags: the registered buffer pool
+// here, the backend (iSCSI/iSER or mem://) and the cache in front of it (--cache) in
+// internal/stack; the frontends (serve.go, attach.go, attach_ublk.go) take it from there;
+// internal/gateway takes it down.
 
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
@@ -15,72 +15,50 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
-	"github.com/iser-blk/iser-blk/backend/memdev"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/cache"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
-	"github.com/iser-blk/iser-blk/internal/cachedev"
 	"github.com/iser-blk/iser-blk/internal/cli"
 	"github.com/iser-blk/iser-blk/internal/memlimit"
+	"github.com/iser-blk/iser-blk/internal/stack"
 	"github.com/iser-blk/iser-blk/pool"
 )
 
-// openStack builds what serve and attach share: the registered buffer pool (--buffer-memory,
-// mem bytes), the target (--target) and the cache (--cache) in front of it, staging its I/O in
-// the pool. The caller closes the device first (the gateway's shutdown) and the pool last.
+// openStack builds what serve and attach share (internal/stack): the registered buffer pool
+// (--buffer-memory, mem bytes), the target (--target) and the cache (--cache) in front of it,
+// staging its I/O in the pool. The caller closes the device first (the gateway's shutdown) and
+// the pool last.
 func openStack(ctx context.Context, tf *targetFlags, ef *exportFlags, log *zap.Logger) (dev block.Device, p *pool.Pool, mem int64, err error) {
-	if _, err := ef.cache.Config(); err != nil {
-		return nil, nil, 0, usagef("%v", err) // before logging in, so a typo costs no session
+	cfg, err := ef.stackConfig(tf, log) // before logging in, so a typo costs no session
+	if err != nil {
+		return nil, nil, 0, err
 	}
 	if p, mem, err = newBufferPool(ef); err != nil {
 		return nil, nil, 0, err
 	}
-	pl := p // the returns below set p to nil before this runs
-	defer func() {
-		if err != nil {
-			pl.Close()
-		}
-	}()
-	// iSER connections register the pool's regions once and hand its buffers (NBD payloads,
-	// cache staging) to the target without a copy; without RDMA this does nothing.
-	if err = iser.UsePool(p); err != nil {
-		return nil, nil, 0, fmt.Errorf("registering the buffer pool for RDMA: %w", err)
-	}
-	target, err := openTarget(ctx, tf, ef, log)
-	if err != nil {
-		return nil, nil, 0, err
-	}
-	if dev, err = ef.cache.wrap(target, ef.target, p, log); err != nil {
-		target.Close()
+	if dev, err = stack.Open(ctx, cfg, p); err != nil {
+		p.Close()
 		return nil, nil, 0, err
 	}
 	return dev, p, mem, nil
 }
 
-// openTarget opens --target as a block.Device. mem:// is an in-memory device for tests and
-// protocol benchmarks; everything else goes to the iSCSI/iSER backend.
-func openTarget(ctx context.Context, tf *targetFlags, ef *exportFlags, log *zap.Logger) (block.Device, error) {
-	if ef.target == "" {
-		return nil, usagef("--target is required")
+// stackConfig is the stack the flags describe.
+func (ef *exportFlags) stackConfig(tf *targetFlags, log *zap.Logger) (stack.Config, error) {
+	ccfg, err := ef.cache.Config()
+	if err != nil {
+		return stack.Config{}, usagef("%v", err)
 	}
-	if strings.HasPrefix(ef.target, "mem://") {
-		d, err := memdev.ParseURL(ef.target)
+	cfg := stack.Config{Target: ef.target, Alternates: ef.alternates, ReadOnly: ef.readOnly, Cache: ccfg, Log: log,
+		TargetOptions: func(urlUser string) (iser.Options, error) { return tf.options(urlUser, log) }}
+	if ef.cache.dev.path != "" {
+		o, err := ef.cache.dev.options(log)
 		if err != nil {
-			return nil, usagef("%v", err)
+			return stack.Config{}, err
 		}
-		return d, nil
+		cfg.CacheDev = &o
 	}
-	t, err := iser.ParseURL(ef.target)
-	if err != nil {
-		return nil, err
-	}
-	opts, err := tf.options(t.User, log)
-	if err != nil {
-		return nil, err
-	}
-	opts.ReadOnly = ef.readOnly
-	opts.AlternateTargets = ef.alternates
-	return iser.Open(ctx, ef.target, opts)
+	return cfg, nil
 }
 
 // newBufferPool builds the registered-memory buffer pool from --buffer-memory.
@@ -119,39 +97,4 @@ func (cf *cacheFlags) register(fs *pflag.FlagSet) {
 // complete offers --cache's modes in shell completion.
 func (cf *cacheFlags) complete(cmd *cobra.Command) {
 	cli.CompleteWords(cmd, "cache", "writeback", "writethrough", "off")
-}
-
-// wrap puts the cache in front of dev. Staging buffers for write-back and read misses come from
-// p (registered memory, so that iSER moves them without a copy). With --cache off dev is
-// returned unchanged.
-func (cf *cacheFlags) wrap(dev block.Device, rawTarget string, p *pool.Pool, log *zap.Logger) (block.Device, error) {
-	cfg, err := cf.Config()
-	if err != nil {
-		return nil, usagef("%v", err)
-	}
-	if cf.dev.path != "" && cfg.Mode != cache.WriteBack {
-		return nil, usagef("--cache-dev needs --cache writeback (it is a write-back cache)")
-	}
-	if cfg.Mode == cache.Off {
-		return dev, nil
-	}
-	if cf.dev.path != "" {
-		o, err := cf.dev.options(rawTarget, log)
-		if err != nil {
-			return nil, err
-		}
-		if dev, cfg, err = cachedev.Open(dev, cfg, o); err != nil {
-			return nil, err
-		}
-	}
-	cfg.IOPool = p
-	c, err := cache.New(dev, cfg, log)
-	if err != nil {
-		if cf.dev.path != "" {
-			_ = dev.(block.Abandoner).Abandon() // keeps the log; closes the target too
-		}
-		return nil, fmt.Errorf("cache: %w", err)
-	}
-	log.Info("cache", zap.String("mode", cf.Mode), zap.String("size", humanize.IBytes(uint64(cfg.Size))))
-	return c, nil
 }
