@@ -25,7 +25,7 @@ var (
 	// (CGO_ENABLED=0, as the static release build, or the nordma tag; RDMASupported says which
 	// this is). Open and Discover return it, naming the URL, before any network I/O. It is about
 	// the binary, not the host: on a host without an RDMA device an RDMA build's dial fails with
-	// ENODEV wrapped in ErrTransportUnavailable instead.
+	// ErrNoRDMADevice wrapped in ErrTransportUnavailable instead.
 	ErrRDMANotBuilt = errors.New("this binary was built without RDMA support (cgo and rdma-core), so it cannot use iser:// targets")
 
 	// ErrAuthFailed: CHAP failed, either way (login status class 2 detail 1, RFC 7143 §11.13.5).
@@ -43,6 +43,9 @@ var (
 	// ErrNoRDMA: an iSER dial in a binary built without cgo/rdma-core or with the nordma tag
 	// (Open and Discover refuse iser:// targets before dialing, with ErrRDMANotBuilt).
 	ErrNoRDMA = rdma.ErrNoRDMA
+	// ErrNoRDMADevice: an iSER dial on a host without an RDMA device (or without rdma_ucm).
+	// Open wraps it in ErrTransportUnavailable; Discover returns it inside a LoginError.
+	ErrNoRDMADevice = rdma.ErrNoDevice
 )
 
 // LoginError is a failed login: the target, the portal and the sentinel (Kind) it matches with

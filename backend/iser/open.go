@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 
 	"go.uber.org/zap"
 
@@ -60,7 +59,7 @@ func Open(ctx context.Context, url string, opts Options) (*Device, error) {
 	closeAll := func() error { return closeSessions(sessions) }
 	if err := loginOutcome(errs, sessions, len(portals) > 1, names, log); err != nil {
 		closeAll()
-		if noRDMA(t.Transport, err) {
+		if noRDMA(err) {
 			return nil, fmt.Errorf("%w: %w", ErrTransportUnavailable, err)
 		}
 		return nil, err
@@ -269,7 +268,7 @@ func discoverPortals(ctx context.Context, t Target, dialer transport.Dialer, opt
 }
 
 // noRDMA reports a dial failure that means "this machine cannot do iSER": a build without
-// rdma-core, or no RDMA device (rdma_create_event_channel fails with ENODEV).
-func noRDMA(scheme string, err error) bool {
-	return errors.Is(err, rdma.ErrNoRDMA) || (scheme == "iser" && errors.Is(err, syscall.ENODEV))
+// rdma-core, or no RDMA device.
+func noRDMA(err error) bool {
+	return errors.Is(err, rdma.ErrNoRDMA) || errors.Is(err, rdma.ErrNoDevice)
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"syscall"
 
 	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
@@ -54,11 +52,6 @@ func ublkExit(err error) int {
 		return fail("attach", usagef("%v", err))
 	case errors.Is(err, ublk.ErrIDTaken):
 		err = fmt.Errorf("--ublk-id: %w", err)
-	case errors.Is(err, syscall.ENODEV) && !errors.Is(err, ublk.ErrNoKernel):
-		// A control command's ENODEV: the device went away under the gateway (deleted by
-		// someone else), a failure; exitCode's ENODEV is a host without an RDMA device.
-		fmt.Fprintf(os.Stderr, "iser-blk attach: %v\n", err)
-		return exitFailure
 	}
 	return fail("attach", err)
 }

@@ -97,7 +97,8 @@ func TestExitCode(t *testing.T) {
 		{loginErr(iser.ErrPortalUnreachable), exitUnreachable},
 		{fmt.Errorf("%w", iser.ErrTransportUnavailable), exitNoKernel},
 		{&iser.LoginError{Kind: iser.ErrPortalUnreachable, Err: iser.ErrNoRDMA}, exitNoKernel},
-		{&iser.LoginError{Kind: iser.ErrPortalUnreachable, Err: fmt.Errorf("rdma_create_event_channel: %w", syscall.ENODEV)}, exitNoKernel},
+		{&iser.LoginError{Kind: iser.ErrPortalUnreachable, Err: fmt.Errorf("rdma_create_event_channel: %w: %w", iser.ErrNoRDMADevice, syscall.ENODEV)}, exitNoKernel},
+		{fmt.Errorf("ublk: STOP_DEV: %w", syscall.ENODEV), exitFailure}, // ENODEV alone is no claim about RDMA
 		{fmt.Errorf("iser: %w", iser.ErrNotDisk), exitFailure},
 		{&scsi.SenseError{Command: "READ(16)", Sense: scsi.Sense{Key: scsi.KeyMediumError}}, exitFailure},
 	}

@@ -13,6 +13,7 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -98,6 +99,9 @@ type eventChannel struct {
 func newEventChannel() (*eventChannel, error) {
 	ch, err := C.rdma_create_event_channel()
 	if ch == nil {
+		if errors.Is(err, syscall.ENODEV) {
+			err = fmt.Errorf("%w: %w", ErrNoDevice, err)
+		}
 		return nil, fmt.Errorf("rdma_create_event_channel: %w (is rdma_ucm loaded and an RDMA device present?)", err)
 	}
 	pfd, err := newPollFD(ch.fd, "rdma_cm event channel")

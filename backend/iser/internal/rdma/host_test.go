@@ -4,6 +4,8 @@ package rdma
 
 import (
 	"context"
+	"errors"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +23,9 @@ func TestDialWithoutDevice(t *testing.T) {
 		t.Fatal("dial succeeded without an RDMA device")
 	}
 	t.Logf("dial: %v", err)
+	if errors.Is(err, syscall.ENODEV) && !errors.Is(err, ErrNoDevice) {
+		t.Fatalf("a dial failing with ENODEV does not say ErrNoDevice: %v", err)
+	}
 	d, err := transport.Lookup("iser")
 	if err != nil {
 		t.Fatalf("iser transport not registered: %v", err)

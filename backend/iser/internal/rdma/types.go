@@ -30,6 +30,10 @@ import (
 // ErrNoRDMA is returned by every entry point of a build without rdma-core.
 var ErrNoRDMA = errors.New("built without RDMA support (rebuild with cgo and rdma-core, without the nordma tag)")
 
+// ErrNoDevice: this host has no RDMA device (or rdma_ucm is not loaded): creating an rdma_cm
+// event channel, the first step of a dial, failed with ENODEV, which the error also wraps.
+var ErrNoDevice = errors.New("no RDMA device")
+
 // Sentinel errors of the connection layer; CMError values wrap them.
 var (
 	ErrUnreachable  = errors.New("RDMA address or route unreachable")
