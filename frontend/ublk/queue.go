@@ -277,15 +277,27 @@ const (
 	keepPMaxAvgBytes = 64 << 10 // ... of less than this on average, keep the P
 )
 
-// began and ended count t's request in flight from its fetch to its commit.
+// began and ended count t's request in flight from its fetch to its commit, and the data it
+// moves: a DISCARD or WRITE_ZEROES names a range but moves nothing, and counting its length
+// would make a queue of small requests look like a 1 MiB stream to waitKeepsP.
 func (q *queue) began(t *tag) {
 	q.inflight++
-	q.inflightBytes += int64(t.nrSectors) << 9
+	q.inflightBytes += t.dataBytes()
 }
 
 func (q *queue) ended(t *tag) {
 	q.inflight--
-	q.inflightBytes -= int64(t.nrSectors) << 9
+	q.inflightBytes -= t.dataBytes()
+}
+
+// dataBytes is how much data t's request moves through its buffer: its length for a READ or a
+// WRITE, 0 for the others. The descriptor is the tag's own copy, unchanged until the commit, so
+// began and ended see the same value.
+func (t *tag) dataBytes() int64 {
+	if r := t.request(); r.transfers() {
+		return r.len
+	}
+	return 0
 }
 
 // waitKeepsP reports whether the ring thread's next wait keeps its P: many small requests in

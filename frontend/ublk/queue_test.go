@@ -129,14 +129,15 @@ func BenchmarkCompletionHandoff(b *testing.B) {
 }
 
 // The ring thread's wait keeps its P only while more than keepPMinInflight requests averaging
-// under keepPMaxAvgBytes are in flight (4 KiB at QD32); an idle queue, a few requests (QD1) and
-// large ones (1 MiB streams) hand it off. Committed requests leave the count.
+// under keepPMaxAvgBytes of data are in flight (4 KiB at QD32); an idle queue, a few requests
+// (QD1) and large ones (1 MiB streams) hand it off. A DISCARD's or WRITE_ZEROES' range is no
+// data. Committed requests leave the count.
 func TestWaitKeepsP(t *testing.T) {
 	q := newHostQueue(t, 64)
-	fetch := func(n int, sectors uint32) {
+	fetch := func(n int, op uint32, sectors uint32) {
 		for range n {
 			tg := &q.tags[q.inflight]
-			tg.nrSectors = sectors
+			tg.opFlags, tg.nrSectors = op, sectors
 			q.began(tg)
 		}
 	}
@@ -151,19 +152,25 @@ func TestWaitKeepsP(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		n       int
+		op      uint32
 		sectors uint32
 		keep    bool
 	}{
-		{"idle", 0, 0, false},
-		{"QD1 4 KiB", 1, 8, false},
-		{"4 × 4 KiB", keepPMinInflight, 8, false},
-		{"5 × 4 KiB", keepPMinInflight + 1, 8, true},
-		{"32 × 4 KiB", 32, 8, true},
-		{"16 × 512 KiB", 16, 1024, false},
-		{"32 × 64 KiB", 32, keepPMaxAvgBytes >> 9, false},
-		{"32 × 32 KiB", 32, 64, true},
+		{"idle", 0, opRead, 0, false},
+		{"QD1 4 KiB", 1, opRead, 8, false},
+		{"4 × 4 KiB", keepPMinInflight, opRead, 8, false},
+		{"5 × 4 KiB", keepPMinInflight + 1, opRead, 8, true},
+		{"32 × 4 KiB", 32, opRead, 8, true},
+		{"32 × 4 KiB writes", 32, opWrite, 8, true},
+		{"16 × 512 KiB", 16, opRead, 1024, false},
+		{"16 × 512 KiB writes", 16, opWrite, 1024, false},
+		{"32 × 64 KiB", 32, opRead, keepPMaxAvgBytes >> 9, false},
+		{"32 × 32 KiB", 32, opRead, 64, true},
+		{"32 × 1 GiB DISCARD", 32, opDiscard, 1 << 21, true},
+		{"32 × 1 GiB WRITE_ZEROES", 32, opWriteZeroes, 1 << 21, true},
+		{"32 × 1 MiB FLUSH", 32, opFlush, 2048, true},
 	} {
-		fetch(tc.n, tc.sectors)
+		fetch(tc.n, tc.op, tc.sectors)
 		if got := q.waitKeepsP(); got != tc.keep {
 			t.Errorf("%s in flight: waitKeepsP %v, want %v", tc.name, got, tc.keep)
 		}
