@@ -6,7 +6,9 @@
 #
 #   test/bench/vm-iser.sh [--runtime S] [--ramp S] [--reps N] [--size-mib N]
 #
-# Builds the CLI into a private directory (other work in the tree may be rebuilding bin/), runs
+# Builds the CLI into a private directory (other work in the tree may be rebuilding bin/; with
+# BENCH_VM_BIN=FILE it copies that binary instead, to measure another tree's gateway with this
+# tree's bench, e.g. a "before" for a change), runs
 # test/vm/guest/bench-iser.sh in a guest (test/vm/run.sh; VM_MEM defaults to 3072 here because the
 # LUN lives in guest RAM), then prints a Markdown table (test/bench/vm_iser.py): per job and system
 # the median IOPS, MiB/s, QD1 p50 and the guest's CPU µs per I/O over the repetitions (min–max in
@@ -23,12 +25,20 @@ out=${BENCH_VM_OUT:-$root/bin/bench-vm/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
 out=$(cd "$out" && pwd -P)
 
-echo "vm-iser: building the CLI into $out" >&2
-go build -o "$out/iser-blk" ./cmd/iser-blk
+if [ -n "${BENCH_VM_BIN:-}" ]; then
+	echo "vm-iser: measuring $BENCH_VM_BIN ($("$BENCH_VM_BIN" version 2>/dev/null | head -1))" >&2
+	cp "$BENCH_VM_BIN" "$out/iser-blk"
+	gateway="$BENCH_VM_BIN: $("$BENCH_VM_BIN" version 2>/dev/null | head -1)"
+else
+	echo "vm-iser: building the CLI into $out" >&2
+	go build -o "$out/iser-blk" ./cmd/iser-blk
+	gateway="built from the tree"
+fi
 {
 	echo "host: $(uname -r), $(nproc) CPUs, $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)"
 	echo "host load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 	echo "tree: $(git describe --always --dirty 2>/dev/null || echo unknown)"
+	echo "gateway: $gateway"
 } >"$out/host.txt"
 
 export VM_MEM=${VM_MEM:-3072}
