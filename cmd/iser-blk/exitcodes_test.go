@@ -25,7 +25,8 @@ func TestRDMANotBuiltExitCode(t *testing.T) {
 	}{
 		{notBuilt, exitUsage},
 		{fmt.Errorf("%w: %w", iser.ErrTransportUnavailable, notBuilt), exitUsage},
-		{fmt.Errorf("%w: %w", iser.ErrTransportUnavailable, syscall.ENODEV), exitNoKernel},
+		{fmt.Errorf("%w: %w", iser.ErrTransportUnavailable, &iser.LoginError{Kind: iser.ErrPortalUnreachable,
+			Err: fmt.Errorf("rdma_create_event_channel: %w: %w", iser.ErrNoRDMADevice, syscall.ENODEV)}), exitNoKernel},
 		{&iser.LoginError{Kind: iser.ErrPortalUnreachable, Err: iser.ErrNoRDMA}, exitNoKernel},
 	} {
 		if got := exitCode(tt.err); got != tt.code {

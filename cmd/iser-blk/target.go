@@ -2,7 +2,8 @@ package main
 
 // The flags every subcommand that talks to a target shares (discover, info, serve, attach) and
 // how they become iser.Options: initiator name, CHAP credentials, session count, recovery.
-// Opening the target with them is stack.go's (openTarget); groups and help are flagset.go's.
+// Opening the target with them is internal/stack's (stack.go builds its Config); groups and
+// help are flagset.go's.
 //
 // CHAP secrets never come from argv nor from the URL (internal/chapcreds), and are never logged.
 

@@ -18,6 +18,7 @@ import (
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 	"github.com/iser-blk/iser-blk/internal/chapcreds"
 	"github.com/iser-blk/iser-blk/internal/cli"
+	"github.com/iser-blk/iser-blk/internal/stack"
 )
 
 // TestParseArgsInterspersed: flags may come before, between or after the positional arguments;
@@ -89,6 +90,8 @@ func TestExitCode(t *testing.T) {
 	}{
 		{nil, exitOK},
 		{usagef("bad"), exitUsage},
+		{&stack.ConfigError{Msg: "--target is required"}, exitUsage},
+		{fmt.Errorf("attach: %w", &stack.ConfigError{Msg: "--cache-dev needs --cache writeback"}), exitUsage},
 		{fmt.Errorf("x: %w", iser.ErrBadURL), exitUsage},
 		{loginErr(iser.ErrAuthFailed), exitAuth},
 		{loginErr(iser.ErrAuthorization), exitAuth},

@@ -79,7 +79,7 @@ type queue struct {
 
 	// Ring-thread-only counters.
 	inflight      int   // requests handed to workers or started on the device, not committed yet
-	inflightBytes int64 // their data (nrSectors), for waitKeepsP
+	inflightBytes int64 // the data they move (tag.dataBytes), for waitKeepsP
 	dead          int   // tags the driver will not hand out again (aborted or failed)
 	submitted     bool  // requests started with SubmitAt since the last kick
 	// onRing and onWorkers count requests served from the ring thread (finished or started

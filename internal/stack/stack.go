@@ -4,7 +4,8 @@
 // the device from there; internal/gateway takes it down.
 //
 // Invariants:
-//   - A Config is checked whole before anything opens: a mistake costs no login.
+//   - A Config's settings are checked before anything opens (ConfigError): a mistake costs no
+//     login. The URL and the login options are checked by the backend, before it dials.
 //   - The caller's buffer pool is registered for RDMA before the target is opened, so iSER
 //     connections hand its buffers (frontend payloads, cache staging) to the target without a
 //     copy; the cache stages its I/O in it.
@@ -47,7 +48,17 @@ type Config struct {
 	// Cache.Mode WriteBack (the log is the write-back cache; the RAM cache above it becomes
 	// write-through). Its Target is set to Target.
 	CacheDev *cachedev.Options
-	Log      *zap.Logger
+	// Log is the process's logger (nil: none); a CacheDev without its own logs to it.
+	Log *zap.Logger
+}
+
+// openISER opens an iSCSI/iSER target; a variable so that tests can stand in for a target.
+var openISER = func(ctx context.Context, url string, opts iser.Options) (block.Device, error) {
+	d, err := iser.Open(ctx, url, opts)
+	if err != nil {
+		return nil, err // not a nil *iser.Device in a non-nil interface
+	}
+	return d, nil
 }
 
 // ConfigError is a Config Open refuses before opening anything: a usage error of the command
@@ -60,6 +71,9 @@ func configErrorf(format string, a ...any) error { return &ConfigError{fmt.Sprin
 
 // Open builds the stack of cfg with its I/O staged in p and returns its top device.
 func Open(ctx context.Context, cfg Config, p *pool.Pool) (block.Device, error) {
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
@@ -83,7 +97,7 @@ func (cfg *Config) check() error {
 	}
 	if cfg.isMem() {
 		if _, err := memdev.ParseURL(cfg.Target); err != nil {
-			return &ConfigError{err.Error()}
+			return &ConfigError{err.Error()} // memdev's own text: it names the URL and the size
 		}
 	}
 	return nil
@@ -110,7 +124,7 @@ func (cfg *Config) openTarget(ctx context.Context) (block.Device, error) {
 	}
 	opts.ReadOnly = cfg.ReadOnly
 	opts.AlternateTargets = cfg.Alternates
-	return iser.Open(ctx, cfg.Target, opts)
+	return openISER(ctx, cfg.Target, opts)
 }
 
 // wrap puts the --cache-dev log and the cache in front of target, which it closes on failure.
@@ -124,6 +138,9 @@ func (cfg *Config) wrap(target block.Device, p *pool.Pool) (block.Device, error)
 	if cfg.CacheDev != nil {
 		o := *cfg.CacheDev
 		o.Target = cfg.Target
+		if o.Log == nil {
+			o.Log = cfg.Log
+		}
 		var err error
 		if dev, ccfg, err = cachedev.Open(target, ccfg, o); err != nil {
 			target.Close()

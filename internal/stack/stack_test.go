@@ -160,3 +160,115 @@ func TestTargetOptions(t *testing.T) {
 		t.Fatalf("Open of a bad URL = %v, want iser.ErrBadURL", err)
 	}
 }
+
+// fakeTarget stands in for an iSCSI LUN: an in-memory device that records its Close.
+type fakeTarget struct {
+	*memdev.Device
+	closed int
+}
+
+func (f *fakeTarget) Close() error { f.closed++; return f.Device.Close() }
+
+// useFakeTargets makes Open's iSCSI targets in-memory devices for the test's duration; it
+// returns the options each open was given and the devices it made.
+func useFakeTargets(t *testing.T) (opts *[]iser.Options, made *[]*fakeTarget) {
+	t.Helper()
+	opts, made = new([]iser.Options), new([]*fakeTarget)
+	saved := openISER
+	openISER = func(_ context.Context, _ string, o iser.Options) (block.Device, error) {
+		d, err := memdev.ParseURL("mem://32MiB")
+		if err != nil {
+			return nil, err
+		}
+		*opts = append(*opts, o)
+		f := &fakeTarget{Device: d}
+		*made = append(*made, f)
+		return f, nil
+	}
+	t.Cleanup(func() { openISER = saved })
+	return opts, made
+}
+
+const (
+	lunA = "iscsi://127.0.0.1:1/iqn.2026-12.test:a/0"
+	lunB = "iscsi://127.0.0.1:1/iqn.2026-12.test:b/0"
+)
+
+// TestTargetOpenedAsConfigured: the backend gets the read-only setting and the other portals, and
+// the cache stages its I/O in the caller's pool.
+func TestTargetOpenedAsConfigured(t *testing.T) {
+	opts, _ := useFakeTargets(t)
+	p := newPool(t)
+	cfg := Config{Target: lunA, Alternates: []string{"iscsi://127.0.0.2:1/iqn.2026-12.test:a/0"}, ReadOnly: true,
+		Cache: cacheConfig(t, "writeback"), TargetOptions: func(string) (iser.Options, error) { return iser.Options{}, nil }}
+	dev, err := Open(context.Background(), cfg, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	if len(*opts) != 1 || !(*opts)[0].ReadOnly || len((*opts)[0].AlternateTargets) != 1 || (*opts)[0].AlternateTargets[0] != cfg.Alternates[0] {
+		t.Fatalf("target opened with %+v, want read-only and the alternate portal", *opts)
+	}
+	before := p.Stats().Gets
+	if err := dev.ReadAt(context.Background(), make([]byte, 4096), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if p.Stats().Gets == before {
+		t.Fatal("a read miss took no staging buffer from the caller's pool")
+	}
+}
+
+// TestFailureClosesTarget: when a layer above the target fails, Open closes the target it opened.
+func TestFailureClosesTarget(t *testing.T) {
+	login := func(string) (iser.Options, error) { return iser.Options{}, nil }
+	t.Run("the cache", func(t *testing.T) {
+		_, made := useFakeTargets(t)
+		ccfg := cacheConfig(t, "writeback")
+		ccfg.Size = 16 << 10 // fewer than 16 pages: cache.New refuses it
+		if _, err := Open(context.Background(), Config{Target: lunA, Cache: ccfg, TargetOptions: login}, newPool(t)); err == nil {
+			t.Fatal("Open of a cache too small succeeded")
+		}
+		if len(*made) != 1 || (*made)[0].closed != 1 {
+			t.Fatalf("targets opened %d, closed %v; want one, closed once", len(*made), *made)
+		}
+	})
+	t.Run("the cache device", func(t *testing.T) {
+		_, made := useFakeTargets(t)
+		cd := &cachedev.Options{Path: filepath.Join(t.TempDir(), "no-such-dir", "log"), NewSize: 16 << 20}
+		if _, err := Open(context.Background(), Config{Target: lunA, Cache: cacheConfig(t, "writeback"), CacheDev: cd, TargetOptions: login}, newPool(t)); err == nil {
+			t.Fatal("Open with a cache device that cannot be created succeeded")
+		}
+		if len(*made) != 1 || (*made)[0].closed != 1 {
+			t.Fatalf("targets opened %d, closed %v; want one, closed once", len(*made), *made)
+		}
+	})
+}
+
+// TestCacheDevNamesItsLUN: the cache device records the LUN it caches, so another LUN's gateway
+// is refused it rather than served that LUN's data.
+func TestCacheDevNamesItsLUN(t *testing.T) {
+	useFakeTargets(t)
+	path := filepath.Join(t.TempDir(), "log")
+	open := func(target string) (block.Device, error) {
+		return Open(context.Background(), Config{Target: target, Cache: cacheConfig(t, "writeback"),
+			CacheDev:      &cachedev.Options{Path: path, NewSize: 16 << 20},
+			TargetOptions: func(string) (iser.Options, error) { return iser.Options{}, nil }}, newPool(t))
+	}
+	dev, err := open(lunA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, dev)
+	if err := dev.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if dev, err := open(lunB); err == nil {
+		dev.Close()
+		t.Fatal("LUN b's gateway was given LUN a's cache device")
+	}
+	dev, err = open(lunA)
+	if err != nil {
+		t.Fatalf("LUN a's own cache device refused: %v", err)
+	}
+	dev.Close()
+}

@@ -22,7 +22,7 @@ import (
 func init() { transport.Register("iser", Dialer{}) }
 
 // Available: this build has the iSER transport (cgo and rdma-core). Whether the host has an RDMA
-// device is another matter, which a dial finds out (ENODEV).
+// device is another matter, which a dial finds out (ErrNoDevice).
 const Available = true
 
 // Options tune an iSER connection. The zero value is what Linux initiators do.
