@@ -19,6 +19,9 @@
 # cannot make the running copy execute shifted bytes.
 {
 set -euo pipefail
+if [ -n "${BENCH_VM_BIN:-}" ]; then # relative to where make was run, before the cd below
+	BENCH_VM_BIN=$(realpath -e "$BENCH_VM_BIN") || { echo "vm-iser: BENCH_VM_BIN: no such file" >&2; exit 2; }
+fi
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
 cd "$root"
 out=${BENCH_VM_OUT:-$root/bin/bench-vm/$(date -u +%Y%m%dT%H%M%SZ)}
@@ -26,9 +29,9 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd -P)
 
 if [ -n "${BENCH_VM_BIN:-}" ]; then
-	echo "vm-iser: measuring $BENCH_VM_BIN ($("$BENCH_VM_BIN" version 2>/dev/null | head -1))" >&2
+	gateway="$BENCH_VM_BIN: $("$BENCH_VM_BIN" version 2>/dev/null | head -1 || true)"
+	echo "vm-iser: measuring $gateway" >&2
 	cp "$BENCH_VM_BIN" "$out/iser-blk"
-	gateway="$BENCH_VM_BIN: $("$BENCH_VM_BIN" version 2>/dev/null | head -1)"
 else
 	echo "vm-iser: building the CLI into $out" >&2
 	go build -o "$out/iser-blk" ./cmd/iser-blk

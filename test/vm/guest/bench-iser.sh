@@ -130,9 +130,16 @@ eval "$("$here/open-iscsi.sh" login --portal "$LIO_PORTAL" --iqn "$LIO_IQN" --tr
 log "kernel-iser: $ISCSI_DEV (session $ISCSI_SID)"
 kernel_iser_dev=$ISCSI_DEV
 attach iser-blk-ublk-tcp /dev/ublkb0 "iscsi://$LIO_PORTAL/$LIO_IQN/$LIO_LUN" --ublk --ublk-id 0
-# the same with every request through a worker goroutine, as before issue 37's ring path
-attach iser-blk-ublk-tcp-workers /dev/ublkb1 "iscsi://$LIO_PORTAL/$LIO_IQN/$LIO_LUN" --ublk --ublk-id 1 \
-	--ublk-workers-only
+# the same with every request through a worker goroutine, as before issue 37's ring path; a
+# gateway built before that flag (a "before" measured with BENCH_VM_BIN) has no such system
+workers_dev=
+if "$bin" attach --help 2>&1 | grep -q -- --ublk-workers-only; then
+	attach iser-blk-ublk-tcp-workers /dev/ublkb1 "iscsi://$LIO_PORTAL/$LIO_IQN/$LIO_LUN" --ublk --ublk-id 1 \
+		--ublk-workers-only
+	workers_dev=/dev/ublkb1
+else
+	log "iser-blk-ublk-tcp-workers: not set up, this iser-blk has no --ublk-workers-only"
+fi
 # the floor of a ublk gateway: the same queues and ring path, a backend that costs nothing
 attach iser-blk-ublk-mem /dev/ublkb2 "mem://${size_mib}MiB" --ublk --ublk-id 2
 attach iser-blk-ublk-iser /dev/ublkb3 "iser://$LIO_PORTAL/$LIO_IQN/$LIO_LUN" --ublk --ublk-id 3
@@ -141,9 +148,9 @@ eval "$("$here/open-iscsi.sh" login --portal "$LIO_PORTAL" --iqn "$LIO_IQN" --tr
 log "kernel-tcp: $ISCSI_DEV (session $ISCSI_SID)"
 kernel_tcp_dev=$ISCSI_DEV
 declare -A devs=([iser-blk-iser]=/dev/nbd0 [iser-blk-tcp]=/dev/nbd1 [kernel-iser]=$kernel_iser_dev
-	[iser-blk-ublk-tcp]=/dev/ublkb0 [iser-blk-ublk-tcp-workers]=/dev/ublkb1 [kernel-tcp]=$kernel_tcp_dev
+	[iser-blk-ublk-tcp]=/dev/ublkb0 [iser-blk-ublk-tcp-workers]=$workers_dev [kernel-tcp]=$kernel_tcp_dev
 	[iser-blk-ublk-mem]=/dev/ublkb2 [kernel-ram]=$BRD_DEV [iser-blk-ublk-iser]=/dev/ublkb3)
-systems=(iser-blk-iser iser-blk-ublk-iser kernel-iser iser-blk-tcp iser-blk-ublk-tcp iser-blk-ublk-tcp-workers
+systems=(iser-blk-iser iser-blk-ublk-iser kernel-iser iser-blk-tcp iser-blk-ublk-tcp ${workers_dev:+iser-blk-ublk-tcp-workers}
 	kernel-tcp iser-blk-ublk-mem kernel-ram)
 # the iser-blk gateways over iSER: their names (the device's base name) for `iser-blk status`
 declare -A rdma_gw=([iser-blk-iser]=nbd0 [iser-blk-ublk-iser]=ublkb3)
@@ -395,7 +402,7 @@ for rep in $(seq 1 "$reps"); do
 	tcp_cost "$out/tcp-$rep.txt"
 done
 # warnings from the gateways (command timeouts, reconnects) would make their figures suspect
-for sys in iser-blk-iser iser-blk-tcp iser-blk-ublk-tcp iser-blk-ublk-tcp-workers iser-blk-ublk-mem \
+for sys in iser-blk-iser iser-blk-tcp iser-blk-ublk-tcp ${workers_dev:+iser-blk-ublk-tcp-workers} iser-blk-ublk-mem \
 	iser-blk-ublk-iser ${ab_procs:+iser-blk-ublk-tcp-p$ab_procs iser-blk-ublk-iser-p$ab_procs}; do
 	kv "WARNINGS_$sys" "$(grep -ciE '"level":"(warn|error)"|\bWARN|\bERROR' "$out/$sys.log" || true)"
 done
