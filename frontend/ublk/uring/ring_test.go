@@ -294,7 +294,8 @@ func TestSubmitAndWaitSurvivesSignals(t *testing.T) {
 // TestWaitOnOneP: a locked thread waiting in SubmitAndWait at GOMAXPROCS=1 (the gateway's shape
 // on small hosts) lets the goroutine whose write it waits for run, round after round, whether
 // its waits hand the P off (enterBlocking: runtime.entersyscallblock, exitsyscall) or keep it
-// (SetWaitKeepsP: sysmon takes it back), and each wait comes back with its CQE.
+// (SetWaitKeepsP: sysmon takes it back), and each wait comes back with its CQE. Both modes pass
+// it: TestWaitHandsOffP is what tells them apart.
 func TestWaitOnOneP(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	for _, keep := range []bool{false, true} {
