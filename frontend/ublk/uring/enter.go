@@ -1,9 +1,9 @@
 package uring
 
 import (
-	_ "unsafe" // go:linkname
-
 	"golang.org/x/sys/unix"
+
+	"github.com/iser-blk/iser-blk/internal/blockcall"
 )
 
 // A wait in io_uring_enter tells the Go scheduler that it blocks (issue 37).
@@ -18,26 +18,11 @@ import (
 // found one thread — sysmon — taking 8.5 of the gateway's 14 context switches per I/O
 // (docs/bench/findings-20261206-session30-sched-trace.md).
 //
-// enterBlocking is io_uring_enter through runtime.entersyscallblock instead, the runtime's own
-// way into a call known to block (os/signal's receiver waits through it, notetsleepg): the P is handed off at once,
-// to a thread with work if there is any, and idles otherwise; on return the thread takes an idle P
-// back if there is one, as after any system call. Both runtime functions are exported for
-// linkname by the runtime itself, which promises to keep their signatures (go.dev/issue/67401).
-
-//go:linkname entersyscallblock runtime.entersyscallblock
-func entersyscallblock()
-
-//go:linkname exitsyscall runtime.exitsyscall
-func exitsyscall()
-
-// enterBlocking is io_uring_enter(fd, toSubmit, minComplete, flags) for a call that waits. Between
-// entersyscallblock and exitsyscall it must not grow its stack or be preempted, hence nosplit and
-// the raw system call (the same shape as syscall.Syscall6).
-//
-//go:nosplit
+// enterBlocking is io_uring_enter through runtime.entersyscallblock instead (internal/blockcall),
+// the runtime's own way into a call known to block (os/signal's receiver waits through it,
+// notetsleepg): the P is handed off at once, to a thread with work if there is any, and idles
+// otherwise; on return the thread takes an idle P back if there is one, as after any system call.
 func enterBlocking(fd, toSubmit, minComplete, flags uintptr) (uintptr, unix.Errno) {
-	entersyscallblock()
-	n, _, errno := unix.RawSyscall6(unix.SYS_IO_URING_ENTER, fd, toSubmit, minComplete, flags, 0, 0)
-	exitsyscall()
+	n, _, errno := blockcall.Syscall6(unix.SYS_IO_URING_ENTER, fd, toSubmit, minComplete, flags, 0, 0)
 	return n, errno
 }

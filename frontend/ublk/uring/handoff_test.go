@@ -2,24 +2,21 @@ package uring
 
 import (
 	"bytes"
-	"context"
-	"errors"
 	"fmt"
-	"io"
 	"runtime"
 	"runtime/trace"
-	"strconv"
 	"testing"
 
-	xtrace "golang.org/x/exp/trace"
 	"golang.org/x/sys/unix"
+
+	"github.com/iser-blk/iser-blk/internal/blockcall/blockcalltest"
 )
 
 // TestWaitHandsOffP: a wait that hands the P off releases it from the waiting thread itself,
 // before the thread blocks in the kernel; a wait that keeps it does not (sysmon takes it later,
 // from its own thread). At GOMAXPROCS=1 the goroutine that ends each wait (a pipe write) can
 // run only once the P is free, so the two modes differ in an order of events, which the
-// runtime's execution trace records, not in a timing:
+// runtime's execution trace records (package blockcalltest), not in a timing:
 //   - hand-off: in every round, the waiting thread's "P running → idle" comes after its
 //     goroutine's system call began and before the write;
 //   - keep: in no round does the waiting thread release the P before the write (it is inside
@@ -37,15 +34,15 @@ func TestWaitHandsOffP(t *testing.T) {
 			rs := traceWaits(t, keep, rounds)
 			waited, released := 0, 0
 			for i, r := range rs {
-				if !r.inSyscall {
+				if !r.Marked || !r.InSyscall {
 					continue // the write came before the wait entered the kernel: nothing to tell
 				}
 				waited++
-				if r.released {
+				if r.Released {
 					released++
 				}
-				if r.released == keep {
-					t.Errorf("round %d: the waiting thread released its P before the write: %v, want %v", i, r.released, !keep)
+				if r.Released == keep {
+					t.Errorf("round %d: the waiting thread released its P before the write: %v, want %v", i, r.Released, !keep)
 				}
 			}
 			t.Logf("%d of %d writes found the reader inside io_uring_enter; in %d its thread had released its P", waited, rounds, released)
@@ -56,16 +53,9 @@ func TestWaitHandsOffP(t *testing.T) {
 	}
 }
 
-// roundEvents is what one round of traceWaits saw between the waiter's "wait" mark and the
-// writer's "write" mark.
-type roundEvents struct {
-	inSyscall bool // the waiting goroutine was in a system call when the write was marked
-	released  bool // its thread released its P after entering that system call
-}
-
 // traceWaits runs rounds of "a locked thread waits in SubmitAndWait for a pipe read, another
 // goroutine writes the pipe" under the execution tracer and returns what each round's events say.
-func traceWaits(t *testing.T, keep bool, rounds int) []roundEvents {
+func traceWaits(t *testing.T, keep bool, rounds int) []blockcalltest.Round {
 	t.Helper()
 	r := newRing(t, 4, 0)
 	r.SetWaitKeepsP(keep)
@@ -74,7 +64,6 @@ func traceWaits(t *testing.T, keep bool, rounds int) []roundEvents {
 	if err := trace.Start(&buf); err != nil {
 		t.Skipf("the execution tracer is in use: %v", err) // go test -trace
 	}
-	ctx := context.Background()
 	ready := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
@@ -84,7 +73,7 @@ func traceWaits(t *testing.T, keep bool, rounds int) []roundEvents {
 		for i := range rounds {
 			PrepRead(r.GetSQE(), p[0], b, -1, uint64(i))
 			ready <- struct{}{} // the writer is readied; this goroutine goes on to wait
-			trace.Log(ctx, "wait", strconv.Itoa(i))
+			blockcalltest.Begin(i)
 			if _, err := r.SubmitAndWait(1); err != nil {
 				done <- err
 				return
@@ -95,7 +84,7 @@ func traceWaits(t *testing.T, keep bool, rounds int) []roundEvents {
 	}()
 	for i := range rounds {
 		<-ready
-		trace.Log(ctx, "write", strconv.Itoa(i))
+		blockcalltest.End(i)
 		if _, err := unix.Write(p[1], []byte{1}); err != nil {
 			t.Fatal(err)
 		}
@@ -105,61 +94,9 @@ func traceWaits(t *testing.T, keep bool, rounds int) []roundEvents {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs, err := readRounds(&buf, rounds)
+	rs, err := blockcalltest.Rounds(&buf, rounds)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return rs
-}
-
-// readRounds follows the waiting goroutine and its thread through the trace, round by round.
-func readRounds(tr io.Reader, rounds int) ([]roundEvents, error) {
-	rd, err := xtrace.NewReader(tr)
-	if err != nil {
-		return nil, err
-	}
-	rs := make([]roundEvents, rounds)
-	var cur *roundEvents
-	waiter, thread := xtrace.NoGoroutine, xtrace.NoThread
-	for {
-		ev, err := rd.ReadEvent()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-		switch ev.Kind() {
-		case xtrace.EventLog:
-			l := ev.Log()
-			i, err := strconv.Atoi(l.Message)
-			if err != nil || i < 0 || i >= rounds {
-				continue
-			}
-			switch l.Category {
-			case "wait":
-				cur, waiter, thread = &rs[i], ev.Goroutine(), ev.Thread()
-				cur.inSyscall, cur.released = false, false
-			case "write":
-				cur = nil // later events belong to no round until the next "wait"
-			}
-		case xtrace.EventStateTransition:
-			if cur == nil {
-				continue
-			}
-			st := ev.StateTransition()
-			switch st.Resource.Kind {
-			case xtrace.ResourceGoroutine:
-				if st.Resource.Goroutine() == waiter {
-					_, to := st.Goroutine()
-					cur.inSyscall = to == xtrace.GoSyscall
-				}
-			case xtrace.ResourceProc:
-				if _, to := st.Proc(); cur.inSyscall && to == xtrace.ProcIdle && ev.Thread() == thread {
-					cur.released = true
-				}
-			}
-		}
-	}
-	return rs, nil
 }
