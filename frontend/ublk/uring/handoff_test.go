@@ -1,10 +1,7 @@
 package uring
 
 import (
-	"bytes"
 	"fmt"
-	"runtime"
-	"runtime/trace"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -24,79 +21,27 @@ import (
 //
 // TestWaitOnOneP checks the data of both modes; this one is what fails if the hand-off breaks.
 func TestWaitHandsOffP(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	for _, keep := range []bool{false, true} {
 		t.Run(fmt.Sprintf("keepP=%v", keep), func(t *testing.T) {
-			// A round counts when the writer ran after the wait entered the kernel, which is the
-			// rule (a channel send leaves the receiver queued and the sender running) but not a
-			// promise: require a tenth of the rounds.
-			const rounds, minWaited = 50, 5
-			rs := traceWaits(t, keep, rounds)
-			waited, released := 0, 0
-			for i, r := range rs {
-				if !r.Marked || !r.InSyscall {
-					continue // the write came before the wait entered the kernel: nothing to tell
-				}
-				waited++
-				if r.Released {
-					released++
-				}
-				if r.Released == keep {
-					t.Errorf("round %d: the waiting thread released its P before the write: %v, want %v", i, r.Released, !keep)
-				}
-			}
-			t.Logf("%d of %d writes found the reader inside io_uring_enter; in %d its thread had released its P", waited, rounds, released)
-			if waited < minWaited {
-				t.Fatalf("only %d of %d writes found their reader inside io_uring_enter", waited, rounds)
-			}
+			r := newRing(t, 4, 0)
+			r.SetWaitKeepsP(keep)
+			p := newPipe(t)
+			b := make([]byte, 1)
+			rs := blockcalltest.Run(t, blockcalltest.Waits{Rounds: 50, LockThread: true, // a ring's owner
+				Wait: func(i int) error {
+					PrepRead(r.GetSQE(), p[0], b, -1, uint64(i))
+					if _, err := r.SubmitAndWait(1); err != nil {
+						return err
+					}
+					if cqe := r.PeekCQE(); cqe == nil || cqe.UserData != uint64(i) || cqe.Res != 1 {
+						return fmt.Errorf("round %d: cqe %+v", i, cqe)
+					}
+					r.SeenCQE()
+					return nil
+				},
+				Wake: func(int) error { _, err := unix.Write(p[1], []byte{1}); return err },
+			})
+			blockcalltest.Expect(t, rs, !keep, 5)
 		})
 	}
-}
-
-// traceWaits runs rounds of "a locked thread waits in SubmitAndWait for a pipe read, another
-// goroutine writes the pipe" under the execution tracer and returns what each round's events say.
-func traceWaits(t *testing.T, keep bool, rounds int) []blockcalltest.Round {
-	t.Helper()
-	r := newRing(t, 4, 0)
-	r.SetWaitKeepsP(keep)
-	p := newPipe(t)
-	var buf bytes.Buffer
-	if err := trace.Start(&buf); err != nil {
-		t.Skipf("the execution tracer is in use: %v", err) // go test -trace
-	}
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		b := make([]byte, 1)
-		for i := range rounds {
-			PrepRead(r.GetSQE(), p[0], b, -1, uint64(i))
-			ready <- struct{}{} // the writer is readied; this goroutine goes on to wait
-			blockcalltest.Begin(i)
-			if _, err := r.SubmitAndWait(1); err != nil {
-				done <- err
-				return
-			}
-			r.SeenCQE()
-		}
-		done <- nil
-	}()
-	for i := range rounds {
-		<-ready
-		blockcalltest.End(i)
-		if _, err := unix.Write(p[1], []byte{1}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	err := <-done
-	trace.Stop()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rs, err := blockcalltest.Rounds(&buf, rounds)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rs
 }

@@ -11,12 +11,14 @@
 package blockcalltest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
-	"strconv"
-
+	"runtime"
 	"runtime/trace"
+	"strconv"
+	"testing"
 
 	xtrace "golang.org/x/exp/trace"
 )
@@ -94,5 +96,84 @@ func Rounds(tr io.Reader, n int) ([]Round, error) {
 				}
 			}
 		}
+	}
+}
+
+// Waits is a test of rounds of "a goroutine waits in a system call until another goroutine wakes
+// it", run by Run at GOMAXPROCS=1 under the execution tracer.
+type Waits struct {
+	Rounds     int
+	LockThread bool              // the waiting goroutine runs locked to its thread (a ring's owner)
+	Wait       func(i int) error // round i's wait: blocks in a system call until Wake(i)
+	Wake       func(i int) error // ends round i's wait
+}
+
+// Run runs w and returns what the trace shows of each round: Begin is marked just before Wait,
+// End just before Wake. At one P the waker runs after the waiter has entered its call, as a rule
+// (a channel send leaves the receiver queued and the sender running) but not a promise; Expect
+// counts only the rounds where it did. It skips the test when the tracer is already in use.
+func Run(t testing.TB, w Waits) []Round {
+	t.Helper()
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	var tr bytes.Buffer
+	if err := trace.Start(&tr); err != nil {
+		t.Skipf("the execution tracer is in use: %v", err) // go test -trace
+	}
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		if w.LockThread {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+		}
+		for i := range w.Rounds {
+			ready <- struct{}{} // the waker is readied; this goroutine goes on to wait
+			Begin(i)
+			if err := w.Wait(i); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	var wakeErr error
+	for i := range w.Rounds {
+		<-ready
+		End(i)
+		if wakeErr = w.Wake(i); wakeErr != nil {
+			break
+		}
+	}
+	err := wakeErr
+	if err == nil {
+		err = <-done
+	}
+	trace.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := Rounds(&tr, w.Rounds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+// Expect fails t unless, in every round whose waker found the waiter in its call (at least
+// minWaited of them), the waiter's thread released its P exactly when handOff says.
+func Expect(t testing.TB, rs []Round, handOff bool, minWaited int) {
+	t.Helper()
+	waited := 0
+	for i, r := range rs {
+		if !r.Marked || !r.InSyscall {
+			continue // the waker ran before the wait entered the kernel: nothing to tell
+		}
+		waited++
+		if r.Released != handOff {
+			t.Errorf("round %d: the waiting thread released its P in its call: %v, want %v", i, r.Released, handOff)
+		}
+	}
+	if waited < minWaited {
+		t.Fatalf("only %d of %d wakes found the waiter in its call, want at least %d", waited, len(rs), minWaited)
 	}
 }
