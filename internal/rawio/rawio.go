@@ -10,10 +10,6 @@
 // 20 µs. Under fio 4 KiB QD32 through the NBD server that was ~11,000 sysmon wake-ups a second
 // and 4–7 µs of the gateway's ~20 µs CPU per I/O. RawSyscall skips the syscall state.
 //
-// A large writev is the exception (handOffMin): it copies its bytes into the socket for as long
-// as a wait lasts (~9 ms per MiB in the TCG guest), so it hands the P off like one
-// (internal/blockcall) instead of holding it while every other goroutine waits.
-//
 // Invariants: a read or write that would block (EAGAIN) still parks the goroutine in the runtime
 // poller through syscall.RawConn, so deadlines, Close and wake-ups behave as with net.Conn, and
 // errors are returned as *net.OpError wrapping the same causes (net.ErrClosed,
@@ -29,18 +25,10 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/iser-blk/iser-blk/internal/blockcall"
 )
 
 // iovMax is IOV_MAX on Linux: a writev takes at most this many buffers.
 const iovMax = 1024
-
-// handOffMin is the writev from which the call hands the thread's P to the scheduler
-// (internal/blockcall) rather than holding it: a 1 MiB Data-Out's bursts (256 KiB at a target's
-// default MaxBurstLength), an NBD reply of a large read. Below it the copy is short and the
-// hand-off's wake-up of another thread would cost more than it frees; 4 KiB I/O never reaches it.
-const handOffMin = 128 << 10
 
 // Conn reads and writes one socket. One goroutine may read while another writes; neither side
 // is safe for concurrent use by itself (like bufio around a net.Conn).
@@ -156,7 +144,6 @@ func (c *Conn) writevFD(fd uintptr) bool {
 			return true
 		}
 		iov := c.iov[:0]
-		size := 0
 		for _, b := range c.pending {
 			if len(iov) == iovMax {
 				break
@@ -168,9 +155,8 @@ func (c *Conn) writevFD(fd uintptr) bool {
 			v.Base = &b[0]
 			v.SetLen(len(b))
 			iov = append(iov, v)
-			size += len(b)
 		}
-		r, e := writev(fd, iov, size)
+		r, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
 		clear(iov) // do not keep the callers' buffers reachable
 		c.iov = iov[:0]
 		switch e {
@@ -195,17 +181,6 @@ func (c *Conn) writevFD(fd uintptr) bool {
 			}
 		}
 	}
-}
-
-// writev is writev(2) of iov, size bytes in all: a raw call, or one that hands the P off when
-// the copy is long (handOffMin).
-func writev(fd uintptr, iov []unix.Iovec, size int) (uintptr, syscall.Errno) {
-	if size >= handOffMin {
-		r, _, e := blockcall.Syscall6(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)), 0, 0, 0)
-		return r, e
-	}
-	r, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
-	return r, e
 }
 
 func (c *Conn) opError(op string, err error) error {
