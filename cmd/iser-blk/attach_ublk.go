@@ -8,7 +8,6 @@ import (
 	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
 
-	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
 	"github.com/iser-blk/iser-blk/internal/gateway"
 	"github.com/iser-blk/iser-blk/pool"
@@ -30,7 +29,7 @@ func attachUblk(ctx context.Context, at *gateway.Attachment, uopts ublk.Options,
 	}
 	maxIO, err := ublkMaxIO(uopts, p)
 	if err != nil {
-		return fail("attach", usagef("%v", err))
+		return fail("attach", err) // ublk.ErrBadOptions: exit 2
 	}
 	if maxIO != uopts.MaxIO {
 		log.Info("ublk requests capped so that the per-tag buffers fit in half the buffer pool",
@@ -40,16 +39,12 @@ func attachUblk(ctx context.Context, at *gateway.Attachment, uopts ublk.Options,
 	return ublkExit(at.RunUblk(ctx, uopts))
 }
 
-// ublkExit is the exit code of a ublk attach that ended with err, which it prints. exitCode maps
-// the ublk sentinels; what only ublk knows is mapped here.
+// ublkExit is the exit code of a ublk attach that ended with err, which it prints (exitCode
+// maps the ublk sentinels), naming the flag behind a device number in use.
 func ublkExit(err error) int {
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.Is(err, block.ErrInvalid):
-		// Here it is the ublk parameters (--queues, --depth, --max-io) the driver refused;
-		// exitCode leaves block.ErrInvalid alone, since elsewhere it is a target's ILLEGAL REQUEST.
-		return fail("attach", usagef("%v", err))
 	case errors.Is(err, ublk.ErrIDTaken):
 		err = fmt.Errorf("--ublk-id: %w", err)
 	}
@@ -65,7 +60,7 @@ func ublkMaxIO(uopts ublk.Options, p *pool.Pool) (int, error) {
 	maxIO, err := ublk.FitMaxIO(uopts, p.Stats().MaxBytes/ublkPoolShare)
 	if be := (*ublk.BudgetError)(nil); errors.As(err, &be) {
 		return 0, fmt.Errorf("ublk: --buffer-memory %s cannot hold %d queues × depth %d request buffers of even 4 KiB in half of it: raise --buffer-memory or lower --queues/--depth: %w",
-			humanize.IBytes(uint64(p.Stats().MaxBytes)), be.Queues, be.Depth, block.ErrInvalid)
+			humanize.IBytes(uint64(p.Stats().MaxBytes)), be.Queues, be.Depth, ublk.ErrBadOptions)
 	}
 	return maxIO, err
 }

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
 	"github.com/iser-blk/iser-blk/pool"
 )
@@ -20,8 +19,11 @@ func TestUblkMaxIOMessage(t *testing.T) {
 	defer p.Close()
 	_, err = ublkMaxIO(ublk.Options{Queues: 4096, Depth: 4096, Pool: p}, p)
 	want := "ublk: --buffer-memory 64 MiB cannot hold 4096 queues × depth 4096 request buffers of even 4 KiB in half of it: raise --buffer-memory or lower --queues/--depth: "
-	if !errors.Is(err, block.ErrInvalid) || !strings.HasPrefix(err.Error(), want) {
+	if !errors.Is(err, ublk.ErrBadOptions) || !strings.HasPrefix(err.Error(), want) {
 		t.Fatalf("%v, want %q", err, want)
+	}
+	if got := exitCode(err); got != exitUsage {
+		t.Fatalf("exit %d, want %d (usage)", got, exitUsage)
 	}
 	if n, err := ublkMaxIO(ublk.Options{Queues: 4, Depth: 64, Pool: p}, p); err != nil || n != 128<<10 {
 		t.Fatalf("%d %v, want 128 KiB", n, err)

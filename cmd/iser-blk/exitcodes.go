@@ -36,10 +36,12 @@ func exitCode(err error) int {
 	case err == nil:
 		return exitOK
 	case errors.As(err, &ue), errors.As(err, &inUse), errors.As(err, &badName), errors.As(err, &badStack), errors.Is(err, iser.ErrBadURL), errors.Is(err, iser.ErrLoginConfig),
-		errors.Is(err, iser.ErrRDMANotBuilt), errors.Is(err, ublk.ErrIDTaken):
+		errors.Is(err, iser.ErrRDMANotBuilt), errors.Is(err, ublk.ErrIDTaken), errors.Is(err, ublk.ErrBadOptions):
 		// ErrRDMANotBuilt: iser:// given to the static build is this binary's limit, not the
 		// host's (exit 6 is for a host without an RDMA device). ErrIDTaken: --ublk-id names a
-		// device that exists, as a name in use does.
+		// device that exists, as a name in use does. ErrBadOptions: --queues, --depth, --max-io
+		// or --buffer-memory the driver cannot take; a LUN it cannot describe is block.ErrInvalid
+		// alone, like a target's ILLEGAL REQUEST, and no usage error.
 		return exitUsage
 	case errors.Is(err, iser.ErrAuthFailed), errors.Is(err, iser.ErrAuthorization):
 		return exitAuth

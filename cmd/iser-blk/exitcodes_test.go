@@ -84,8 +84,8 @@ func TestFrontendExitCodes(t *testing.T) {
 	}
 }
 
-// TestUblkExit: how a ublk attach's end maps to exit codes: its parameters refused is a usage
-// error (2), --ublk-id in use too (2); no ublk or no user recovery is 6, a takeover refused 7,
+// TestUblkExit: how a ublk attach's end maps to exit codes: options the driver cannot take are a
+// usage error (2), --ublk-id in use too (2), a LUN it cannot describe is not (1); no ublk or no user recovery is 6, a takeover refused 7,
 // and a device deleted under the gateway (a control command's ENODEV) a plain failure (1), not
 // "the kernel lacks it".
 func TestUblkExit(t *testing.T) {
@@ -94,7 +94,8 @@ func TestUblkExit(t *testing.T) {
 		code int
 	}{
 		{nil, exitOK},
-		{fmt.Errorf("ublk: SET_PARAMS: %w", block.ErrInvalid), exitUsage},
+		{fmt.Errorf("ublk: 4 queues × depth 8192 exceeds the driver's limits: %w", ublk.ErrBadOptions), exitUsage},
+		{fmt.Errorf("ublk: logical block size 520 is not a power of two: %w", block.ErrInvalid), exitFailure},
 		{fmt.Errorf("%w: /dev/ublkb7 exists already", ublk.ErrIDTaken), exitUsage},
 		{fmt.Errorf("%w: no /dev/ublk-control", ublk.ErrNoKernel), exitNoKernel},
 		{fmt.Errorf("%w: the kernel's ublk driver lacks it", ublk.ErrNoRecovery), exitNoKernel},

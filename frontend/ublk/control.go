@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/ublk/uring"
 )
 
@@ -22,6 +23,17 @@ var ErrNoKernel = errors.New("the kernel lacks ublk (CONFIG_BLK_DEV_UBLK)")
 
 // ErrIDTaken: Options.ID names a device that exists already (ADD_DEV answered EEXIST).
 var ErrIDTaken = errors.New("the ublk device number is taken")
+
+// ErrBadOptions: Options the driver cannot take (queues × depth, the request size, the device
+// number, a pool too small for the tags' buffers); the caller can mend them. It is also
+// block.ErrInvalid. A LUN the driver cannot describe (a block size or a size it does not
+// accept) is block.ErrInvalid without it: no option mends that.
+var ErrBadOptions error = badOptions{}
+
+type badOptions struct{}
+
+func (badOptions) Error() string { return "options the ublk driver cannot take" }
+func (badOptions) Unwrap() error { return block.ErrInvalid }
 
 // Control issues control commands (ADD_DEV, SET_PARAMS, START_DEV, ...) to /dev/ublk-control as
 // IORING_OP_URING_CMD with ioctl-encoded opcodes (ublk_cmd.h, UBLK_U_CMD_*). Commands are

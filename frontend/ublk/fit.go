@@ -3,8 +3,6 @@ package ublk
 import (
 	"fmt"
 	"math/bits"
-
-	"github.com/iser-blk/iser-blk/block"
 )
 
 // BudgetError is FitMaxIO's error for a budget that cannot hold even a 4 KiB buffer per tag.
@@ -17,13 +15,13 @@ func (e *BudgetError) Error() string {
 	return fmt.Sprintf("ublk: %d bytes cannot hold %d queues × depth %d request buffers of even 4 KiB", e.Budget, e.Queues, e.Depth)
 }
 
-func (e *BudgetError) Unwrap() error { return block.ErrInvalid }
+func (e *BudgetError) Unwrap() error { return ErrBadOptions }
 
 // FitMaxIO checks opts' queue geometry and returns the MaxIO to start with when the per-tag
 // buffers may take at most budget bytes of opts.Pool: opts.MaxIO when queues × depth buffers of
 // it fit, else the largest power of two that does. Every tag holds its buffer as long as the
 // device exists, and a Get at the pool's bound would wait for ever. Without a Pool it only checks
-// the geometry. Errors wrap block.ErrInvalid; a budget that cannot hold 4 KiB per tag is a
+// the geometry. Errors wrap ErrBadOptions; a budget that cannot hold 4 KiB per tag is a
 // *BudgetError.
 func FitMaxIO(opts Options, budget int64) (int, error) {
 	q, d, maxIO := opts.Queues, opts.Depth, opts.MaxIO
@@ -37,7 +35,7 @@ func FitMaxIO(opts Options, budget int64) (int, error) {
 		maxIO = DefaultMaxIO
 	}
 	if q > maxQueues || d > maxQueueDepth || maxIO > maxIOBufBytes {
-		return 0, fmt.Errorf("ublk: %d queues × depth %d × %d bytes is beyond the driver's limits: %w", q, d, maxIO, block.ErrInvalid)
+		return 0, fmt.Errorf("ublk: %d queues × depth %d × %d bytes is beyond the driver's limits: %w", q, d, maxIO, ErrBadOptions)
 	}
 	if opts.Pool == nil {
 		return opts.MaxIO, nil

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
 	"github.com/iser-blk/iser-blk/pool"
 )
@@ -35,8 +34,8 @@ func TestFitMaxIO(t *testing.T) {
 		{"small pool caps the request", ublk.Options{Queues: 4, Depth: 64}, 64 << 20, 128 << 10, nil},
 		// 64 MiB / 2 / (4 × 96) = 87381 bytes: the largest class that fits is 64 KiB
 		{"cap is a power of two", ublk.Options{Queues: 4, Depth: 96}, 64 << 20, 64 << 10, nil},
-		{"not even 4 KiB per tag", ublk.Options{Queues: 4096, Depth: 4096}, 64 << 20, 0, block.ErrInvalid},
-		{"beyond the driver", ublk.Options{Queues: 4, Depth: 8192}, 0, 0, block.ErrInvalid},
+		{"not even 4 KiB per tag", ublk.Options{Queues: 4096, Depth: 4096}, 64 << 20, 0, ublk.ErrBadOptions},
+		{"beyond the driver", ublk.Options{Queues: 4, Depth: 8192}, 0, 0, ublk.ErrBadOptions},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.mem > 0 {

@@ -100,8 +100,8 @@ func TestBuildParamsRejects(t *testing.T) {
 		{"max io below block", 1 << 20, block.Limits{LogicalBlockSize: 4096}, 0},
 	}
 	for _, c := range cases {
-		if _, err := buildParams(c.size, c.lim, c.maxIO); !errors.Is(err, block.ErrInvalid) {
-			t.Errorf("%s: err = %v, want ErrInvalid", c.name, err)
+		if _, err := buildParams(c.size, c.lim, c.maxIO); !errors.Is(err, block.ErrInvalid) || errors.Is(err, ErrBadOptions) {
+			t.Errorf("%s: err = %v, want ErrInvalid (the LUN's, not ErrBadOptions)", c.name, err)
 		}
 	}
 }

@@ -219,12 +219,15 @@ func TestStartRejectsBadOptions(t *testing.T) {
 	dev := &recDevice{size: 1 << 20, data: make([]byte, 1<<20)}
 	tooHigh := uint32(MaxID + 1)
 	for _, o := range []Options{{Depth: maxQueueDepth + 1}, {Queues: maxQueues + 1}, {ID: &tooHigh}} {
-		if _, err := Start(context.Background(), dev, o); !errors.Is(err, block.ErrInvalid) {
-			t.Errorf("%+v: err = %v, want ErrInvalid", o, err)
+		_, err := Start(context.Background(), dev, o)
+		if !errors.Is(err, ErrBadOptions) || !errors.Is(err, block.ErrInvalid) {
+			t.Errorf("%+v: err = %v, want ErrBadOptions (and ErrInvalid)", o, err)
 		}
 	}
+	// A LUN the driver cannot describe is invalid, but no option of ours mends it.
 	odd := &recDevice{size: 1000, data: make([]byte, 1000)}
-	if _, err := Start(context.Background(), odd, Options{ControlPath: "/nonexistent"}); !errors.Is(err, block.ErrInvalid) {
-		t.Errorf("size 1000: err = %v, want ErrInvalid before touching the kernel", err)
+	_, err := Start(context.Background(), odd, Options{ControlPath: "/nonexistent"})
+	if !errors.Is(err, block.ErrInvalid) || errors.Is(err, ErrBadOptions) {
+		t.Errorf("size 1000: err = %v, want ErrInvalid without ErrBadOptions, before touching the kernel", err)
 	}
 }

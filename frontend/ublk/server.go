@@ -179,14 +179,14 @@ func configure(dev block.Device, opts Options) (startConfig, error) {
 		c.drain = 30 * time.Second
 	}
 	if opts.ID != nil && *opts.ID > MaxID {
-		return c, fmt.Errorf("ublk: device id %d is above the driver's %d: %w", *opts.ID, MaxID, block.ErrInvalid)
+		return c, fmt.Errorf("ublk: device id %d is above the driver's %d: %w", *opts.ID, MaxID, ErrBadOptions)
 	}
 	c.id = ^uint32(0) // the driver picks
 	if opts.ID != nil {
 		c.id = *opts.ID
 	}
 	if c.queues > maxQueues || c.depth > maxQueueDepth {
-		return c, fmt.Errorf("ublk: %d queues × depth %d exceeds the driver's %d × %d: %w", c.queues, c.depth, maxQueues, maxQueueDepth, block.ErrInvalid)
+		return c, fmt.Errorf("ublk: %d queues × depth %d exceeds the driver's %d × %d: %w", c.queues, c.depth, maxQueues, maxQueueDepth, ErrBadOptions)
 	}
 	c.lim = dev.Limits()
 	if c.lim.LogicalBlockSize == 0 {
