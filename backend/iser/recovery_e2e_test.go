@@ -111,6 +111,18 @@ func TestE2ETargetKilledAndRestarted(t *testing.T) {
 	}
 	mu.Unlock()
 	waitOps(before + 200)
+	// Each session reconnects on its own backoff: the first one back can carry those 200
+	// operations before the other's next attempt is due. Keep the I/O running until both are.
+	restored := func() bool {
+		var n uint64
+		for _, st := range d.PathStats() {
+			n += st.Restores
+		}
+		return n >= 2
+	}
+	for deadline := time.Now().Add(30 * time.Second); !restored() && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond) // polling the sessions' state, not synchronising
+	}
 	close(stop)
 	wg.Wait()
 	if len(errs) > 0 {
