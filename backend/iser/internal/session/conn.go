@@ -193,13 +193,24 @@ func (c *conn) dead() bool {
 	}
 }
 
-// shutdown ends the connection with err (first caller wins) and closes the transport, which
-// makes the reader exit; the reader then reaps abandoned tasks.
-func (c *conn) shutdown(err error) {
+// shutdown ends the connection with err (first caller wins) and aborts the transport
+// (transport.Aborter: nothing still queued on it reaches the target, whose tasks may be re-issued
+// on another connection), which makes the reader exit; the reader then reaps abandoned tasks.
+func (c *conn) shutdown(err error) { c.end(err, false) }
+
+// closeGracefully is shutdown after a completed Logout: the transport's plain Close, nothing is
+// left to discard.
+func (c *conn) closeGracefully(err error) { c.end(err, true) }
+
+func (c *conn) end(err error, graceful bool) {
 	c.doneOnce.Do(func() {
 		c.err = err
 		close(c.done)
-		c.tc.Close()
+		if a, ok := c.tc.(transport.Aborter); ok && !graceful {
+			a.Abort()
+		} else {
+			c.tc.Close()
+		}
 	})
 }
 

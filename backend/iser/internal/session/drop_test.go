@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/iser-blk/iser-blk/backend/iser/internal/pdu"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 	"github.com/iser-blk/iser-blk/block"
+	"github.com/iser-blk/iser-blk/internal/fdtest"
 )
 
 // TestDropFailsOutstandingAndReinstates: Drop (what a keepalive or command-timeout watchdog
@@ -74,5 +77,42 @@ func TestDropFailsOutstandingAndReinstates(t *testing.T) {
 	var resp scsi.Response
 	if err := s.Execute(ctx, tur(), &resp); err != nil || resp.Status != scsi.StatusGood {
 		t.Fatalf("TEST UNIT READY after reinstatement: %v %v", err, resp.Status)
+	}
+}
+
+// TestDropResetsLogoutCloses: over a real TCP connection, Drop resets it (the transport's Abort:
+// nothing still queued reaches the target after its tasks are re-issued elsewhere), while a
+// completed Logout ends it with a plain close, which the target reads as the end of the stream.
+func TestDropResetsLogoutCloses(t *testing.T) {
+	for _, drop := range []bool{true, false} {
+		d := &pipeDialer{}
+		a, b := fdtest.TCPPair(t)
+		f := attachFake(t, d, "fake:3260", nil, a, b)
+		done := f.serve(func(f *fakeTarget, p wirePDU) error {
+			if p.bhs.Opcode() == pdu.OpLogoutReq {
+				var r pdu.BHS
+				pdu.EncodeLogoutResponse(&r, 0, p.bhs.ITT(), f.sns(), 0, 0)
+				return f.write(&r, nil)
+			}
+			return fmt.Errorf("unexpected %v", p.bhs.Opcode())
+		})
+		s := newTestSession(t, d, nil)
+		mustLogin(t, s)
+		if drop {
+			s.Drop(errors.New("keepalive: no NOP-In"))
+		} else if err := s.Logout(context.Background()); err != nil {
+			t.Fatalf("logout: %v", err)
+		}
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("drop=%v: the target still reads 5 s later", drop)
+		}
+		switch {
+		case drop && !errors.Is(f.readErr, syscall.ECONNRESET):
+			t.Fatalf("after Drop the target read %v, want a reset", f.readErr)
+		case !drop && f.readErr != io.EOF:
+			t.Fatalf("after Logout the target read %v, want the end of the stream", f.readErr)
+		}
 	}
 }

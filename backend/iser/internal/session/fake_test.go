@@ -41,6 +41,8 @@ type fakeTarget struct {
 	window                uint32 // MaxCmdSN = ExpCmdSN + window - 1 after each command
 
 	wmu sync.Mutex
+
+	readErr error // what ended serve's reading (read it after serve's channel closed)
 }
 
 // pipeDialer hands out pre-made connections, one per Dial.
@@ -237,6 +239,7 @@ func (f *fakeTarget) serve(handle func(f *fakeTarget, p wirePDU) error) <-chan s
 		for {
 			p, err := f.read()
 			if err != nil {
+				f.readErr = err
 				return
 			}
 			if p.bhs.Opcode() == pdu.OpSCSICommand && !p.bhs.Immediate() {

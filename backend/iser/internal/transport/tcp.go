@@ -397,6 +397,17 @@ func (c *TCPConn) RemoteAddr() string {
 // Close implements Conn.
 func (c *TCPConn) Close() error { return c.nc.Close() }
 
+var _ Aborter = (*TCPConn)(nil)
+
+// Abort implements Aborter: with SO_LINGER 0 the close discards the send queue and resets the
+// connection (socket(7)); a net.Conn that is no TCP socket (tests' pipes) is simply closed.
+func (c *TCPConn) Abort() error {
+	if tc, ok := c.nc.(*net.TCPConn); ok {
+		tc.SetLinger(0) //nolint:errcheck // the close below is what must happen; a reset is best effort
+	}
+	return c.nc.Close()
+}
+
 // JoinHostPort adds the default port to a portal without one.
 func JoinHostPort(portal string, defaultPort int) string {
 	if _, _, err := net.SplitHostPort(portal); err == nil {

@@ -153,6 +153,14 @@ type DirectMemory interface {
 	Direct(buf []byte) bool
 }
 
+// Aborter is implemented by a transport whose Close lets bytes already queued still reach the
+// target (TCP: a graceful close keeps sending the socket's send queue, then a FIN). Abort closes
+// the connection discarding them instead, so that a connection the initiator gave up on delivers
+// no command or data after its tasks were re-issued elsewhere (TCP: SO_LINGER 0, a reset).
+type Aborter interface {
+	Abort() error
+}
+
 // BatchWriter is implemented by transports that can send several PDUs at once (TCP: one writev
 // for the whole batch; iSER: one chained post). The session combines the PDUs of concurrent
 // senders into batches when it finds one. Same serialisation rule as WritePDU.
