@@ -85,9 +85,9 @@ func TestFrontendExitCodes(t *testing.T) {
 }
 
 // TestUblkExit: how a ublk attach's end maps to exit codes: options the driver cannot take are a
-// usage error (2), --ublk-id in use too (2), a LUN it cannot describe is not (1); no ublk or no user recovery is 6, a takeover refused 7,
-// and a device deleted under the gateway (a control command's ENODEV) a plain failure (1), not
-// "the kernel lacks it".
+// usage error (2), --ublk-id in use too (2), a LUN it cannot describe is not (1); no ublk or no
+// user recovery is 6, a takeover refused 7, and a device deleted under the gateway (a control
+// command's ENODEV) a plain failure (1), not "the kernel lacks it".
 func TestUblkExit(t *testing.T) {
 	for _, tt := range []struct {
 		err  error

@@ -37,6 +37,9 @@ func FitMaxIO(opts Options, budget int64) (int, error) {
 	if q > maxQueues || d > maxQueueDepth || maxIO > maxIOBufBytes {
 		return 0, fmt.Errorf("ublk: %d queues × depth %d × %d bytes is beyond the driver's limits: %w", q, d, maxIO, ErrBadOptions)
 	}
+	if maxIO < pageSize {
+		return 0, fmt.Errorf("ublk: a request size of %d bytes is below one page (%d): %w", maxIO, pageSize, ErrBadOptions)
+	}
 	if opts.Pool == nil {
 		return opts.MaxIO, nil
 	}

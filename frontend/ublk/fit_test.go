@@ -36,6 +36,7 @@ func TestFitMaxIO(t *testing.T) {
 		{"cap is a power of two", ublk.Options{Queues: 4, Depth: 96}, 64 << 20, 64 << 10, nil},
 		{"not even 4 KiB per tag", ublk.Options{Queues: 4096, Depth: 4096}, 64 << 20, 0, ublk.ErrBadOptions},
 		{"beyond the driver", ublk.Options{Queues: 4, Depth: 8192}, 0, 0, ublk.ErrBadOptions},
+		{"below a page", ublk.Options{Queues: 4, Depth: 64, MaxIO: 1000}, 0, 0, ublk.ErrBadOptions},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.mem > 0 {

@@ -218,7 +218,7 @@ func TestStartWithoutUblk(t *testing.T) {
 func TestStartRejectsBadOptions(t *testing.T) {
 	dev := &recDevice{size: 1 << 20, data: make([]byte, 1<<20)}
 	tooHigh := uint32(MaxID + 1)
-	for _, o := range []Options{{Depth: maxQueueDepth + 1}, {Queues: maxQueues + 1}, {ID: &tooHigh}} {
+	for _, o := range []Options{{Depth: maxQueueDepth + 1}, {Queues: maxQueues + 1}, {ID: &tooHigh}, {MaxIO: 2048, ControlPath: "/nonexistent"}} {
 		_, err := Start(context.Background(), dev, o)
 		if !errors.Is(err, ErrBadOptions) || !errors.Is(err, block.ErrInvalid) {
 			t.Errorf("%+v: err = %v, want ErrBadOptions (and ErrInvalid)", o, err)

@@ -193,6 +193,11 @@ func configure(dev block.Device, opts Options) (startConfig, error) {
 		c.lim.LogicalBlockSize = uint32(dev.BlockSize())
 	}
 	c.maxIO = maxIOFor(c.lim, opts.MaxIO)
+	if c.maxIO == 0 && opts.MaxIO > 0 && maxIOFor(c.lim, 0) > 0 {
+		// Rounded down to nothing by the page or the logical block; the LUN alone would do.
+		return c, fmt.Errorf("ublk: a request size of %d bytes is below one page and one logical block (%d): %w",
+			opts.MaxIO, c.lim.LogicalBlockSize, ErrBadOptions)
+	}
 	if mc, ok := opts.Pool.(interface{ MaxClass() int }); ok && mc.MaxClass() < c.maxIO {
 		c.maxIO = maxIOFor(c.lim, mc.MaxClass()) // every tag's buffer must be one pool buffer
 	}
