@@ -137,6 +137,7 @@ type conn struct {
 	expStatSN atomic.Uint32
 
 	closing    atomic.Bool // a logout is in progress: the target closing the socket is expected
+	loggedOut  atomic.Bool // the target answered a Logout with success: shutdown closes gracefully
 	done       chan struct{}
 	doneOnce   sync.Once
 	err        error
@@ -193,20 +194,16 @@ func (c *conn) dead() bool {
 	}
 }
 
-// shutdown ends the connection with err (first caller wins) and aborts the transport
-// (transport.Aborter: nothing still queued on it reaches the target, whose tasks may be re-issued
-// on another connection), which makes the reader exit; the reader then reaps abandoned tasks.
-func (c *conn) shutdown(err error) { c.end(err, false) }
-
-// closeGracefully is shutdown after a completed Logout: the transport's plain Close, nothing is
-// left to discard.
-func (c *conn) closeGracefully(err error) { c.end(err, true) }
-
-func (c *conn) end(err error, graceful bool) {
+// shutdown ends the connection with err (first caller wins) and closes the transport, which
+// makes the reader exit; the reader then reaps abandoned tasks. Unless the target answered a
+// Logout, the close is an abort (transport.Aborter): what has not left the initiator yet is
+// discarded, since its tasks may be re-issued on another connection. After a Logout Response
+// nothing is left to discard, and the target usually closes first anyway.
+func (c *conn) shutdown(err error) {
 	c.doneOnce.Do(func() {
 		c.err = err
 		close(c.done)
-		if a, ok := c.tc.(transport.Aborter); ok && !graceful {
+		if a, ok := c.tc.(transport.Aborter); ok && !c.loggedOut.Load() {
 			a.Abort()
 		} else {
 			c.tc.Close()

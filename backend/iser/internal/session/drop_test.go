@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/iser-blk/iser-blk/backend/iser/internal/pdu"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/transport"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/fdtest"
@@ -113,6 +115,73 @@ func TestDropResetsLogoutCloses(t *testing.T) {
 			t.Fatalf("after Drop the target read %v, want a reset", f.readErr)
 		case !drop && f.readErr != io.EOF:
 			t.Fatalf("after Logout the target read %v, want the end of the stream", f.readErr)
+		}
+	}
+}
+
+// recordingConn records how the session ends its transport.
+type recordingConn struct {
+	*transport.TCPConn
+	aborted, closed atomic.Bool
+}
+
+func (c *recordingConn) Abort() error { c.aborted.Store(true); return c.TCPConn.Abort() }
+func (c *recordingConn) Close() error { c.closed.Store(true); return c.TCPConn.Close() }
+
+// recordingDialer is a pipeDialer whose connections are recordingConns.
+type recordingDialer struct {
+	*pipeDialer
+	last *recordingConn
+}
+
+func (d *recordingDialer) Dial(ctx context.Context, portal string, o transport.DialOptions) (transport.Conn, error) {
+	c, err := d.pipeDialer.Dial(ctx, portal, o)
+	if err != nil {
+		return nil, err
+	}
+	d.last = &recordingConn{TCPConn: c.(*transport.TCPConn)}
+	return d.last, nil
+}
+
+// TestLogoutEndsGracefully: after the target's Logout Response the connection is closed, not
+// reset, also when the target closes its end first (as targets do after a Logout Response) and
+// the reader's EOF ends the connection before Logout does; a Logout the target never answers
+// ends it with a reset.
+func TestLogoutEndsGracefully(t *testing.T) {
+	for _, answer := range []bool{true, false} {
+		pd := &pipeDialer{}
+		d := &recordingDialer{pipeDialer: pd}
+		f := newFake(t, pd, "fake:3260", nil)
+		f.serve(func(f *fakeTarget, p wirePDU) error {
+			if p.bhs.Opcode() != pdu.OpLogoutReq {
+				return fmt.Errorf("unexpected %v", p.bhs.Opcode())
+			}
+			if !answer {
+				return nil // never answered
+			}
+			var r pdu.BHS
+			pdu.EncodeLogoutResponse(&r, 0, p.bhs.ITT(), f.sns(), 0, 0)
+			if err := f.write(&r, nil); err != nil {
+				return err
+			}
+			f.nc.Close() // the target ends the connection after its response
+			return errStopServing
+		})
+		s := newTestSession(t, d.pipeDialer, func(c *Config) { c.Transport = d })
+		mustLogin(t, s)
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := s.Logout(ctx)
+		cancel()
+		rc := d.last
+		switch {
+		case answer && err != nil:
+			t.Fatalf("logout: %v", err)
+		case !answer && err == nil:
+			t.Fatal("a Logout nobody answered succeeded")
+		case answer && (rc.aborted.Load() || !rc.closed.Load()):
+			t.Fatalf("answered Logout: aborted %v, closed %v; want a plain close", rc.aborted.Load(), rc.closed.Load())
+		case !answer && !rc.aborted.Load():
+			t.Fatal("unanswered Logout: the connection was not reset")
 		}
 	}
 }

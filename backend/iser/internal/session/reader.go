@@ -392,6 +392,9 @@ func (c *conn) controlResponse(bhs *pdu.BHS) error {
 	switch bhs.Opcode() {
 	case pdu.OpLogoutResp:
 		kind = kindLogout
+		if bhs.Response() == 0 { // §11.15.1: closed successfully; the session is over
+			c.loggedOut.Store(true)
+		}
 	case pdu.OpTaskMgmtResp:
 		kind = kindTMF
 	}

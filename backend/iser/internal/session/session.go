@@ -384,11 +384,7 @@ func (s *Session) Logout(ctx context.Context) error {
 		return nil
 	}
 	err := c.logout(ctx)
-	if err != nil {
-		c.shutdown(fmt.Errorf("logout failed: %w", ErrSessionClosed))
-	} else {
-		c.closeGracefully(fmt.Errorf("logged out: %w", ErrSessionClosed))
-	}
+	c.shutdown(fmt.Errorf("logged out: %w", ErrSessionClosed))
 	return err
 }
 

@@ -155,8 +155,9 @@ type DirectMemory interface {
 
 // Aborter is implemented by a transport whose Close lets bytes already queued still reach the
 // target (TCP: a graceful close keeps sending the socket's send queue, then a FIN). Abort closes
-// the connection discarding them instead, so that a connection the initiator gave up on delivers
-// no command or data after its tasks were re-issued elsewhere (TCP: SO_LINGER 0, a reset).
+// the connection discarding what has not left the initiator yet (TCP: SO_LINGER 0, a reset), so a
+// connection the initiator gave up on sends nothing more after its tasks were re-issued
+// elsewhere. What the target's side already received it may still read.
 type Aborter interface {
 	Abort() error
 }
