@@ -78,7 +78,8 @@ class BoundsTest(unittest.TestCase):
                 "randread-4k-qd1": {"iser-blk-ublk-tcp": (900, 3.5, 1000, 1400), "kernel-tcp": (3000, 11, 300, 400),
                                     "iser-blk-ublk-mem": (2000, 8, 450, 600), "kernel-ram": (8000, 31, 100, 120)},
                 "randread-4k-qd32": {"iser-blk-ublk-tcp": (6000, 23, 4000, 200), "kernel-tcp": (8000, 31, 3000, 150),
-                                     "iser-blk-ublk-mem": (20000, 78, 1500, 60), "kernel-ram": (50000, 195, 600, 20)},
+                                     "iser-blk-ublk-mem": (20000, 78, 1500, 60), "kernel-ram": (50000, 195, 600, 20),
+                                     "iser-blk-ublk-iser": (5000, 20, 5000, 250), "kernel-iser": (7000, 27, 3500, 170)},
             }
             for job, systems in runs.items():
                 for s, (iops, mib, p50, cpu) in systems.items():
@@ -103,6 +104,12 @@ class BoundsTest(unittest.TestCase):
         # QD32: CPU floor 60 + 150 − 20 = 190 → IOPS bound 150/190 = 0.79, measured 0.75
         self.assertEqual(by["randread-4k-qd32: IOPS (estimate)"][2:5], ["0.75×", "0.79×", "0.95"])
         self.assertEqual(by["randread-4k-qd32: CPU per I/O (estimate)"][2:5], ["1.33×", "1.27×", "0.95"])
+        # over iSER, against kernel-iser: floor 60 + 170 − 20 = 210 → IOPS bound 170/210 = 0.81,
+        # measured 5000/7000 = 0.71; CPU 250/170 = 1.47 against 210/170 = 1.24
+        self.assertEqual(by["randread-4k-qd32 over iSER: IOPS (estimate)"][2:5], ["0.71×", "0.81×", "0.88"])
+        self.assertEqual(by["randread-4k-qd32 over iSER: CPU per I/O (estimate)"][2:5], ["1.47×", "1.24×", "0.84"])
+        self.assertIn("CPU floor 210 µs = iser-blk-ublk-mem 60 + kernel 170 − kernel-ram 20",
+                      by["randread-4k-qd32 over iSER: IOPS (estimate)"][5])
         # no reads measured: the row says so instead of inventing a figure
         self.assertEqual(by["seqread-1m-qd8: speed"][2:5], ["–", "–", "–"])
         self.assertIn("A MiB over loopback TCP between two processes: 5700 µs of guest CPU to send, 3500 to "

@@ -206,6 +206,7 @@ def bounds(runs, tcps=()):
       to the kernel's own path: p50(ublk-mem) + p50(kernel-tcp) − p50(kernel-ram).
     - 4 KiB QD32: the same estimate for CPU per I/O, cpu(ublk-mem) + cpu(kernel-tcp) −
       cpu(kernel-ram); the IOPS bound is kernel-tcp's IOPS × its CPU per I/O / that estimate.
+      Over iSER the same, with iser-blk-ublk-iser against kernel-iser.
     """
     def m(job, system, key):
         v = med(runs.get((job, system), []), key)
@@ -248,19 +249,21 @@ def bounds(runs, tcps=()):
     row(f"{job}: p50 (estimate)", "≤ 1.1×", None if gp is None or not kp else gp / kp,
         None if est is None else est / kp, f"{mem} + kernel-tcp − kernel-ram ({fmt(rp, 0)} µs) = {fmt(est, 0)} µs", False)
     job = "randread-4k-qd32"
-    kc, gc, mc, rc = (m(job, s, "cpu") for s in (k, gw, mem, ram))
-    est = None if None in (kc, mc, rc) else mc + kc - rc
-    gi, ki = m(job, gw, "iops"), m(job, k, "iops")
-    row(f"{job}: IOPS (estimate)", "≥ 1.0×", None if gi is None or not ki else gi / ki,
-        None if est is None else kc / est,
-        f"CPU-bound (busy vCPUs: kernel {fmt(busy(job, k))}, gateway {fmt(busy(job, gw))}); "
-        f"CPU floor {fmt(est, 0)} µs = {mem} {fmt(mc, 0)} + kernel {fmt(kc, 0)} − kernel-ram {fmt(rc, 0)}", True)
-    row(f"{job}: CPU per I/O (estimate)", "≤ 1.0×", None if gc is None or not kc else gc / kc,
-        None if est is None or not kc else est / kc, f"gateway {fmt(gc, 0)} µs against the floor", False)
+    for g, kern, over in ((gw, k, ""), ("iser-blk-ublk-iser", "kernel-iser", " over iSER")):
+        kc, gc, mc, rc = (m(job, s, "cpu") for s in (kern, g, mem, ram))
+        est = None if None in (kc, mc, rc) else mc + kc - rc
+        gi, ki = m(job, g, "iops"), m(job, kern, "iops")
+        row(f"{job}{over}: IOPS (estimate)", "≥ 1.0×", None if gi is None or not ki else gi / ki,
+            None if est is None else kc / est,
+            f"CPU-bound (busy vCPUs: kernel {fmt(busy(job, kern))}, gateway {fmt(busy(job, g))}); "
+            f"CPU floor {fmt(est, 0)} µs = {mem} {fmt(mc, 0)} + kernel {fmt(kc, 0)} − kernel-ram {fmt(rc, 0)}", True)
+        row(f"{job}{over}: CPU per I/O (estimate)", "≤ 1.0×", None if gc is None or not kc else gc / kc,
+            None if est is None or not kc else est / kc, f"gateway {fmt(gc, 0)} µs against the floor", False)
     lines.append("")
     lines.append(f"A MiB over loopback TCP between two processes: {fmt(send, 0)} µs of guest CPU to send, "
                  f"{fmt(recv, 0)} to receive (medians of {len(tcps)}). Ratios are "
-                 f"{gw} / kernel-tcp; gap = measured / bound for speed, bound / measured for p50 and CPU "
+                 f"{gw} / kernel-tcp (rows over iSER: iser-blk-ublk-iser / kernel-iser); gap = measured / "
+                 "bound for speed, bound / measured for p50 and CPU "
                  "(1.00 = at the bound). A sound bound holds whatever the gateway does; an estimate adds "
                  "measured parts and can be beaten by overlapping them.")
     return lines
