@@ -114,11 +114,14 @@ func TestE2ETargetKilledAndRestarted(t *testing.T) {
 	// Each session reconnects on its own backoff: the first one back can carry those 200
 	// operations before the other's next attempt is due. Keep the I/O running until both are.
 	restored := func() bool {
+		mu.Lock()
+		failed := len(errs) > 0
+		mu.Unlock()
 		var n uint64
 		for _, st := range d.PathStats() {
 			n += st.Restores
 		}
-		return n >= 2
+		return n >= 2 || failed // a failed worker is reported below, without waiting 30 s
 	}
 	for deadline := time.Now().Add(30 * time.Second); !restored() && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond) // polling the sessions' state, not synchronising
