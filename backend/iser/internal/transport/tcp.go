@@ -91,6 +91,9 @@ type TCPConn struct {
 	// (pipe.go) with raw system calls (see package rawio).
 	raw *rawio.Conn
 
+	// lend is the pipe lent segments are spliced through (lend.go).
+	lend lendPipe
+
 	// exact: the last data segment went round br (spliced into a pipe, or read straight into the
 	// caller's buffer), so the next one likely will too; its header is read without read-ahead.
 	exact bool
@@ -99,7 +102,7 @@ type TCPConn struct {
 // NewTCPConn wraps nc.
 func NewTCPConn(nc net.Conn) *TCPConn {
 	raw := rawio.New(nc)
-	return &TCPConn{nc: nc, raw: raw, br: bufio.NewReaderSize(raw, readBufferSize), maxRecv: 8192 * 2}
+	return &TCPConn{nc: nc, raw: raw, br: bufio.NewReaderSize(raw, readBufferSize), maxRecv: 8192 * 2, lend: newLendPipe()}
 }
 
 // writev writes iov whole (one writev(2) unless the socket is full; no allocation).
@@ -195,6 +198,21 @@ func (c *TCPConn) writeBatch(batch []OutPDU) error {
 			n += pdu.DigestLen
 		}
 		iov = append(iov, h[:n])
+		if c.canLend(p, data) {
+			// The header and what precedes it by writev, then the segment by reference.
+			if err := c.writev(iov); err != nil {
+				return fmt.Errorf("transport: write to %s: %w", c.RemoteAddr(), err)
+			}
+			iov = c.biov[:0]
+			err := c.sendLent(p, data)
+			if err == nil {
+				continue
+			}
+			if err != errLendRefused {
+				return fmt.Errorf("transport: send to %s: %w", c.RemoteAddr(), err)
+			}
+			// Refused before any byte went: the segment is copied like any other.
+		}
 		if len(data) > 0 {
 			iov = append(iov, data)
 			tl := &c.btails[i]
@@ -394,8 +412,12 @@ func (c *TCPConn) RemoteAddr() string {
 	return "?"
 }
 
-// Close implements Conn.
-func (c *TCPConn) Close() error { return c.nc.Close() }
+// Close implements Conn. The lend pipe closes after the socket (see lendPipe).
+func (c *TCPConn) Close() error {
+	err := c.nc.Close()
+	c.lend.close()
+	return err
+}
 
 var _ Aborter = (*TCPConn)(nil)
 
@@ -405,7 +427,9 @@ func (c *TCPConn) Abort() error {
 	if tc, ok := c.nc.(*net.TCPConn); ok {
 		tc.SetLinger(0) //nolint:errcheck // the close below is what must happen; a reset is best effort
 	}
-	return c.nc.Close()
+	err := c.nc.Close()
+	c.lend.close()
+	return err
 }
 
 // JoinHostPort adds the default port to a portal without one.

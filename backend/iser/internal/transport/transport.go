@@ -142,6 +142,13 @@ type OutPDU struct {
 	Data []byte // the data segment (for a command: Task.Buf[:Task.Immediate])
 	// Task is set for a SCSI Command PDU: the PDU is sent with WriteCommand semantics.
 	Task *Task
+	// Lent, when not nil, lets the transport send Data by reference instead of copying it (TCP:
+	// segments of LendMin bytes or more, see lend.go); it sets *Lent to true when it did,
+	// before the write returns. From then on the sender must keep Data unchanged until the
+	// target can no longer read it: it answered the task on this connection (a response, or a
+	// task management response, since a connection is read in order), or the session was
+	// reinstated (RFC 7143 §6.3.5). A transport that moves data itself ignores it.
+	Lent *bool
 }
 
 // DirectMemory is implemented by a transport that moves data itself (iSER): Direct reports
