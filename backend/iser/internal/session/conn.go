@@ -72,10 +72,14 @@ type task struct {
 	// (>= 0, see toPipe), pipeLen bytes in all, instead of buf (nil).
 	pipeW   int
 	pipeLen int
-	xfer    transport.Task
-	bhs     pdu.BHS // the owner's send scratch
-	dout    [16]pdu.BHS
-	outs    []transport.OutPDU // scratch for dout, capacity len(dout)
+	// lent: the transport sent some of buf by reference (transport.OutPDU.Lent); the task then
+	// keeps buf until the target can no longer read it (lend.go). Written by whichever
+	// goroutine flushed the PDU before the owner's send returns; read by the owner only.
+	lent bool
+	xfer transport.Task
+	bhs  pdu.BHS // the owner's send scratch
+	dout [16]pdu.BHS
+	outs []transport.OutPDU // scratch for dout, capacity len(dout)
 
 	// Reader-only progress.
 	dataSN   uint32 // next expected Data-In DataSN
@@ -143,6 +147,13 @@ type conn struct {
 	err        error
 	readerDone chan struct{}
 
+	// lends: write data may go out by reference (Config.LendPages). superseded is closed when
+	// the target can no longer read anything sent on this connection: a later login reinstated
+	// the session, or the session closed (lend.go).
+	lends          bool
+	superseded     chan struct{}
+	supersededOnce sync.Once
+
 	respBuf []byte     // reader scratch for response data segments
 	batch   batchState // the reader's run of batched completions (batch.go)
 }
@@ -158,6 +169,8 @@ func newConn(s *Session, tc transport.Conn, portal string, p *login.Params) *con
 		cmdSN:      p.ExpCmdSN,
 		done:       make(chan struct{}),
 		readerDone: make(chan struct{}),
+		lends:      s.cfg.LendPages,
+		superseded: make(chan struct{}),
 		respBuf:    make([]byte, p.MaxRecvDataSegmentLength),
 		batch:      batchState{flushes: make([]block.Flusher, 0, 8)},
 		winQ:       make([]*task, 0, s.cfg.MaxTasks), // every SCSI task may wait: no growth later
@@ -260,7 +273,7 @@ func (c *conn) execute(ctx context.Context, cmd *scsi.Command, resp *scsi.Respon
 	t.tag.Store(t.itt) // from here on the reader may route PDUs to the task
 	c.cmdSN++
 	sc.Encode(&t.bhs)
-	err = c.submitLocked(transport.OutPDU{BHS: &t.bhs, Data: t.xfer.Buf[:t.xfer.Immediate], Task: &t.xfer}, t.sent)
+	err = c.submitLocked(transport.OutPDU{BHS: &t.bhs, Data: t.xfer.Buf[:t.xfer.Immediate], Task: &t.xfer, Lent: c.lendable(t)}, t.sent)
 	if err != nil {
 		c.shutdown(err)
 		return c.finishAfterConnLoss(t, nil)
@@ -295,6 +308,8 @@ func (t *task) takeResult(out *ctlResult) error {
 
 // wait runs the task's side of the data phase until the final response.
 func (c *conn) wait(ctx context.Context, t *task, out *ctlResult) error {
+	ctxDone := ctx.Done()
+	var ctxErr error // the caller's context ended while the task had lent pages (lend.go)
 	for {
 		select {
 		case ev := <-t.ev:
@@ -309,9 +324,19 @@ func (c *conn) wait(ctx context.Context, t *task, out *ctlResult) error {
 				err := t.takeResult(out)
 				t.mu.Unlock()
 				c.release(t)
+				if err != nil && ctxErr != nil {
+					return ctxErr
+				}
 				return err
 			}
-		case <-ctx.Done():
+		case <-ctxDone:
+			if t.lent {
+				// The target may still read the lent pages: the task cannot be abandoned. Ask
+				// for its end and wait for that (or the connection's end) instead.
+				ctxDone, ctxErr = nil, ctx.Err()
+				go c.abortLent(t.lun, t.itt, t.cmdSN)
+				continue
+			}
 			t.mu.Lock()
 			if t.completed {
 				err := t.takeResult(out)
@@ -329,7 +354,11 @@ func (c *conn) wait(ctx context.Context, t *task, out *ctlResult) error {
 			}
 			return ctx.Err()
 		case <-c.done:
-			return c.finishAfterConnLoss(t, out)
+			err := c.finishAfterConnLoss(t, out)
+			if err != nil && ctxErr != nil {
+				return ctxErr
+			}
+			return err
 		}
 	}
 }
@@ -341,6 +370,9 @@ func (c *conn) finishAfterConnLoss(t *task, out *ctlResult) error {
 	t.mu.Lock()
 	completed, err := t.completed, t.takeResult(out)
 	t.mu.Unlock()
+	if t.lent && !completed {
+		c.holdLent(t)
+	}
 	c.release(t)
 	if completed {
 		return err
@@ -365,7 +397,7 @@ func (c *conn) sendDataOut(t *task, ttt, off, length uint32) error {
 			d.BufferOffset = off + sent
 			d.ExpStatSN = expStatSN
 			d.Encode(&t.dout[i])
-			outs = append(outs, transport.OutPDU{BHS: &t.dout[i], Data: t.buf[off+sent : off+sent+n]})
+			outs = append(outs, transport.OutPDU{BHS: &t.dout[i], Data: t.buf[off+sent : off+sent+n], Lent: c.lendable(t)})
 			d.DataSN++
 			sent += n
 		}

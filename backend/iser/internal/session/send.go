@@ -113,7 +113,8 @@ func (c *conn) drainLocked(own chan error) error {
 // writeBatch writes PDUs in order, in one call when the transport supports batches. Only the
 // flusher calls it, so the transport sees serialised writes.
 func (c *conn) writeBatch(batch []queued) error {
-	if bw, ok := c.tc.(transport.BatchWriter); ok && len(batch) > 1 {
+	// A PDU whose data may be lent takes the batch path even alone: WritePDU always copies.
+	if bw, ok := c.tc.(transport.BatchWriter); ok && (len(batch) > 1 || batch[0].out.Lent != nil) {
 		outs := c.outs[:0]
 		for i := range batch {
 			outs = append(outs, batch[i].out)

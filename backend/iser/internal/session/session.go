@@ -71,6 +71,14 @@ type Config struct {
 	// LoginTimeout bounds one login attempt including the dial (default 15 s).
 	LoginTimeout time.Duration
 	Logger       *zap.Logger
+
+	// LendPages lets the transport send a large write's data by reference instead of copying it
+	// (lend.go). A write whose data was lent and whose connection is lost then returns only once
+	// a later Login reinstated the session, the session closed, or LendHold passed (default
+	// 120 s): for sessions whose loss a recovery loop answers with Login, and whose commands
+	// have nowhere else to go meanwhile.
+	LendPages bool
+	LendHold  time.Duration
 }
 
 // ErrNotLoggedIn is returned (inside a *ConnError) when a session has no live connection.
@@ -154,6 +162,9 @@ func New(cfg Config) (*Session, error) {
 	}
 	if cfg.LoginTimeout <= 0 {
 		cfg.LoginTimeout = 15 * time.Second
+	}
+	if cfg.LendHold <= 0 {
+		cfg.LendHold = defaultLendHold
 	}
 	if cfg.Proposal.MaxRecvDataSegmentLength == 0 {
 		cfg.Proposal = login.DefaultProposal()
@@ -273,8 +284,11 @@ func (s *Session) Login(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		s.cur.Store(c)
+		old := s.cur.Swap(c)
 		c.start()
+		if old != nil {
+			old.supersede() // reinstated: the target ended the old connection first (§6.3.5)
+		}
 		s.log.Info("iSCSI login succeeded", zap.String("portal", portal), zap.Uint16("tsih", c.params.TSIH),
 			zap.Stringer("params", &c.params))
 		return nil
@@ -403,6 +417,7 @@ func (s *Session) Close() error {
 	if c := s.cur.Load(); c != nil {
 		c.shutdown(ErrSessionClosed)
 		<-c.readerDone
+		c.supersede() // nothing waits for a reinstatement any more
 	}
 	return err
 }

@@ -42,6 +42,7 @@ func (c *conn) claim(idx uint32, kind uint8) *task {
 	t.dataSN, t.received, t.r2tSN = 0, 0, 0
 	t.tmfFn, t.endLive = 0, false
 	t.pipeW, t.pipeLen, t.pipeErr = -1, 0, nil
+	t.lent = false
 	t.mu.Unlock()
 	return t
 }
