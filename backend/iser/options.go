@@ -34,6 +34,9 @@ type Options struct {
 	// Recovery configures keepalive, command timeout, reinstatement and the replacement timeout
 	// for sessions (nil: DefaultRecovery).
 	Recovery *Recovery
+	// CopyWrites copies every write's data into the socket. By default a single session over
+	// TCP sends large writes' data by reference instead (see lendPolicy in open.go).
+	CopyWrites bool
 	// AlternateTargets are URLs of the same target IQN and LUN on other portals (multipath):
 	// Open logs Sessions sessions in to each, and I/O fails over between them.
 	AlternateTargets []string

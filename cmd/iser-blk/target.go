@@ -33,6 +33,7 @@ type targetFlags struct {
 	debug            bool
 	recovery         iser.Recovery
 	discoverPortals  bool
+	copyWrites       bool
 }
 
 // register adds the login flags to fs (the Target group). serving adds --sessions and
@@ -47,6 +48,7 @@ func (tf *targetFlags) register(fs *pflag.FlagSet, serving bool) {
 	if serving {
 		fs.IntVar(&tf.sessions, "sessions", 1, "number of iSCSI sessions to the target (1-32)")
 		fs.BoolVar(&tf.discoverPortals, "portals-from-discovery", false, "ask the target's portal for its other portals (SendTargets) and use them all (multipath)")
+		fs.BoolVar(&tf.copyWrites, "copy-writes", false, "copy every write's data into the iSCSI/TCP socket instead of sending large writes by reference")
 	}
 }
 
@@ -127,6 +129,7 @@ func (tf *targetFlags) options(urlUser string, log *zap.Logger) (iser.Options, e
 		Logger:        log,
 
 		PortalsFromDiscovery: tf.discoverPortals,
+		CopyWrites:           tf.copyWrites,
 	}
 	if tf.recovery != (iser.Recovery{}) {
 		rec := tf.recovery
