@@ -276,13 +276,13 @@ func (c *conn) execute(ctx context.Context, cmd *scsi.Command, resp *scsi.Respon
 	err = c.submitLocked(transport.OutPDU{BHS: &t.bhs, Data: t.xfer.Buf[:t.xfer.Immediate], Task: &t.xfer, Lent: c.lendable(t)}, t.sent)
 	if err != nil {
 		c.shutdown(err)
-		return c.finishAfterConnLoss(t, nil)
+		return c.finishAfterConnLoss(ctx, t, nil)
 	}
 	if hasUnsolicitedPDUs {
 		// Unsolicited Data-Out PDUs (§13.10): TTT 0xffffffff, up to FirstBurstLength in total.
 		if err := c.sendDataOut(t, pdu.ReservedTag, uint32(t.xfer.Immediate), uint32(t.xfer.Unsolicited-t.xfer.Immediate)); err != nil {
 			c.shutdown(err)
-			return c.finishAfterConnLoss(t, nil)
+			return c.finishAfterConnLoss(ctx, t, nil)
 		}
 	}
 	return c.wait(ctx, t, nil)
@@ -317,7 +317,7 @@ func (c *conn) wait(ctx context.Context, t *task, out *ctlResult) error {
 			case evR2T:
 				if err := c.sendDataOut(t, ev.ttt, ev.off, ev.length); err != nil {
 					c.shutdown(err)
-					return c.finishAfterConnLoss(t, nil)
+					return c.finishAfterConnLoss(ctx, t, nil)
 				}
 			case evDone:
 				t.mu.Lock()
@@ -354,9 +354,13 @@ func (c *conn) wait(ctx context.Context, t *task, out *ctlResult) error {
 			}
 			return ctx.Err()
 		case <-c.done:
-			err := c.finishAfterConnLoss(t, out)
+			lent := t.lent // the slot is free once finishAfterConnLoss returns
+			err := c.finishAfterConnLoss(ctx, t, out)
 			if err != nil && ctxErr != nil {
 				return ctxErr
+			}
+			if err != nil && lent && ctx.Err() != nil {
+				return ctx.Err() // the caller gave up while the write was held (holdLent)
 			}
 			return err
 		}
@@ -365,13 +369,13 @@ func (c *conn) wait(ctx context.Context, t *task, out *ctlResult) error {
 
 // finishAfterConnLoss completes a task whose connection is gone. A response that raced in
 // before the loss still wins.
-func (c *conn) finishAfterConnLoss(t *task, out *ctlResult) error {
+func (c *conn) finishAfterConnLoss(ctx context.Context, t *task, out *ctlResult) error {
 	<-c.readerDone // the reader no longer touches the task
 	t.mu.Lock()
 	completed, err := t.completed, t.takeResult(out)
 	t.mu.Unlock()
 	if t.lent && !completed {
-		c.holdLent(t)
+		c.holdLent(ctx, t)
 	}
 	c.release(t)
 	if completed {

@@ -7,13 +7,17 @@ package session
 // task is made safe:
 //   - The task's response, or a task management response on the same connection: the target
 //     reads a connection in order, so it had read every byte sent before. The buffer is free.
-//   - The caller's context ends: the task is not abandoned. ABORT TASK is sent and the task
-//     waits for its answer (abortLent); the caller then gets ctx.Err(). An ABORT TASK that goes
-//     unanswered or is refused ends the connection, which is the next case.
+//   - The caller's context ends while the connection lives: the task is not abandoned, since a
+//     later command on the same connection could reach the target before the target reads
+//     this one's data. ABORT TASK is sent and the task waits for its answer (abortLent); the
+//     caller then gets ctx.Err(). An ABORT TASK that goes unanswered or is refused ends the
+//     connection, which is the next case.
 //   - The connection is lost (or given up on) before an answer: the task waits (holdLent) until
 //     a later login has reinstated the session, since the target ends the old session's tasks
 //     and connections before it answers that login (RFC 7143 §6.3.5), or the session closes, or
-//     Config.LendHold passes. Only then does it fail with the ConnError, to be re-issued.
+//     Config.LendHold passes. Only then does it fail with the ConnError, to be re-issued. A
+//     caller that gives up meanwhile gets ctx.Err() at once: its write failed, and nothing sent
+//     later can reach the target before that reinstatement (the old connection is gone).
 //
 // A command submitted without an owner (Submit) never lends: nothing would hold its buffer.
 // Config.LendPages is for sessions that are reinstated when lost (a recovery loop calls Login),
@@ -64,9 +68,12 @@ func (c *conn) abortLent(lun uint64, itt, cmdSN uint32) {
 
 // holdLent waits until the target can no longer read t's lent pages after the connection was
 // lost: the session reinstated or closed (c.superseded), or Config.LendHold passed. A target
-// that answered a Logout has read everything, so nothing is held then.
-func (c *conn) holdLent(t *task) {
-	if c.loggedOut.Load() {
+// that answered a Logout has read everything, so nothing is held then. A caller that gives up
+// is let go: its write has failed, so the range's contents are undefined, and every later
+// command reaches the target only after the reinstatement that ends this one (the connection
+// is gone, and Login is the only way to a new one).
+func (c *conn) holdLent(ctx context.Context, t *task) {
+	if c.loggedOut.Load() || ctx.Err() != nil {
 		return
 	}
 	select {
@@ -80,6 +87,7 @@ func (c *conn) holdLent(t *task) {
 	defer timer.Stop()
 	select {
 	case <-c.superseded:
+	case <-ctx.Done():
 	case <-timer.C:
 		c.log.Warn("session not reinstated in time; failing a write whose data the old connection may still hold",
 			zap.Uint32("itt", t.itt), zap.Duration("waited", c.s.cfg.LendHold))

@@ -186,59 +186,62 @@ func TestLentWriteHoldEnds(t *testing.T) {
 	}
 }
 
-// TestLentWriteCallerGivesUp: a caller whose context ends while its write's data is lent does
-// not get its buffer back until the target confirmed the task's end (ABORT TASK answered on the
-// same connection, which the target reads in order); it then gets its context's error. An
-// ABORT TASK the target refuses ends the connection, and the write then waits for the
-// reinstatement like any lent write on a lost connection.
+// TestLentWriteCallerGivesUp: a caller whose context ends while its write's data is lent and the
+// connection lives does not get its buffer back until the target confirmed the task's end
+// (ABORT TASK answered on the same connection, which the target reads in order); it then gets
+// its context's error. An ABORT TASK the target refuses ends the connection: the caller then
+// gets its error at once, since nothing can reach the target any more before the session's
+// reinstatement, which ends the old command. So does a caller that gives up while its write
+// waits for that reinstatement.
 func TestLentWriteCallerGivesUp(t *testing.T) {
-	for _, response := range []uint8{0, 5} { // function complete; function rejected
-		d := &pipeDialer{}
-		got := make(chan struct{}, 1)
-		tmfs := make(chan pdu.BHS, 1)
-		answer := make(chan uint8, 1)
-		lendTarget(t, d, got, tmfs, answer)
-		log, held := holdSignal(t)
-		s := newTestSession(t, d, func(c *Config) { c.LendPages, c.Logger = true, log })
-		mustLogin(t, s)
-		ctx, cancel := context.WithCancel(context.Background())
-		errc := startWrite(ctx, s)
-		arrived(t, got, "the write's data at the target")
-		cancel()
-		var tmf pdu.BHS
-		select {
-		case tmf = <-tmfs:
-		case err := <-errc:
-			t.Fatalf("response %d: the write returned (%v) before the ABORT TASK was even sent", response, err)
-		case <-time.After(10 * time.Second):
-			t.Fatalf("response %d: no ABORT TASK 10 s after the caller gave up", response)
-		}
-		if fn := tmf.Flags() & 0x7f; fn != pdu.TMFAbortTask {
-			t.Fatalf("TMF function %d, want ABORT TASK", fn)
-		}
-		notYet(t, errc, "abandoned lent write")
-		answer <- response
-		if response == 0 {
+	for _, tc := range []struct {
+		name     string
+		response uint8 // to the ABORT TASK
+		drop     bool  // the connection is dropped before the caller gives up
+	}{{"abort answered", 0, false}, {"abort refused", 5, false}, {"during the hold", 0, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &pipeDialer{}
+			got := make(chan struct{}, 1)
+			tmfs := make(chan pdu.BHS, 1)
+			answer := make(chan uint8, 1)
+			lendTarget(t, d, got, tmfs, answer)
+			log, held := holdSignal(t)
+			s := newTestSession(t, d, func(c *Config) { c.LendPages, c.Logger = true, log })
+			mustLogin(t, s)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			errc := startWrite(ctx, s)
+			arrived(t, got, "the write's data at the target")
+			if tc.drop {
+				s.Drop(errors.New("command timeout"))
+				arrived(t, held, "the lent write's wait for the reinstatement")
+				notYet(t, errc, "lent write")
+				cancel()
+				if err := within(t, errc, "lent write whose caller gave up during the hold"); !errors.Is(err, context.Canceled) {
+					t.Fatalf("lent write whose caller gave up during the hold: %v, want context.Canceled", err)
+				}
+				return
+			}
+			cancel()
+			var tmf pdu.BHS
+			select {
+			case tmf = <-tmfs:
+			case err := <-errc:
+				t.Fatalf("the write returned (%v) before the ABORT TASK was even sent", err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("no ABORT TASK 10 s after the caller gave up")
+			}
+			if fn := tmf.Flags() & 0x7f; fn != pdu.TMFAbortTask {
+				t.Fatalf("TMF function %d, want ABORT TASK", fn)
+			}
+			notYet(t, errc, "abandoned lent write")
+			answer <- tc.response
 			if err := within(t, errc, "abandoned lent write"); !errors.Is(err, context.Canceled) {
 				t.Fatalf("abandoned lent write: %v, want context.Canceled", err)
 			}
-			continue
-		}
-		select {
-		case <-held:
-		case err := <-errc:
-			t.Fatalf("refused ABORT TASK: the write returned (%v) without a reinstatement", err)
-		case <-time.After(10 * time.Second):
-			t.Fatal("refused ABORT TASK: the write did not start waiting for the reinstatement")
-		}
-		lendTarget(t, d, make(chan struct{}, 1), nil, nil)
-		lctx, lcancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := s.Login(lctx); err != nil {
-			t.Fatal(err)
-		}
-		lcancel()
-		if err := within(t, errc, "abandoned lent write after the reinstatement"); !errors.Is(err, context.Canceled) {
-			t.Fatalf("abandoned lent write after the reinstatement: %v, want context.Canceled", err)
-		}
+			if refused := tc.response != 0; s.Connected() == refused {
+				t.Fatalf("ABORT TASK answered %d: connected %v afterwards", tc.response, s.Connected())
+			}
+		})
 	}
 }
