@@ -45,6 +45,9 @@ type lendPipe struct {
 	// off: the kernel refused the pipe or vmsplice (a seccomp filter, say) before any byte was
 	// lent; the connection copies from then on. Written under mu by the writer, read by it.
 	off bool
+	// broken: a lent send failed part way, so the pipe may still hold that segment's bytes,
+	// which must never go out as part of another PDU: every later lent send fails.
+	broken bool
 }
 
 func newLendPipe() lendPipe { return lendPipe{r: -1, w: -1} }
@@ -56,7 +59,7 @@ var errLendRefused = errors.New("transport: the kernel refused a lent send")
 
 // open returns the pipe, creating it on first use (p.mu held).
 func (p *lendPipe) open() error {
-	if p.closed {
+	if p.closed || p.broken {
 		return errLendClosed
 	}
 	if p.r >= 0 {
@@ -112,16 +115,22 @@ func (c *TCPConn) sendLent(p *OutPDU, data []byte) error {
 		if err == unix.EINTR {
 			continue
 		}
-		if err != nil && !mapped && (err == unix.ENOSYS || err == unix.EPERM || err == unix.EACCES || err == unix.EINVAL) {
-			lp.off = true // nothing was mapped: copying this and every later segment is safe
+		if err != nil && !mapped {
+			// Nothing of this segment is in the pipe: copying it is safe. A kernel that refuses
+			// vmsplice outright will refuse it again: copy from now on.
+			if err == unix.ENOSYS || err == unix.EPERM || err == unix.EACCES || err == unix.EINVAL {
+				lp.off = true
+			}
 			return errLendRefused
 		}
 		if err != nil {
 			// EAGAIN cannot happen: the pipe is empty here (every round drains it below).
+			lp.broken = true
 			return fmt.Errorf("transport: vmsplice: %w", err)
 		}
 		mapped, *p.Lent = true, true // the pipe, then the socket, reference the pages from here on
 		if _, err := c.raw.SpliceOut(lp.r, n); err != nil {
+			lp.broken = true
 			return err
 		}
 		data = data[n:]

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/iser-blk/iser-blk/backend/iser/internal/pdu"
 	"github.com/iser-blk/iser-blk/internal/fdtest"
@@ -98,19 +99,38 @@ func TestTCPLentSend(t *testing.T) {
 	}
 }
 
-// TestTCPLentSendAfterClose: a lent send on a closed connection fails (the pipe is closed with
-// the socket), and Close and Abort may run more than once.
-func TestTCPLentSendAfterClose(t *testing.T) {
-	a, _ := fdtest.TCPPair(t)
+// TestTCPLentSendAbortedWhileBlocked: a lent send blocked in the splice (the peer reads nothing)
+// returns when the connection is aborted, the pipe is closed after it (no descriptor is closed
+// under the system call), and a later lent send fails instead of reusing the pipe.
+func TestTCPLentSendAbortedWhileBlocked(t *testing.T) {
+	a, b := fdtest.TCPPair(t)
+	a.(*net.TCPConn).SetWriteBuffer(64 << 10) //nolint:errcheck // smaller queues fill sooner; not required
+	b.(*net.TCPConn).SetReadBuffer(64 << 10)  //nolint:errcheck
 	c := NewTCPConn(a)
 	var lent bool
-	buf := make([]byte, LendMin)
-	if err := c.WritePDUs([]OutPDU{{BHS: dataOutPDU(len(buf)), Data: buf, Lent: &lent}}); err != nil {
-		t.Fatal(err)
-	}
+	buf := make([]byte, 8<<20) // a data segment's length has 24 bits
+	written := make(chan error, 1)
+	go func() { written <- c.WritePDUs([]OutPDU{{BHS: dataOutPDU(len(buf)), Data: buf, Lent: &lent}}) }()
+	waitQueued(t, a.(*net.TCPConn))
 	c.Abort()
-	c.Close()
-	if err := c.WritePDUs([]OutPDU{{BHS: dataOutPDU(len(buf)), Data: buf, Lent: &lent}}); err == nil {
-		t.Fatal("a lent send on a closed connection succeeded")
+	select {
+	case err := <-written:
+		if err == nil {
+			t.Fatal("an 8 MiB lent send completed although the peer read nothing")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the blocked lent send did not return after Abort")
+	}
+	if !lent {
+		t.Fatal("the segment was not lent")
+	}
+	c.lend.mu.Lock()
+	r, w := c.lend.r, c.lend.w
+	c.lend.mu.Unlock()
+	if r != -1 || w != -1 {
+		t.Fatalf("pipe descriptors %d, %d still open after Abort", r, w)
+	}
+	if err := c.WritePDUs([]OutPDU{{BHS: dataOutPDU(LendMin), Data: buf[:LendMin], Lent: &lent}}); err == nil {
+		t.Fatal("a lent send after Abort succeeded")
 	}
 }
