@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"slices"
 	"strconv"
 	"sync"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -150,7 +148,7 @@ func sessionConfigs(t Target, portals []Target, n int, dialer transport.Dialer, 
 	total := n * len(portals)
 	cfgs := make([]session.Config, total)
 	names := make([]string, total)
-	lend, hold := lendPolicy(total, opts)
+	lend := lendPolicy(total, opts)
 	for i := range total {
 		pt := portals[i/n]
 		cfgs[i] = session.Config{
@@ -162,7 +160,6 @@ func sessionConfigs(t Target, portals []Target, n int, dialer transport.Dialer, 
 			LoginTimeout:  opts.LoginTimeout,
 			Logger:        sessionLog,
 			LendPages:     lend,
-			LendHold:      hold,
 		}
 		if opts.proposal != nil {
 			cfgs[i].Proposal = *opts.proposal
@@ -278,25 +275,10 @@ func noRDMA(err error) bool {
 	return errors.Is(err, rdma.ErrNoRDMA) || errors.Is(err, rdma.ErrNoDevice)
 }
 
-// lendPolicy says whether sessions may send write data by reference (session.Config.LendPages)
-// and how long a write lent to a lost connection waits for its reinstatement. A lent write
-// returns only after the session's reinstatement (or the replacement timeout), so it is on only
-// where the command has nowhere else to go meanwhile: one session to one portal, whose loss
-// the recovery loop answers by logging in again. With other sessions a re-issue must not wait
-// for this one's, and with a replacement timeout of 0 I/O fails at once on a loss.
-func lendPolicy(sessions int, opts Options) (bool, time.Duration) {
-	if sessions != 1 || opts.CopyWrites {
-		return false, 0
-	}
-	rt := DefaultRecovery().ReplacementTimeout
-	if opts.Recovery != nil {
-		rt = opts.Recovery.ReplacementTimeout
-	}
-	switch {
-	case rt == 0:
-		return false, 0
-	case rt < 0:
-		return true, math.MaxInt64 // I/O waits for a path forever: so does a lent write
-	}
-	return true, rt
+// lendPolicy says whether sessions may send write data by reference (session.Config.LendPages):
+// only when the device has one session, so that a command failed by a lost connection is
+// re-issued on that same session, which the target reinstates first (see the session's
+// lend.go), and not with --copy-writes.
+func lendPolicy(sessions int, opts Options) bool {
+	return sessions == 1 && !opts.CopyWrites
 }

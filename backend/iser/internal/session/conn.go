@@ -72,9 +72,10 @@ type task struct {
 	// (>= 0, see toPipe), pipeLen bytes in all, instead of buf (nil).
 	pipeW   int
 	pipeLen int
-	// lent: the transport sent some of buf by reference (transport.OutPDU.Lent); the task then
-	// keeps buf until the target can no longer read it (lend.go). Written by whichever
-	// goroutine flushed the PDU before the owner's send returns; read by the owner only.
+	// lent: the transport sent some of buf by reference (transport.OutPDU.Lent); while the
+	// connection lives the task then lets its caller go only after the target answered
+	// (lend.go). Written by whichever goroutine flushed the PDU before the owner's send
+	// returns; read by the owner only.
 	lent bool
 	xfer transport.Task
 	bhs  pdu.BHS // the owner's send scratch
@@ -147,12 +148,7 @@ type conn struct {
 	err        error
 	readerDone chan struct{}
 
-	// lends: write data may go out by reference (Config.LendPages). superseded is closed when
-	// the target can no longer read anything sent on this connection: a later login reinstated
-	// the session, or the session closed (lend.go).
-	lends          bool
-	superseded     chan struct{}
-	supersededOnce sync.Once
+	lends bool // write data may go out by reference (Config.LendPages, lend.go)
 
 	respBuf []byte     // reader scratch for response data segments
 	batch   batchState // the reader's run of batched completions (batch.go)
@@ -170,7 +166,6 @@ func newConn(s *Session, tc transport.Conn, portal string, p *login.Params) *con
 		done:       make(chan struct{}),
 		readerDone: make(chan struct{}),
 		lends:      s.cfg.LendPages,
-		superseded: make(chan struct{}),
 		respBuf:    make([]byte, p.MaxRecvDataSegmentLength),
 		batch:      batchState{flushes: make([]block.Flusher, 0, 8)},
 		winQ:       make([]*task, 0, s.cfg.MaxTasks), // every SCSI task may wait: no growth later
@@ -276,13 +271,13 @@ func (c *conn) execute(ctx context.Context, cmd *scsi.Command, resp *scsi.Respon
 	err = c.submitLocked(transport.OutPDU{BHS: &t.bhs, Data: t.xfer.Buf[:t.xfer.Immediate], Task: &t.xfer, Lent: c.lendable(t)}, t.sent)
 	if err != nil {
 		c.shutdown(err)
-		return c.finishAfterConnLoss(ctx, t, nil)
+		return c.finishAfterConnLoss(t, nil)
 	}
 	if hasUnsolicitedPDUs {
 		// Unsolicited Data-Out PDUs (§13.10): TTT 0xffffffff, up to FirstBurstLength in total.
 		if err := c.sendDataOut(t, pdu.ReservedTag, uint32(t.xfer.Immediate), uint32(t.xfer.Unsolicited-t.xfer.Immediate)); err != nil {
 			c.shutdown(err)
-			return c.finishAfterConnLoss(ctx, t, nil)
+			return c.finishAfterConnLoss(t, nil)
 		}
 	}
 	return c.wait(ctx, t, nil)
@@ -317,7 +312,10 @@ func (c *conn) wait(ctx context.Context, t *task, out *ctlResult) error {
 			case evR2T:
 				if err := c.sendDataOut(t, ev.ttt, ev.off, ev.length); err != nil {
 					c.shutdown(err)
-					return c.finishAfterConnLoss(ctx, t, nil)
+					if err := c.finishAfterConnLoss(t, nil); err == nil || ctxErr == nil {
+						return err
+					}
+					return ctxErr
 				}
 			case evDone:
 				t.mu.Lock()
@@ -354,13 +352,9 @@ func (c *conn) wait(ctx context.Context, t *task, out *ctlResult) error {
 			}
 			return ctx.Err()
 		case <-c.done:
-			lent := t.lent // the slot is free once finishAfterConnLoss returns
-			err := c.finishAfterConnLoss(ctx, t, out)
+			err := c.finishAfterConnLoss(t, out)
 			if err != nil && ctxErr != nil {
 				return ctxErr
-			}
-			if err != nil && lent && ctx.Err() != nil {
-				return ctx.Err() // the caller gave up while the write was held (holdLent)
 			}
 			return err
 		}
@@ -369,14 +363,11 @@ func (c *conn) wait(ctx context.Context, t *task, out *ctlResult) error {
 
 // finishAfterConnLoss completes a task whose connection is gone. A response that raced in
 // before the loss still wins.
-func (c *conn) finishAfterConnLoss(ctx context.Context, t *task, out *ctlResult) error {
+func (c *conn) finishAfterConnLoss(t *task, out *ctlResult) error {
 	<-c.readerDone // the reader no longer touches the task
 	t.mu.Lock()
 	completed, err := t.completed, t.takeResult(out)
 	t.mu.Unlock()
-	if t.lent && !completed {
-		c.holdLent(ctx, t)
-	}
 	c.release(t)
 	if completed {
 		return err

@@ -38,7 +38,7 @@ func (c *conn) control(ctx context.Context, kind uint8, ref uint32, encode func(
 	}
 	t.ref = ref
 	if err := c.sendControl(t, encode, data); err != nil {
-		return c.finishAfterConnLoss(ctx, t, out)
+		return c.finishAfterConnLoss(t, out)
 	}
 	return c.wait(ctx, t, out)
 }
@@ -82,7 +82,7 @@ func (c *conn) text(ctx context.Context, kvs []login.KeyValue) ([]login.KeyValue
 	for round := 0; ; round++ {
 		if round > 4096 {
 			c.shutdown(protoErr("text response longer than 4096 PDUs"))
-			return nil, c.finishAfterConnLoss(ctx, t, nil)
+			return nil, c.finishAfterConnLoss(t, nil)
 		}
 		data := req
 		if round > 0 {
@@ -94,7 +94,7 @@ func (c *conn) text(ctx context.Context, kvs []login.KeyValue) ([]login.KeyValue
 			r.Encode(&t.bhs)
 		}
 		if err := c.sendControl(t, encode, data); err != nil {
-			return nil, c.finishAfterConnLoss(ctx, t, nil)
+			return nil, c.finishAfterConnLoss(t, nil)
 		}
 		// Wait for this round's response; keep the slot (and the ITT) for the next round.
 		if err := c.waitRound(ctx, t, &out); err != nil {
@@ -150,7 +150,7 @@ func (c *conn) waitRound(ctx context.Context, t *task, out *ctlResult) error {
 		t.mu.Unlock()
 		return ctx.Err()
 	case <-c.done:
-		return c.finishAfterConnLoss(ctx, t, nil)
+		return c.finishAfterConnLoss(t, nil)
 	}
 }
 

@@ -184,6 +184,9 @@ func (f *fakeTarget) login() error {
 				out = append(out, login.KeyValue{Key: kv.Key, Value: v})
 			}
 		}
+		if tpgt := f.keys["TargetPortalGroupTag"]; tpgt != "" {
+			out = append(out, login.KeyValue{Key: "TargetPortalGroupTag", Value: tpgt}) // declared (§13.9)
+		}
 		if csg == pdu.StageOperational {
 			mrdsl := f.keys["MaxRecvDataSegmentLength"]
 			if mrdsl == "" {

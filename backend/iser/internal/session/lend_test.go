@@ -3,17 +3,12 @@ package session
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest"
-
 	"github.com/iser-blk/iser-blk/backend/iser/internal/pdu"
+	"github.com/iser-blk/iser-blk/backend/iser/internal/transport"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
-	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/fdtest"
 )
 
@@ -28,9 +23,9 @@ const lendWriteLen = 256 << 10
 // that solicits the rest of every write with one R2T, reads its Data-Out and then neither
 // answers the command nor closes: a stalled target. TMF requests go to tmfs, and are answered
 // with the response sent on answer.
-func lendTarget(t *testing.T, d *pipeDialer, got chan<- struct{}, tmfs chan<- pdu.BHS, answer <-chan uint8) {
+func lendTarget(t *testing.T, d *pipeDialer, keys map[string]string, got chan<- struct{}, tmfs chan<- pdu.BHS, answer <-chan uint8) {
 	a, b := fdtest.TCPPair(t)
-	f := attachFake(t, d, "fake:3260", lendKeys, a, b)
+	f := attachFake(t, d, "fake:3260", keys, a, b)
 	received := 0
 	f.serve(func(f *fakeTarget, p wirePDU) error {
 		switch p.bhs.Opcode() {
@@ -49,25 +44,15 @@ func lendTarget(t *testing.T, d *pipeDialer, got chan<- struct{}, tmfs chan<- pd
 			var r pdu.BHS
 			pdu.EncodeTaskMgmtResponse(&r, <-answer, p.bhs.ITT(), f.sns())
 			f.statSN++
-			return f.write(&r, nil)
+			if f.write(&r, nil) != nil {
+				return errStopServing // the test dropped the connection instead of waiting for this
+			}
+			return nil
 		case pdu.OpLogoutReq:
 			return logoutOK(f, &p.bhs)
 		}
 		return nil
 	})
-}
-
-// holdSignal returns a logger for t that also reports on the channel when a lent write starts
-// waiting for the reinstatement (holdLent).
-func holdSignal(t *testing.T) (*zap.Logger, <-chan struct{}) {
-	held := make(chan struct{}, 4)
-	log := zaptest.NewLogger(t, zaptest.WrapOptions(zap.Hooks(func(e zapcore.Entry) error {
-		if strings.Contains(e.Message, "waiting for the session's reinstatement") {
-			held <- struct{}{}
-		}
-		return nil
-	})))
-	return log, held
 }
 
 func startWrite(ctx context.Context, s *Session) <-chan error {
@@ -112,75 +97,55 @@ func notYet(t *testing.T, c <-chan error, what string) {
 	}
 }
 
-// TestLentWriteHeldUntilReinstated: a write whose data went out by reference and whose
-// connection is dropped before the target answered fails only once the session has been
-// reinstated (the target ends the old connection's tasks before it answers that login), so the
-// caller cannot reuse its buffer while a stalled target could still read it. Without lending the
-// same write fails at once, as before.
-func TestLentWriteHeldUntilReinstated(t *testing.T) {
-	for _, lend := range []bool{true, false} {
-		t.Run(map[bool]string{true: "lent", false: "copied"}[lend], func(t *testing.T) {
+// withTPGT is lendKeys with the target declaring portal group tag tpgt.
+func withTPGT(tpgt string) map[string]string {
+	m := map[string]string{"TargetPortalGroupTag": tpgt}
+	for k, v := range lendKeys {
+		m[k] = v
+	}
+	return m
+}
+
+// TestLentWriteConnLoss: a lent write whose connection is dropped before the target answered
+// fails at once with its ConnError, like a copied one (the device re-issues it on the same
+// session, which its reinstatement reaches first: lend.go). Lending stays on after a login that
+// reinstates the session (same portal group) and is off after one that reaches another portal
+// group, where the same ISID makes a new session instead.
+func TestLentWriteConnLoss(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		next       string // the reinstating login's portal group
+		lendsAfter bool
+	}{{"same portal group", "1", true}, {"other portal group", "2", false}} {
+		t.Run(tc.name, func(t *testing.T) {
 			d := &pipeDialer{}
 			got := make(chan struct{}, 1)
-			lendTarget(t, d, got, nil, nil)
-			log, held := holdSignal(t)
-			s := newTestSession(t, d, func(c *Config) { c.LendPages, c.Logger = lend, log })
+			lendTarget(t, d, withTPGT("1"), got, nil, nil)
+			s := newTestSession(t, d, func(c *Config) { c.LendPages = true })
 			mustLogin(t, s)
+			before := transport.LentSegments()
 			errc := startWrite(context.Background(), s)
 			arrived(t, got, "the write's data at the target")
+			if transport.LentSegments() == before {
+				t.Fatal("the write's data was copied")
+			}
 			s.Drop(errors.New("command timeout"))
-			if !lend {
-				if err := within(t, errc, "copied write after Drop"); !errors.Is(err, block.ErrIO) {
-					t.Fatalf("copied write after Drop: %v, want a connection error", err)
-				}
-				return
+			var ce *ConnError
+			if err := within(t, errc, "lent write after Drop"); !errors.As(err, &ce) {
+				t.Fatalf("lent write after Drop: %v, want a ConnError", err)
 			}
-			select {
-			case <-held:
-			case err := <-errc:
-				t.Fatalf("lent write returned (%v) after Drop, before the reinstatement", err)
-			case <-time.After(10 * time.Second):
-				t.Fatal("lent write neither returned nor waited 10 s after Drop")
-			}
-			notYet(t, errc, "lent write")
-			lendTarget(t, d, make(chan struct{}, 1), nil, nil) // the reinstating login's target
+			got2 := make(chan struct{}, 1)
+			lendTarget(t, d, withTPGT(tc.next), got2, nil, nil)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			if err := s.Login(ctx); err != nil {
 				t.Fatal(err)
 			}
-			var ce *ConnError
-			if err := within(t, errc, "lent write after the reinstatement"); !errors.As(err, &ce) {
-				t.Fatalf("lent write after the reinstatement: %v, want a ConnError", err)
-			}
-		})
-	}
-}
-
-// TestLentWriteHoldEnds: without a reinstatement a lent write still returns, when the session
-// closes or when LendHold passes.
-func TestLentWriteHoldEnds(t *testing.T) {
-	for _, by := range []string{"close", "timeout"} {
-		t.Run(by, func(t *testing.T) {
-			d := &pipeDialer{}
-			got := make(chan struct{}, 1)
-			lendTarget(t, d, got, nil, nil)
-			log, held := holdSignal(t)
-			hold := time.Hour
-			if by == "timeout" {
-				hold = 50 * time.Millisecond
-			}
-			s := newTestSession(t, d, func(c *Config) { c.LendPages, c.LendHold, c.Logger = true, hold, log })
-			mustLogin(t, s)
-			errc := startWrite(context.Background(), s)
-			arrived(t, got, "the write's data at the target")
-			s.Drop(errors.New("command timeout"))
-			if by == "close" {
-				arrived(t, held, "the lent write's wait for the reinstatement")
-				s.Close()
-			}
-			if err := within(t, errc, "lent write"); !errors.Is(err, block.ErrIO) {
-				t.Fatalf("lent write: %v, want a connection error", err)
+			before = transport.LentSegments()
+			startWrite(context.Background(), s)
+			arrived(t, got2, "the second write's data at the target")
+			if lent := transport.LentSegments() > before; lent != tc.lendsAfter {
+				t.Fatalf("after a login to portal group %s: lent %v, want %v", tc.next, lent, tc.lendsAfter)
 			}
 		})
 	}
@@ -189,39 +154,26 @@ func TestLentWriteHoldEnds(t *testing.T) {
 // TestLentWriteCallerGivesUp: a caller whose context ends while its write's data is lent and the
 // connection lives does not get its buffer back until the target confirmed the task's end
 // (ABORT TASK answered on the same connection, which the target reads in order); it then gets
-// its context's error. An ABORT TASK the target refuses ends the connection: the caller then
-// gets its error at once, since nothing can reach the target any more before the session's
-// reinstatement, which ends the old command. So does a caller that gives up while its write
-// waits for that reinstatement.
+// its context's error. An ABORT TASK the target refuses ends the connection, and so does a
+// connection lost while the ABORT TASK is out: the caller then gets its error too.
 func TestLentWriteCallerGivesUp(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		response uint8 // to the ABORT TASK
-		drop     bool  // the connection is dropped before the caller gives up
-	}{{"abort answered", 0, false}, {"abort refused", 5, false}, {"during the hold", 0, true}} {
+		drop     bool  // the connection is dropped instead of answering
+	}{{"abort answered", 0, false}, {"task does not exist", 1, false}, {"abort refused", 5, false}, {"connection lost", 0, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := &pipeDialer{}
 			got := make(chan struct{}, 1)
 			tmfs := make(chan pdu.BHS, 1)
 			answer := make(chan uint8, 1)
-			lendTarget(t, d, got, tmfs, answer)
-			log, held := holdSignal(t)
-			s := newTestSession(t, d, func(c *Config) { c.LendPages, c.Logger = true, log })
+			lendTarget(t, d, lendKeys, got, tmfs, answer)
+			s := newTestSession(t, d, func(c *Config) { c.LendPages = true })
 			mustLogin(t, s)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			errc := startWrite(ctx, s)
 			arrived(t, got, "the write's data at the target")
-			if tc.drop {
-				s.Drop(errors.New("command timeout"))
-				arrived(t, held, "the lent write's wait for the reinstatement")
-				notYet(t, errc, "lent write")
-				cancel()
-				if err := within(t, errc, "lent write whose caller gave up during the hold"); !errors.Is(err, context.Canceled) {
-					t.Fatalf("lent write whose caller gave up during the hold: %v, want context.Canceled", err)
-				}
-				return
-			}
 			cancel()
 			var tmf pdu.BHS
 			select {
@@ -235,12 +187,17 @@ func TestLentWriteCallerGivesUp(t *testing.T) {
 				t.Fatalf("TMF function %d, want ABORT TASK", fn)
 			}
 			notYet(t, errc, "abandoned lent write")
-			answer <- tc.response
+			if tc.drop {
+				s.Drop(errors.New("keepalive: no NOP-In"))
+				defer func() { answer <- 0 }() // lets the fake's handler end: its answer finds the connection reset
+			} else {
+				answer <- tc.response
+			}
 			if err := within(t, errc, "abandoned lent write"); !errors.Is(err, context.Canceled) {
 				t.Fatalf("abandoned lent write: %v, want context.Canceled", err)
 			}
-			if refused := tc.response != 0; s.Connected() == refused {
-				t.Fatalf("ABORT TASK answered %d: connected %v afterwards", tc.response, s.Connected())
+			if ended := tc.drop || tc.response > 1; s.Connected() == ended {
+				t.Fatalf("connected %v afterwards, want %v", s.Connected(), !ended)
 			}
 		})
 	}

@@ -73,12 +73,9 @@ type Config struct {
 	Logger       *zap.Logger
 
 	// LendPages lets the transport send a large write's data by reference instead of copying it
-	// (lend.go). A write whose data was lent and whose connection is lost then returns only once
-	// a later Login reinstated the session, the session closed, or LendHold passed (default
-	// 120 s): for sessions whose loss a recovery loop answers with Login, and whose commands
-	// have nowhere else to go meanwhile.
+	// (lend.go). Only for a session no other session of the same initiator shares a LUN with:
+	// see lend.go for why.
 	LendPages bool
-	LendHold  time.Duration
 }
 
 // ErrNotLoggedIn is returned (inside a *ConnError) when a session has no live connection.
@@ -162,9 +159,6 @@ func New(cfg Config) (*Session, error) {
 	}
 	if cfg.LoginTimeout <= 0 {
 		cfg.LoginTimeout = 15 * time.Second
-	}
-	if cfg.LendHold <= 0 {
-		cfg.LendHold = defaultLendHold
 	}
 	if cfg.Proposal.MaxRecvDataSegmentLength == 0 {
 		cfg.Proposal = login.DefaultProposal()
@@ -264,7 +258,7 @@ func (s *Session) Login(ctx context.Context) error {
 	if c := s.cur.Load(); c != nil && !c.dead() {
 		return nil
 	}
-	portal := s.portal
+	portal, old := s.portal, s.cur.Load()
 	for redirects := 0; ; redirects++ {
 		c, err := s.loginOnce(ctx, portal)
 		var re *login.RedirectError
@@ -284,11 +278,11 @@ func (s *Session) Login(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		old := s.cur.Swap(c)
+		// Lending needs this login to reinstate the last one (lend.go): not across a redirect,
+		// which may lead to another portal group, where the same ISID makes a new session.
+		c.lends = c.lends && redirects == 0 && (old == nil || old.params.TargetPortalGroupTag == c.params.TargetPortalGroupTag)
+		s.cur.Store(c)
 		c.start()
-		if old != nil {
-			old.supersede() // reinstated: the target ended the old connection first (§6.3.5)
-		}
 		s.log.Info("iSCSI login succeeded", zap.String("portal", portal), zap.Uint16("tsih", c.params.TSIH),
 			zap.Stringer("params", &c.params))
 		return nil
@@ -417,7 +411,6 @@ func (s *Session) Close() error {
 	if c := s.cur.Load(); c != nil {
 		c.shutdown(ErrSessionClosed)
 		<-c.readerDone
-		c.supersede() // nothing waits for a reinstatement any more
 	}
 	return err
 }

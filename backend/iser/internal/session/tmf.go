@@ -101,7 +101,7 @@ func (c *conn) tmf(ctx context.Context, fn uint8, lun uint64, ref, refCmdSN uint
 		r.Encode(&t.bhs)
 	}
 	if err := c.sendControl(t, encode, nil); err != nil {
-		return 0, c.finishAfterConnLoss(ctx, t, &out)
+		return 0, c.finishAfterConnLoss(t, &out)
 	}
 	if err := c.wait(ctx, t, &out); err != nil {
 		return 0, err
