@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,67 +29,11 @@ var lendParams = map[string]string{"MaxRecvDataSegmentLength": "262144", "FirstB
 func TestE2ELentWritesSurviveStall(t *testing.T) {
 	tg := tgtd.Start(t, tgtd.Options{Size: 64 << 20, Params: lendParams})
 	d := openE2E(t, fmt.Sprintf("iscsi://%s/%s/1", tg.Portal, tg.Name), Options{Recovery: e2eRecovery(-1)})
-	const (
-		workers = 4
-		blocks  = 16 // per worker
-		bsz     = 1 << 20
-	)
 	lentBefore := transport.LentSegments()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var (
-		mu   sync.Mutex
-		last = map[int64][]byte{}
-		errs []error
-		ops  int
-		wg   sync.WaitGroup
-	)
-	stop := make(chan struct{})
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			buf := make([]byte, bsz)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				off := int64(w*blocks+rng.IntN(blocks)) * bsz
-				for i := 0; i < len(buf); i += 8 {
-					v := rng.Uint64()
-					for j := range 8 {
-						buf[i+j] = byte(v >> (8 * j))
-					}
-				}
-				if err := d.WriteAt(ctx, buf, off, 0); err != nil {
-					mu.Lock()
-					errs = append(errs, fmt.Errorf("write at %d: %w", off, err))
-					mu.Unlock()
-					return
-				}
-				mu.Lock()
-				last[off] = append(last[off][:0], buf...)
-				ops++
-				mu.Unlock()
-			}
-		}()
-	}
-	waitOps := func(n int) {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			mu.Lock()
-			done, failed := ops, len(errs) > 0
-			mu.Unlock()
-			if done >= n || failed || time.Now().After(deadline) {
-				return
-			}
-			time.Sleep(10 * time.Millisecond) // polling the writers' progress, not synchronising
-		}
-	}
-	waitOps(40)
+	load := startWriteLoad(ctx, d, 4, 16, 1<<20, 7, false) // 4 writers, 16 blocks of 1 MiB each
+	load.waitOps(40)
 	downs := d.PathStats()[0].Downs
 	if err := tg.Pause(); err != nil {
 		t.Fatal(err)
@@ -107,15 +50,10 @@ func TestE2ELentWritesSurviveStall(t *testing.T) {
 	if !dropped {
 		t.Fatal("the keepalive did not drop the connection to the stopped target within 20 s")
 	}
-	mu.Lock()
-	before := ops
-	mu.Unlock()
-	waitOps(before + 40)
-	close(stop)
-	wg.Wait()
-	if len(errs) > 0 {
-		t.Fatalf("%d writes failed, first: %v", len(errs), errs[0])
-	}
+	before, _ := load.progress()
+	load.waitOps(before + 40)
+	load.finish(t)
+	ops, _ := load.progress()
 	st := d.PathStats()[0]
 	t.Logf("%d writes, %d lent segments; path downs %d restores %d replayed %d", ops,
 		transport.LentSegments()-lentBefore, st.Downs, st.Restores, st.Replayed)
@@ -125,15 +63,7 @@ func TestE2ELentWritesSurviveStall(t *testing.T) {
 	if transport.LentSegments() == lentBefore {
 		t.Fatal("no segment was sent by reference")
 	}
-	for off, want := range last {
-		got, err := tg.ReadBacking(off, len(want))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Fatalf("block at %d does not hold the last data written to it", off)
-		}
-	}
+	load.checkBacking(t, tg)
 }
 
 // TestE2ECopyWrites: with Options.CopyWrites nothing is sent by reference, and the data lands.

@@ -7,8 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,74 +27,12 @@ func TestE2ETargetKilledAndRestarted(t *testing.T) {
 	tg := tgtd.Start(t, tgtd.Options{Size: 32 << 20})
 	d := openE2E(t, fmt.Sprintf("iscsi://%s/%s/1", tg.Portal, tg.Name), Options{Sessions: 2, Recovery: e2eRecovery(-1)})
 
-	const (
-		workers = 8
-		blocks  = 64 // per worker, 64 KiB each
-		bsz     = 64 << 10
-	)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var mu sync.Mutex
-	last := map[int64][]byte{}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var errs []error
-	var ops [workers]int
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 1))
-			buf := make([]byte, bsz)
-			got := make([]byte, bsz)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				off := int64(w*blocks+rng.IntN(blocks)) * bsz
-				for i := range buf {
-					buf[i] = byte(rng.Uint32())
-				}
-				err := d.WriteAt(ctx, buf, off, 0)
-				if err == nil {
-					err = d.ReadAt(ctx, got, off)
-					if err == nil && !bytes.Equal(got, buf) {
-						err = fmt.Errorf("read back at %d differs from what was written", off)
-					}
-				}
-				if err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-					return
-				}
-				mu.Lock()
-				last[off] = append(last[off][:0], buf...)
-				ops[w]++
-				mu.Unlock()
-			}
-		}()
-	}
+	// 8 writers, 64 blocks of 64 KiB each, every write read back.
+	load := startWriteLoad(ctx, d, 8, 64, 64<<10, 1, true)
 	// Let I/O run, kill the target, keep it down 3 s, bring it back, let I/O run again.
-	waitOps := func(n int) {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			mu.Lock()
-			total := 0
-			for _, n := range ops {
-				total += n
-			}
-			failed := len(errs) > 0
-			mu.Unlock()
-			if total >= n || failed || time.Now().After(deadline) {
-				return
-			}
-			time.Sleep(10 * time.Millisecond) // polling the workers' progress, not synchronising
-		}
-	}
-	waitOps(200)
+	load.waitOps(200)
 	tg.Kill()
 	killed := time.Now()
 	<-time.After(3 * time.Second) // the outage itself
@@ -104,19 +40,12 @@ func TestE2ETargetKilledAndRestarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("target down for %v", time.Since(killed).Round(time.Millisecond))
-	mu.Lock()
-	before := 0
-	for _, n := range ops {
-		before += n
-	}
-	mu.Unlock()
-	waitOps(before + 200)
+	before, _ := load.progress()
+	load.waitOps(before + 200)
 	// Each session reconnects on its own backoff: the first one back can carry those 200
 	// operations before the other's next attempt is due. Keep the I/O running until both are.
 	restored := func() bool {
-		mu.Lock()
-		failed := len(errs) > 0
-		mu.Unlock()
+		_, failed := load.progress()
 		var n uint64
 		for _, st := range d.PathStats() {
 			n += st.Restores
@@ -126,27 +55,15 @@ func TestE2ETargetKilledAndRestarted(t *testing.T) {
 	for deadline := time.Now().Add(30 * time.Second); !restored() && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond) // polling the sessions' state, not synchronising
 	}
-	close(stop)
-	wg.Wait()
-	if len(errs) > 0 {
-		t.Fatalf("%d requests failed across the restart; first: %v", len(errs), errs[0])
-	}
-	var after int
-	for _, n := range ops {
-		after += n
-	}
+	load.finish(t)
+	after, _ := load.progress()
 	if after < before+200 {
 		t.Fatalf("only %d operations after the restart", after-before)
 	}
 	if err := d.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for off, want := range last {
-		got, err := tg.ReadBacking(off, len(want))
-		if err != nil || !bytes.Equal(got, want) {
-			t.Fatalf("backing file at %d does not hold the last write (%v)", off, err)
-		}
-	}
+	load.checkBacking(t, tg)
 	var downs, restores, replayed uint64
 	for _, st := range d.PathStats() {
 		t.Logf("path %+v", st)
@@ -157,7 +74,7 @@ func TestE2ETargetKilledAndRestarted(t *testing.T) {
 	if downs < 2 || restores < 2 {
 		t.Fatalf("expected both sessions down and restored: downs %d restores %d", downs, restores)
 	}
-	t.Logf("%d write+read pairs verified, %d blocks checked on the backing file, %d commands replayed", after, len(last), replayed)
+	t.Logf("%d write+read pairs verified, %d blocks checked on the backing file, %d commands replayed", after, len(load.last), replayed)
 }
 
 // TestE2EReplacementTimeout: with the target gone longer than the replacement timeout (5 s), a
