@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/iser-blk/iser-blk/backend/iser/internal/login"
 	"github.com/iser-blk/iser-blk/backend/iser/internal/pdu"
 	"github.com/iser-blk/iser-blk/backend/iser/internal/transport"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
@@ -24,8 +25,13 @@ const lendWriteLen = 256 << 10
 // answers the command nor closes: a stalled target. TMF requests go to tmfs, and are answered
 // with the response sent on answer.
 func lendTarget(t *testing.T, d *pipeDialer, keys map[string]string, got chan<- struct{}, tmfs chan<- pdu.BHS, answer <-chan uint8) {
+	lendTargetAt(t, d, "fake:3260", keys, got, tmfs, answer)
+}
+
+// lendTargetAt is lendTarget at portal.
+func lendTargetAt(t *testing.T, d *pipeDialer, portal string, keys map[string]string, got chan<- struct{}, tmfs chan<- pdu.BHS, answer <-chan uint8) {
 	a, b := fdtest.TCPPair(t)
-	f := attachFake(t, d, "fake:3260", keys, a, b)
+	f := attachFake(t, d, portal, keys, a, b)
 	received := 0
 	f.serve(func(f *fakeTarget, p wirePDU) error {
 		switch p.bhs.Opcode() {
@@ -106,17 +112,34 @@ func withTPGT(tpgt string) map[string]string {
 	return m
 }
 
+// redirectOnce answers the next login on portal with a temporary redirect to to (§11.13.5).
+func redirectOnce(t *testing.T, d *pipeDialer, portal, to string) {
+	f := newFake(t, d, portal, nil)
+	go func() {
+		p, err := f.read()
+		if err != nil {
+			return
+		}
+		text := login.EncodeText(nil, []login.KeyValue{{Key: "TargetAddress", Value: to}})
+		var r pdu.BHS
+		pdu.EncodeLoginResponse(&r, false, false, 0, 0, len(text), p.bhs.ISID(), 0, p.bhs.ITT(), f.sns(), 1, 1)
+		f.write(&r, text) //nolint:errcheck // the login fails the test if it does not arrive
+		f.nc.Close()
+	}()
+}
+
 // TestLentWriteConnLoss: a lent write whose connection is dropped before the target answered
 // fails at once with its ConnError, like a copied one (the device re-issues it on the same
 // session, which its reinstatement reaches first: lend.go). Lending stays on after a login that
 // reinstates the session (same portal group) and is off after one that reaches another portal
-// group, where the same ISID makes a new session instead.
+// group, or that a redirect answered, where the same ISID may make a new session instead.
 func TestLentWriteConnLoss(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		next       string // the reinstating login's portal group
+		redirect   bool   // the reinstating login is redirected (to the same portal group)
 		lendsAfter bool
-	}{{"same portal group", "1", true}, {"other portal group", "2", false}} {
+	}{{"same portal group", "1", false, true}, {"other portal group", "2", false, false}, {"redirected", "1", true, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := &pipeDialer{}
 			got := make(chan struct{}, 1)
@@ -135,7 +158,12 @@ func TestLentWriteConnLoss(t *testing.T) {
 				t.Fatalf("lent write after Drop: %v, want a ConnError", err)
 			}
 			got2 := make(chan struct{}, 1)
-			lendTarget(t, d, withTPGT(tc.next), got2, nil, nil)
+			if tc.redirect {
+				redirectOnce(t, d, "fake:3260", "fake2:3260,1")
+				lendTargetAt(t, d, "fake2:3260", withTPGT(tc.next), got2, nil, nil)
+			} else {
+				lendTarget(t, d, withTPGT(tc.next), got2, nil, nil)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			if err := s.Login(ctx); err != nil {
