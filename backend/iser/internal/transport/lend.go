@@ -8,7 +8,7 @@ package transport
 // After splice returns, the kernel still references the pages: a NIC until the peer acknowledged
 // the bytes, a target on the same kernel (loopback, a veth) until the target process has read
 // them. So the sender must keep the data unchanged until the target cannot read it any more: see
-// OutPDU.Lent for the contract and the session's lent-task hold for how it is kept.
+// OutPDU.Lent for the contract, and the session's lend.go for how the session keeps it.
 
 import (
 	"errors"
