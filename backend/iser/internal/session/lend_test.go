@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/iser-blk/iser-blk/backend/iser/internal/login"
 	"github.com/iser-blk/iser-blk/backend/iser/internal/pdu"
 	"github.com/iser-blk/iser-blk/backend/iser/internal/transport"
 	"github.com/iser-blk/iser-blk/backend/iser/scsi"
@@ -112,22 +111,6 @@ func withTPGT(tpgt string) map[string]string {
 	return m
 }
 
-// redirectOnce answers the next login on portal with a temporary redirect to to (§11.13.5).
-func redirectOnce(t *testing.T, d *pipeDialer, portal, to string) {
-	f := newFake(t, d, portal, nil)
-	go func() {
-		p, err := f.read()
-		if err != nil {
-			return
-		}
-		text := login.EncodeText(nil, []login.KeyValue{{Key: "TargetAddress", Value: to}})
-		var r pdu.BHS
-		pdu.EncodeLoginResponse(&r, false, false, 0, 0, len(text), p.bhs.ISID(), 0, p.bhs.ITT(), f.sns(), 1, 1)
-		f.write(&r, text) //nolint:errcheck // the login fails the test if it does not arrive
-		f.nc.Close()
-	}()
-}
-
 // TestLentWriteConnLoss: a lent write whose connection is dropped before the target answered
 // fails at once with its ConnError, like a copied one (the device re-issues it on the same
 // session, which its reinstatement reaches first: lend.go). Lending stays on after a login that
@@ -159,7 +142,7 @@ func TestLentWriteConnLoss(t *testing.T) {
 			}
 			got2 := make(chan struct{}, 1)
 			if tc.redirect {
-				redirectOnce(t, d, "fake:3260", "fake2:3260,1")
+				redirect(newFake(t, d, "fake:3260", nil), "fake2:3260,1")
 				lendTargetAt(t, d, "fake2:3260", withTPGT(tc.next), got2, nil, nil)
 			} else {
 				lendTarget(t, d, withTPGT(tc.next), got2, nil, nil)

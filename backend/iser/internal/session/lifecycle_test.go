@@ -233,24 +233,27 @@ func TestAsyncLogoutRequest(t *testing.T) {
 	s.Close()
 }
 
+// redirect answers f's next login with a temporary redirect to to (§11.13.5) and closes; the
+// channel closes when it has.
+func redirect(f *fakeTarget, to string) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p, err := f.read()
+		if err != nil {
+			return
+		}
+		text := login.EncodeText(nil, []login.KeyValue{{Key: "TargetAddress", Value: to}})
+		var r pdu.BHS
+		pdu.EncodeLoginResponse(&r, false, false, 0, 0, len(text), p.bhs.ISID(), 0, p.bhs.ITT(), f.sns(), 1, 1)
+		f.write(&r, text) //nolint:errcheck // the login fails the test if it does not arrive
+		f.nc.Close()
+	}()
+	return done
+}
+
 // TestLoginRedirect: status class 1 with TargetAddress is followed; a loop is bounded.
 func TestLoginRedirect(t *testing.T) {
-	redirect := func(f *fakeTarget, to string) <-chan struct{} {
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			p, err := f.read()
-			if err != nil {
-				return
-			}
-			text := login.EncodeText(nil, []login.KeyValue{{Key: "TargetAddress", Value: to}})
-			var r pdu.BHS
-			pdu.EncodeLoginResponse(&r, false, false, 0, 0, len(text), p.bhs.ISID(), 0, p.bhs.ITT(), f.sns(), 1, 1)
-			f.write(&r, text)
-			f.nc.Close()
-		}()
-		return done
-	}
 	t.Run("followed", func(t *testing.T) {
 		d := &pipeDialer{}
 		a := newFake(t, d, "a:3260", nil)
