@@ -14,8 +14,6 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
-	"github.com/iser-blk/iser-blk/backend/iser"
-	"github.com/iser-blk/iser-blk/internal/chapcreds"
 	"github.com/iser-blk/iser-blk/internal/cli"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/csi"
@@ -32,25 +30,6 @@ const (
 	poolEraseZeroes = "zeroes" // deleted volumes' LUNs are zeroed before they are handed out again
 	poolEraseNone   = "none"   // the array erases returned LUNs itself
 )
-
-// newPoolController builds the Controller service of --pool FILE (internal/csipool) over the
-// pool's LUNs: sizes probed and deleted volumes' LUNs erased (unless erase is poolEraseNone)
-// with this host's initiator name, claims in claims (csipool.DefaultClaimsFile by default). The
-// caller closes it.
-func newPoolController(luns []csipool.LUN, claims, name, erase string, log *zap.Logger) (*csipool.Controller, error) {
-	name, err := initiatorNameOr(name, log)
-	if err != nil {
-		return nil, fmt.Errorf("probing the pool's LUNs: %w", err)
-	}
-	opts := iser.Options{InitiatorName: name}
-	// A pool URL that names a user (user@host) logs in with CHAP; its secret comes from the
-	// environment, as attach's does (the Deployment maps a Secret's key to it), never argv.
-	if secret := os.Getenv(chapcreds.EnvSecret); secret != "" {
-		opts.CHAP = &iser.CHAP{Secret: secret}
-	}
-	return csipool.New(csipool.Config{Pool: luns, ClaimsFile: claims, Logger: log,
-		Prober: csipool.ISERProber{Options: opts}, Eraser: csipool.ISEREraser{Options: opts}, NoErase: erase == poolEraseNone})
-}
 
 // csiFlags are `iser-blk csi`'s flags.
 type csiFlags struct {
@@ -156,7 +135,12 @@ func runCSI(ctx context.Context, f *csiFlags, fitVolumes bool, stderr io.Writer)
 	o := csi.Options{Endpoint: f.endpoint, NodeID: f.nodeID, Memory: &plan,
 		RunDir: control.RunDir(f.runDir), Binary: bin, Launcher: launcher, CacheDevDir: f.cacheDir, Log: log}
 	if f.pool != "" {
-		ctl, err := newPoolController(pool, f.claims, f.initiator, f.poolErase, log)
+		name, err := initiatorNameOr(f.initiator, log)
+		if err != nil {
+			return fail("csi", fmt.Errorf("probing the pool's LUNs: %w", err))
+		}
+		ctl, err := csipool.NewISER(csipool.Config{Pool: pool, ClaimsFile: f.claims, NoErase: f.poolErase == poolEraseNone, Logger: log},
+			csipool.LoginOptions(name))
 		if err != nil {
 			return fail("csi", err)
 		}

@@ -35,10 +35,10 @@
 //   - A LUN whose size cannot be read is skipped with the reason logged, and probed again after
 //     a back-off; it never fails the controller.
 //
-// Wiring (the `iser-blk csi --pool FILE` command): ReadPool(FILE); New(Config{Pool, Prober:
-// ISERProber{Options: login options with the host's initiator name, and CHAP from the
-// environment}, Eraser: ISEREraser{the same Options} (or NoErase with --pool-erase none),
-// Logger}); csi.RegisterControllerServer(server, controller); optionally go controller.Probe(ctx)
+// Wiring (the `iser-blk csi --pool FILE` command): ReadPool(FILE); NewISER(Config{Pool,
+// ClaimsFile, NoErase with --pool-erase none, Logger}, LoginOptions(the host's initiator
+// name)), which is New with an ISERProber and an ISEREraser logging in with those options (CHAP
+// from the environment); csi.RegisterControllerServer(server, controller); optionally go controller.Probe(ctx)
 // so the first CreateVolume finds the sizes known; Close at exit (it interrupts the erases). The
 // Identity service then advertises CONTROLLER_SERVICE. The claims file defaults to
 // DefaultClaimsFile, the path the manifests keep on a host directory.

@@ -5,8 +5,10 @@ package csipool
 
 import (
 	"context"
+	"os"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
+	"github.com/iser-blk/iser-blk/internal/chapcreds"
 )
 
 // openLUN logs in to lun with opts, read-only or not, over every portal the pool file names for
@@ -23,4 +25,24 @@ func openLUN(ctx context.Context, opts iser.Options, lun LUN, readOnly bool) (*i
 	}
 	opts.AlternateTargets = lun.URLs[1:]
 	return iser.Open(ctx, lun.URLs[0], opts)
+}
+
+// LoginOptions are the pool LUNs' login options for this host: its initiator name, and CHAP
+// when the environment holds a secret (chapcreds.EnvSecret: the Deployment maps a Secret's key
+// to it, as attach takes its secret, never argv). openLUN uses the secret only for the LUNs
+// whose URL names a user.
+func LoginOptions(initiatorName string) iser.Options {
+	opts := iser.Options{InitiatorName: initiatorName}
+	if secret := os.Getenv(chapcreds.EnvSecret); secret != "" {
+		opts.CHAP = &iser.CHAP{Secret: secret}
+	}
+	return opts
+}
+
+// NewISER is New for a pool reached through backend/iser: c's Prober and Eraser are
+// ISERProber and ISEREraser logging in with opts (LoginOptions in production).
+func NewISER(c Config, opts iser.Options) (*Controller, error) {
+	c.Prober = ISERProber{Options: opts}
+	c.Eraser = ISEREraser{Options: opts}
+	return New(c)
 }
