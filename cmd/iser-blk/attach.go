@@ -20,7 +20,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
-	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
 	"github.com/iser-blk/iser-blk/frontend/ublk"
 	"github.com/iser-blk/iser-blk/internal/cli"
@@ -215,9 +214,7 @@ func attachNBD(ctx context.Context, at *gateway.Attachment, af *attachFlags, ef 
 		nbdDev = ""
 	}
 	err := at.ServeNBD(ctx, gateway.NBDOptions{
-		NewServer: func(dev block.Device) (*nbd.Server, error) {
-			return newExportServer(dev, ef, p, mem, counters, log)
-		},
+		NewServer: ef.nbdExport(p, mem, counters, log).Server,
 		Attach: nbd.AttachOptions{
 			Device:          nbdDev,
 			Connections:     af.connections,

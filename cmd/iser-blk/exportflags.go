@@ -7,6 +7,11 @@ import (
 	"strings"
 
 	"github.com/spf13/pflag"
+	"go.uber.org/zap"
+
+	"github.com/iser-blk/iser-blk/internal/gateway"
+	"github.com/iser-blk/iser-blk/internal/status"
+	"github.com/iser-blk/iser-blk/pool"
 )
 
 // exportFlags are the flags shared by serve and attach that shape the device and its NBD export.
@@ -62,4 +67,11 @@ func (l *targetList) Set(v string) error {
 	}
 	l.alternates = append(l.alternates, v)
 	return nil
+}
+
+// nbdExport is the NBD server's settings: the export flags, the stack's buffer pool p (of mem
+// bytes).
+func (ef *exportFlags) nbdExport(p *pool.Pool, mem int64, counters *status.IOCounters, log *zap.Logger) *gateway.NBDExport {
+	return &gateway.NBDExport{Name: ef.exportName, Target: ef.target, ReadOnly: ef.readOnly, Splice: ef.splice,
+		MaxInflight: ef.maxInflight, Pool: p, PoolBytes: mem, Counters: counters, Log: log}
 }

@@ -15,12 +15,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"go.uber.org/zap"
 
-	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/frontend/nbd"
 	"github.com/iser-blk/iser-blk/internal/cli"
@@ -30,23 +27,6 @@ import (
 	"github.com/iser-blk/iser-blk/internal/status"
 	"github.com/iser-blk/iser-blk/pool"
 )
-
-// newExportServer builds the NBD server for dev, its payloads in p (of mem bytes).
-func newExportServer(dev block.Device, ef *exportFlags, p *pool.Pool, mem int64, counters *status.IOCounters, log *zap.Logger) (*nbd.Server, error) {
-	return nbd.NewServer(dev, nbd.Options{
-		Counters:      counters,
-		ExportName:    ef.exportName,
-		Description:   "iser-blk " + iser.RedactURL(ef.target),
-		Pool:          p,
-		MaxInflight:   ef.maxInflight,
-		Logger:        log,
-		ForceReadOnly: ef.readOnly,
-		Splice:        ef.splice,
-		// Three quarters of the pool: size-class rounding never leaves a reserved request
-		// without buffers.
-		PayloadBudget: mem * 3 / 4,
-	})
-}
 
 // listen opens the --listen address (nbd.Listen): unix:///path (default) or tcp://host:port. A
 // spec it cannot use, and a file in the socket's place, are usage errors.
@@ -135,23 +115,13 @@ func runServe(ctx context.Context, f *serveFlags) int {
 			return dev, err
 		},
 		Listen: func(dev block.Device) (gateway.Export, error) {
-			srv, err := newExportServer(dev, ef, p, mem, counters, log)
-			if err != nil {
-				return gateway.Export{}, err
-			}
 			l, uri, err := listen(f.listenSpec)
 			if err != nil {
 				return gateway.Export{}, err
 			}
-			announce := func() {
-				uri := f.tlsf.options(f.listenSpec, log).URI(uri)
-				log.Info("serving NBD", zap.String("uri", uri), zap.String("export", ef.exportName),
-					zap.String("size", humanize.IBytes(uint64(dev.Size()))), zap.Int("block_size", dev.BlockSize()),
-					zap.Uint16("flags", srv.Flags()))
-				fmt.Println(uri)
-			}
-			serve := func(ctx context.Context) error { return srv.ServeUntil(ctx, l, tlsPolicy, f.drain) }
-			return gateway.Export{Serve: serve, Announce: announce}, nil
+			return ef.nbdExport(p, mem, counters, log).OnSocket(dev, gateway.Socket{Listener: l,
+				URI: f.tlsf.options(f.listenSpec, log).URI(uri), TLS: tlsPolicy, Drain: f.drain,
+				Announce: func(uri string) { fmt.Println(uri) }})
 		},
 		Frontend: status.Frontend{Kind: modes.NBDSocket, QueueDepth: ef.maxInflight},
 	})

@@ -27,7 +27,8 @@
 //
 // Serve's gateway is named before login, and ServeExport (export.go) is that command's whole
 // lifecycle: name, login, listen, ready, served until the context ends, then the shutdown; a
-// failure before it serves closes what was opened and gives the name up.
+// failure before it serves closes what was opened and gives the name up. Its NBD server, and
+// attach's for the kernel, are built from one NBDExport (nbdexport.go).
 //
 // An attach's gateway may be named only once the kernel has named its device (--ublk, --nbd
 // auto); Attachment (attach.go) is that command's whole lifecycle: the name claimed before
