@@ -149,7 +149,7 @@ func runAttach(ctx context.Context, tf *targetFlags, ef *exportFlags, af *attach
 			return fail("attach", err)
 		}
 	}
-	dev, p, mem, err := openStack(ctx, tf, ef, log)
+	dev, p, err := openStack(ctx, tf, ef, log)
 	if err != nil {
 		at.Abandon()
 		return fail("attach", err)
@@ -163,7 +163,7 @@ func runAttach(ctx context.Context, tf *targetFlags, ef *exportFlags, af *attach
 		af.uo.Counters, af.uo.Logger = counters, log
 		code = attachUblk(ctx, at, af.uo, p)
 	} else {
-		code = attachNBD(ctx, at, af, ef, p, mem, counters, log)
+		code = attachNBD(ctx, at, af, ef, p, counters, log)
 	}
 	if err := at.Err(); err != nil {
 		code = fail("attach", err)
@@ -208,13 +208,13 @@ func (af *attachFlags) kind() modes.Frontend {
 
 // attachNBD serves the device through the kernel's nbd driver (gateway.Attachment.ServeNBD)
 // and returns the exit code so far; the caller flushes and closes the device.
-func attachNBD(ctx context.Context, at *gateway.Attachment, af *attachFlags, ef *exportFlags, p *pool.Pool, mem int64, counters *status.IOCounters, log *zap.Logger) int {
+func attachNBD(ctx context.Context, at *gateway.Attachment, af *attachFlags, ef *exportFlags, p *pool.Pool, counters *status.IOCounters, log *zap.Logger) int {
 	nbdDev := af.nbdDev
 	if nbdDev == "auto" {
 		nbdDev = ""
 	}
 	err := at.ServeNBD(ctx, gateway.NBDOptions{
-		NewServer: ef.nbdExport(p, mem, counters, log).Server,
+		NewServer: ef.nbdExport(p, counters, log).Server,
 		Attach: nbd.AttachOptions{
 			Device:          nbdDev,
 			Connections:     af.connections,

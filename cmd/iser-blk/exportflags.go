@@ -69,9 +69,8 @@ func (l *targetList) Set(v string) error {
 	return nil
 }
 
-// nbdExport is the NBD server's settings: the export flags, the stack's buffer pool p (of mem
-// bytes).
-func (ef *exportFlags) nbdExport(p *pool.Pool, mem int64, counters *status.IOCounters, log *zap.Logger) *gateway.NBDExport {
+// nbdExport is the NBD server's settings: the export flags and the stack's buffer pool p.
+func (ef *exportFlags) nbdExport(p *pool.Pool, counters *status.IOCounters, log *zap.Logger) *gateway.NBDExport {
 	return &gateway.NBDExport{Name: ef.exportName, Target: ef.target, ReadOnly: ef.readOnly, Splice: ef.splice,
-		MaxInflight: ef.maxInflight, Pool: p, PoolBytes: mem, Counters: counters, Log: log}
+		MaxInflight: ef.maxInflight, Pool: p, Counters: counters, Log: log}
 }

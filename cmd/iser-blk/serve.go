@@ -100,7 +100,6 @@ func runServe(ctx context.Context, f *serveFlags) int {
 	defer stop()
 	counters := new(status.IOCounters)
 	var p *pool.Pool
-	var mem int64
 	defer func() {
 		if p != nil {
 			p.Close()
@@ -111,7 +110,7 @@ func runServe(ctx context.Context, f *serveFlags) int {
 			return startGateway(&f.sf, identity(name, modes.NBDSocket, where, ef), counters, stop, log)
 		},
 		Open: func() (dev block.Device, err error) {
-			dev, p, mem, err = openStack(ctx, tf, ef, log)
+			dev, p, err = openStack(ctx, tf, ef, log)
 			return dev, err
 		},
 		Listen: func(dev block.Device) (gateway.Export, error) {
@@ -119,7 +118,7 @@ func runServe(ctx context.Context, f *serveFlags) int {
 			if err != nil {
 				return gateway.Export{}, err
 			}
-			return ef.nbdExport(p, mem, counters, log).OnSocket(dev, gateway.Socket{Listener: l,
+			return ef.nbdExport(p, counters, log).OnSocket(dev, gateway.Socket{Listener: l,
 				URI: f.tlsf.options(f.listenSpec, log).URI(uri), TLS: tlsPolicy, Drain: f.drain,
 				Announce: func(uri string) { fmt.Println(uri) }})
 		},

@@ -25,22 +25,22 @@ import (
 )
 
 // openStack builds what serve and attach share (internal/stack): the registered buffer pool
-// (--buffer-memory, mem bytes), the target (--target) and the cache (--cache) in front of it,
+// (--buffer-memory), the target (--target) and the cache (--cache) in front of it,
 // staging its I/O in the pool. The caller closes the device first (the gateway's shutdown) and
 // the pool last.
-func openStack(ctx context.Context, tf *targetFlags, ef *exportFlags, log *zap.Logger) (dev block.Device, p *pool.Pool, mem int64, err error) {
+func openStack(ctx context.Context, tf *targetFlags, ef *exportFlags, log *zap.Logger) (dev block.Device, p *pool.Pool, err error) {
 	cfg, err := ef.stackConfig(tf, log) // before logging in, so a typo costs no session
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, err
 	}
-	if p, mem, err = newBufferPool(ef); err != nil {
-		return nil, nil, 0, err
+	if p, err = newBufferPool(ef); err != nil {
+		return nil, nil, err
 	}
 	if dev, err = stack.Open(ctx, cfg, p); err != nil {
 		p.Close()
-		return nil, nil, 0, err
+		return nil, nil, err
 	}
-	return dev, p, mem, nil
+	return dev, p, nil
 }
 
 // stackConfig is the stack the flags describe.
@@ -62,16 +62,16 @@ func (ef *exportFlags) stackConfig(tf *targetFlags, log *zap.Logger) (stack.Conf
 }
 
 // newBufferPool builds the registered-memory buffer pool from --buffer-memory.
-func newBufferPool(ef *exportFlags) (*pool.Pool, int64, error) {
+func newBufferPool(ef *exportFlags) (*pool.Pool, error) {
 	mem, err := humanize.ParseBytes(ef.bufferMemory)
 	if err != nil || mem < 2*nbd.MaxPayload || mem > 1<<40 {
-		return nil, 0, usagef("--buffer-memory %q: need a size of at least %s", ef.bufferMemory, humanize.IBytes(2*nbd.MaxPayload))
+		return nil, usagef("--buffer-memory %q: need a size of at least %s", ef.bufferMemory, humanize.IBytes(2*nbd.MaxPayload))
 	}
 	p, err := pool.New(pool.Config{MaxBytes: int64(mem), HugePages: true})
 	if err != nil {
-		return nil, 0, fmt.Errorf("buffer pool: %w", err)
+		return nil, fmt.Errorf("buffer pool: %w", err)
 	}
-	return p, int64(mem), nil
+	return p, nil
 }
 
 // cacheFlags are --cache, --cache-size, --cache-dirty and the cutoffs --cache-write-around and

@@ -37,11 +37,11 @@
 //
 // Wiring (the `iser-blk csi --pool FILE` command): ReadPool(FILE); NewISER(Config{Pool,
 // ClaimsFile, NoErase with --pool-erase none, Logger}, LoginOptions(the host's initiator
-// name)), which is New with an ISERProber and an ISEREraser logging in with those options (CHAP
-// from the environment); csi.RegisterControllerServer(server, controller); optionally go controller.Probe(ctx)
-// so the first CreateVolume finds the sizes known; Close at exit (it interrupts the erases). The
-// Identity service then advertises CONTROLLER_SERVICE. The claims file defaults to
-// DefaultClaimsFile, the path the manifests keep on a host directory.
+// name)), which is New with an ISERProber and an ISEREraser logging in with those options
+// (CHAP from the environment); csi.RegisterControllerServer(server, controller); optionally
+// go controller.Probe(ctx) so the first CreateVolume finds the sizes known; Close at exit (it
+// interrupts the erases). The Identity service then advertises CONTROLLER_SERVICE. The claims
+// file defaults to DefaultClaimsFile, the path the manifests keep on a host directory.
 //
 // Lock order: Controller.mu (claims) may be held while taking sizeCache.mu (a leaf, held only for
 // map access). Probing the LUNs (network I/O, seconds per unreachable portal) happens under

@@ -20,7 +20,7 @@ import (
 
 // NBDExport are an NBD server's settings besides the device.
 type NBDExport struct {
-	// Name is the export's name ("": the default export).
+	// Name is the export's name ("": nbd.Options' default).
 	Name string
 	// Target is the LUN's URL: the export's description shows it without credentials.
 	Target string
@@ -30,17 +30,23 @@ type NBDExport struct {
 	Splice bool
 	// MaxInflight bounds the requests served at once per connection.
 	MaxInflight int
-	// Pool holds the requests' payloads (nil: the heap); PoolBytes is its size.
-	Pool      *pool.Pool
-	PoolBytes int64
+	// Pool holds the requests' payloads (nil: the heap). The payloads of requests held at once
+	// may take three quarters of it: size-class rounding never leaves a reserved request
+	// without buffers.
+	Pool *pool.Pool
 	// Counters count the export's I/O for status (nil: none).
 	Counters *status.IOCounters
-	// Log is the process's logger.
+	// Log is the process's logger (nil: none).
 	Log *zap.Logger
 }
 
 // Server builds the NBD server for dev.
 func (e *NBDExport) Server(dev block.Device) (*nbd.Server, error) {
+	return nbd.NewServer(dev, e.options())
+}
+
+// options are the server's nbd.Options.
+func (e *NBDExport) options() nbd.Options {
 	opts := nbd.Options{
 		Counters:      e.Counters,
 		ExportName:    e.Name,
@@ -52,16 +58,14 @@ func (e *NBDExport) Server(dev block.Device) (*nbd.Server, error) {
 	}
 	if e.Pool != nil { // a nil *pool.Pool in the interface would not be nbd's heap default
 		opts.Pool = e.Pool
-		// Three quarters of the pool: size-class rounding never leaves a reserved request
-		// without buffers.
-		opts.PayloadBudget = e.PoolBytes * 3 / 4
+		opts.PayloadBudget = e.Pool.Stats().MaxBytes * 3 / 4
 	}
-	return nbd.NewServer(dev, opts)
+	return opts
 }
 
 // Socket is how serve's export meets its clients.
 type Socket struct {
-	// Listener accepts the clients; Serve closes it.
+	// Listener accepts the clients; OnSocket's export closes it, whether it served or not.
 	Listener net.Listener
 	// URI is the NBD URI clients connect to (nbds:// with TLS), logged and announced.
 	URI string
@@ -74,21 +78,30 @@ type Socket struct {
 }
 
 // OnSocket is ExportOptions.Listen's export for serve: dev's NBD server (Server) serving
-// sock.
+// sock. A server it cannot build closes the listener (a unix socket's file goes with it).
 func (e *NBDExport) OnSocket(dev block.Device, sock Socket) (Export, error) {
 	srv, err := e.Server(dev)
 	if err != nil {
 		sock.Listener.Close() //nolint:errcheck // nothing was served on it
 		return Export{}, err
 	}
+	log := e.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
 	announce := func() {
-		e.Log.Info("serving NBD", zap.String("uri", sock.URI), zap.String("export", e.Name),
+		log.Info("serving NBD", zap.String("uri", sock.URI), zap.String("export", e.Name),
 			zap.String("size", humanize.IBytes(uint64(dev.Size()))), zap.Int("block_size", dev.BlockSize()),
 			zap.Uint16("flags", srv.Flags()))
 		if sock.Announce != nil {
 			sock.Announce(sock.URI)
 		}
 	}
-	serve := func(ctx context.Context) error { return srv.ServeUntil(ctx, sock.Listener, sock.TLS, sock.Drain) }
+	serve := func(ctx context.Context) error {
+		// ServeUntil leaves the listener open when the context ended before the server took it
+		// (a stop signal right after ready) or when Accept failed: close it here either way.
+		defer sock.Listener.Close() //nolint:errcheck // closed twice when the server closed it
+		return srv.ServeUntil(ctx, sock.Listener, sock.TLS, sock.Drain)
+	}
 	return Export{Serve: serve, Announce: announce}, nil
 }

@@ -4,17 +4,46 @@ import (
 	"context"
 	"errors"
 	"io"
+	"io/fs"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
+
+	"github.com/iser-blk/iser-blk/pool"
 )
 
-// TestNBDExportServer: the settings reach the server (read-only is a transmission flag, RFC
-// nbd proto.md "Transmission flags": NBD_FLAG_HAS_FLAGS 1, NBD_FLAG_READ_ONLY 2).
+// nbdFlagReadOnly is NBD_FLAG_READ_ONLY (NBD protocol, "Transmission flags").
+const nbdFlagReadOnly = 1 << 1
+
+// TestNBDExportOptions: the payload budget is three quarters of the pool's usable bytes; without
+// a pool nbd's heap default applies (no typed nil in the interface) with no budget; the
+// description names the target without its password.
+func TestNBDExportOptions(t *testing.T) {
+	p, err := pool.New(pool.Config{MaxBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	e := &NBDExport{Target: "iscsi://alice:hunter2@127.0.0.1/iqn.2026-12.x:t/0", Pool: p}
+	o := e.options()
+	if want := p.Stats().MaxBytes * 3 / 4; o.PayloadBudget != want || want == 0 {
+		t.Fatalf("PayloadBudget %d, want %d", o.PayloadBudget, want)
+	}
+	if strings.Contains(o.Description, "hunter2") || !strings.Contains(o.Description, "127.0.0.1/iqn.2026-12.x:t/0") {
+		t.Fatalf("description %q", o.Description)
+	}
+	e.Pool = nil
+	if o := e.options(); o.Pool != nil || o.PayloadBudget != 0 {
+		t.Fatalf("without a pool: Pool %#v, budget %d", o.Pool, o.PayloadBudget)
+	}
+}
+
+// TestNBDExportServer: ReadOnly reaches the server's transmission flags.
 func TestNBDExportServer(t *testing.T) {
 	dev := memDevice(t, 1<<20)
 	for _, ro := range []bool{false, true} {
@@ -23,7 +52,7 @@ func TestNBDExportServer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := srv.Flags()&2 != 0; got != ro {
+		if got := srv.Flags()&nbdFlagReadOnly != 0; got != ro {
 			t.Fatalf("ReadOnly %v: flags %#x", ro, srv.Flags())
 		}
 	}
@@ -71,7 +100,8 @@ func TestNBDExportOnSocket(t *testing.T) {
 		t.Fatal("the socket still accepts after Serve returned")
 	}
 
-	l2, err := net.Listen("unix", filepath.Join(t.TempDir(), "bad.sock"))
+	badPath := filepath.Join(t.TempDir(), "bad.sock")
+	l2, err := net.Listen("unix", badPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,5 +111,30 @@ func TestNBDExportOnSocket(t *testing.T) {
 	}
 	if _, err := l2.Accept(); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("Accept on the socket of a failed export: %v, want it closed", err)
+	}
+	if _, err := os.Stat(badPath); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the socket file of a failed export: %v, want it removed", err)
+	}
+}
+
+// TestNBDExportStoppedBeforeServing: a context that ended before the server took the listener
+// (a stop signal right after ready) still closes it and removes the socket file.
+func TestNBDExportStoppedBeforeServing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nbd.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp, err := (&NBDExport{}).OnSocket(memDevice(t, 1<<20), Socket{Listener: l, Drain: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := exp.Serve(ctx); err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("socket file after Serve returned: %v, want it removed", err)
 	}
 }
