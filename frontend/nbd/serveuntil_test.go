@@ -3,7 +3,9 @@ package nbd
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -62,5 +64,31 @@ func TestServerServeUntil(t *testing.T) {
 		if err := srv.Serve(l); err == nil {
 			t.Errorf("stopped %v: the server serves after ServeUntil", stopped)
 		}
+	}
+}
+
+// TestServerServeUntilStoppedBeforeServing: a ctx that ended before Serve took the listener
+// still closes it, and a unix socket's file goes with it.
+func TestServerServeUntilStoppedBeforeServing(t *testing.T) {
+	dev, err := memdev.New(1<<20, memdev.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := NewServer(dev, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "nbd.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := srv.ServeUntil(ctx, l, nil, time.Second); err != nil {
+		t.Fatalf("ServeUntil: %v", err)
+	}
+	if _, err := os.Stat(sock); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("socket file after ServeUntil returned: %v, want it removed", err)
 	}
 }

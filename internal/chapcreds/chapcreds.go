@@ -52,6 +52,13 @@ func readSecret(path, env string) (secret string, ok bool, err error) {
 	return "", false, nil
 }
 
+// EnvSecretValue is the initiator's secret from $EnvSecret ("" when unset), for callers whose
+// user comes with each target (the CSI pool's user@ URLs) rather than from Sources.
+func EnvSecretValue() string {
+	secret, _, _ := readSecret("", EnvSecret) // no file: never an error
+	return secret
+}
+
 // Load builds the CHAP credentials from s: nil when no user is named (by flag or URL). Every
 // error is a configuration the operator fixes, and none carries a secret.
 func Load(s Sources) (*iser.CHAP, error) {

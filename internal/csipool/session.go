@@ -5,7 +5,6 @@ package csipool
 
 import (
 	"context"
-	"os"
 
 	"github.com/iser-blk/iser-blk/backend/iser"
 	"github.com/iser-blk/iser-blk/internal/chapcreds"
@@ -33,7 +32,7 @@ func openLUN(ctx context.Context, opts iser.Options, lun LUN, readOnly bool) (*i
 // whose URL names a user.
 func LoginOptions(initiatorName string) iser.Options {
 	opts := iser.Options{InitiatorName: initiatorName}
-	if secret := os.Getenv(chapcreds.EnvSecret); secret != "" {
+	if secret := chapcreds.EnvSecretValue(); secret != "" {
 		opts.CHAP = &iser.CHAP{Secret: secret}
 	}
 	return opts

@@ -65,7 +65,8 @@ func (e *NBDExport) options() nbd.Options {
 
 // Socket is how serve's export meets its clients.
 type Socket struct {
-	// Listener accepts the clients; OnSocket's export closes it, whether it served or not.
+	// Listener accepts the clients; OnSocket's export closes it, whether it served or not
+	// (nbd.Server.ServeUntil, or OnSocket itself when the server cannot be built).
 	Listener net.Listener
 	// URI is the NBD URI clients connect to (nbds:// with TLS), logged and announced.
 	URI string
@@ -97,11 +98,6 @@ func (e *NBDExport) OnSocket(dev block.Device, sock Socket) (Export, error) {
 			sock.Announce(sock.URI)
 		}
 	}
-	serve := func(ctx context.Context) error {
-		// ServeUntil leaves the listener open when the context ended before the server took it
-		// (a stop signal right after ready) or when Accept failed: close it here either way.
-		defer sock.Listener.Close() //nolint:errcheck // closed twice when the server closed it
-		return srv.ServeUntil(ctx, sock.Listener, sock.TLS, sock.Drain)
-	}
+	serve := func(ctx context.Context) error { return srv.ServeUntil(ctx, sock.Listener, sock.TLS, sock.Drain) }
 	return Export{Serve: serve, Announce: announce}, nil
 }
