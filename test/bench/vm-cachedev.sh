@@ -15,6 +15,7 @@
 # ratios, min–max), writes summary.json and the commit-latency chart. Raw fio JSON, pgbench
 # output, the gateways' logs and the table are kept in $BENCH_VM_OUT (default
 # bin/bench-vm/<UTC time>-cachedev).
+# The guest kernel keeps its default mitigations (VM_KERNEL_ARGS=; the test tiers turn them off).
 # One { } block: bash reads all of it before running, so an edit to this file while it runs
 # cannot make the running copy execute shifted bytes.
 {
@@ -45,7 +46,7 @@ export VM_RESULTS=$out
 export VM_DISKS=$disk
 export ISERBLK_BIN=$out/iser-blk
 rc=0
-test/vm/run.sh test/vm/guest/bench-cachedev.sh "$out/guest" "$@" | tee "$out/console.log" || rc=$?
+VM_KERNEL_ARGS=${VM_KERNEL_ARGS-} test/vm/run.sh test/vm/guest/bench-cachedev.sh "$out/guest" "$@" | tee "$out/console.log" || rc=$?
 echo "host load at end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$out/host.txt"
 [ "$rc" = 0 ] || { echo "vm-cachedev: the guest run failed (status $rc); see $out/console.log" >&2; exit "$rc"; }
 

@@ -13,6 +13,7 @@
 # LUN lives in guest RAM), then prints a Markdown table (test/bench/vm_iser.py): per job and system
 # the median IOPS, MiB/s, QD1 p50 and the guest's CPU µs per I/O over the repetitions (min–max in
 # brackets), and the ratios to the kernel initiator of the same transport.
+# The guest kernel keeps its default mitigations (VM_KERNEL_ARGS=; the test tiers turn them off).
 # Raw fio JSON, the gateways' logs and the table are kept in $BENCH_VM_OUT (default
 # bin/bench-vm/<UTC time>).
 # One { } block: bash reads all of it before running, so an edit to this file while it runs
@@ -49,7 +50,7 @@ export VM_TIMEOUT=${VM_TIMEOUT:-2400}
 export VM_RESULTS=$out
 export ISERBLK_BIN=$out/iser-blk
 rc=0
-test/vm/run.sh test/vm/guest/bench-iser.sh "$out/guest" "$@" | tee "$out/console.log" || rc=$?
+VM_KERNEL_ARGS=${VM_KERNEL_ARGS-} test/vm/run.sh test/vm/guest/bench-iser.sh "$out/guest" "$@" | tee "$out/console.log" || rc=$?
 echo "host load at end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$out/host.txt"
 [ "$rc" = 0 ] || { echo "vm-iser: the guest run failed (status $rc); see $out/console.log" >&2; exit "$rc"; }
 
