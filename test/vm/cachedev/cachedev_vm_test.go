@@ -30,7 +30,7 @@ import (
 
 const (
 	lunMiB   = 128
-	fioSize  = 32 << 20
+	fioSize  = 16 << 20 // 4096 writes: the kills below leave at least 1,000 for after the last
 	fioOps   = fioSize / 4096
 	kills    = 3
 	cacheDev = "128MiB" // the guest has 1 GiB of RAM, and the LIO LUN is on tmpfs too
@@ -104,7 +104,7 @@ func testKill9Loop(t *testing.T, fe frontend) {
 	base := filepath.Base(dev)
 	recoveredTotal := 0
 	for i := range kills {
-		waitMoreWrites(t, base, 300+int64(time.Now().UnixNano()%1200), fioDone)
+		waitMoreWrites(t, base, 200+int64(time.Now().UnixNano()%800), fioDone)
 		g.Stop() // SIGKILL
 		tk := time.Now()
 		next := start(t, args...)
