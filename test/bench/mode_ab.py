@@ -10,7 +10,8 @@ default parameters (bench.Tgtd, tuned=False) on /dev/shm; the client is fio's nb
 the pairs every system serves a 4 KiB random read pass (as default_ab.py does). Each pair runs
 every system once, the order rotated from pair to pair, so that a drift in the host's speed falls
 on all alike. The gateway's CPU comes from /proc/PID/task/*/schedstat (nanoseconds, every thread)
-around each run. A cold 4 KiB QD1 read reads a 128 MiB region that no system has read before
+around each run, and its minor page faults (/proc/PID/stat) per I/O: a miss that fills a cache
+page never used before faults that page in. A cold 4 KiB QD1 read reads a 128 MiB region that no system has read before
 (fio's random map reads each block once), so with the cache on every read is a miss. Results,
 one row per run, go to the JSON file; the summary printed at the end gives, per job and system,
 the median and the median of the per-pair ratios to the last system, with their range.
@@ -44,6 +45,13 @@ def cpu_ns(pid):
     return t
 
 
+def minor_faults(pid):
+    """Minor page faults of pid so far, every thread (/proc/PID/stat's minflt, field 10). A read
+    miss into a cache page never used before faults the page in: that is how many did."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
 def run(systems, jobs, pairs, runtime):
     work = tempfile.mkdtemp(prefix="mode-ab-")
     tgt = bench.Tgtd(work, LUN_MB, tuned=False)
@@ -70,13 +78,14 @@ def run(systems, jobs, pairs, runtime):
                         args["offset"], size = f"{region * REGION_MB}m", f"{REGION_MB}m"
                         region += 1
                     load = os.getloadavg()[0]
-                    c0 = cpu_ns(pid)
+                    c0, f0 = cpu_ns(pid), minor_faults(pid)
                     m = bench.fio(servers[s].uri, job, args, runtime, size, work)
-                    c1 = cpu_ns(pid)
+                    c1, f1 = cpu_ns(pid), minor_faults(pid)
                     if bench.writes(args):
                         bench.flush(servers[s].uri)  # untimed: no run pays an earlier one's write-back
                     m.update(system=s, job=job, pair=pair, load1=load,
-                             gw_cpu_us_per_io=(c1 - c0) / 1e3 / max(m["ios"], 1))
+                             gw_cpu_us_per_io=(c1 - c0) / 1e3 / max(m["ios"], 1),
+                             gw_minflt_per_io=(f1 - f0) / max(m["ios"], 1))
                     m["gw_cpu_us_per_mib"] = m["gw_cpu_us_per_io"] * (1 if "1m" in job else 256)
                     if "fsync" in args:  # one write and one FLUSH per I/O: the commit's whole cost
                         m["commit_us"] = 1e6 / max(m["iops"], 1e-9)
@@ -108,9 +117,11 @@ def summary(d):
             cpu = [p[s]["gw_cpu_us_per_io"] for p in full]
             rat = [p[s][key] / p[ref][key] for p in full]
             crat = [p[s]["gw_cpu_us_per_io"] / p[ref]["gw_cpu_us_per_io"] for p in full]
+            faults = [p[s]["gw_minflt_per_io"] for p in full if "gw_minflt_per_io" in p[s]]
             out.append(f"  {s:12s} {statistics.median(v):8.1f} ratio {statistics.median(rat):.3f} "
                        f"({min(rat):.3f}–{max(rat):.3f})  CPU {statistics.median(cpu):7.1f} ratio "
-                       f"{statistics.median(crat):.3f} ({min(crat):.3f}–{max(crat):.3f})")
+                       f"{statistics.median(crat):.3f} ({min(crat):.3f}–{max(crat):.3f})"
+                       + (f"  faults/IO {statistics.median(faults):.2f}" if faults else ""))
     return "\n".join(out)
 
 

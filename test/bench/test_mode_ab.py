@@ -46,6 +46,21 @@ class SummaryTest(unittest.TestCase):
         self.assertEqual((wb[1], wb[3]), ("900.0", "0.900"))
         self.assertEqual(wb[8], "1.040")
 
+    def test_faults_per_io_are_shown_when_recorded(self):
+        job = "randread-4k-qd1-cold"
+        rows = [row("wb", job, 0, p50=90, cpu=45), row("off", job, 0, p50=60, cpu=30),
+                row("wb", job, 1, p50=70, cpu=40), row("off", job, 1, p50=70, cpu=40)]
+        for r, f in zip(rows, (1.1, 0.0, 0.9, 0.02)):
+            r["gw_minflt_per_io"] = f
+        d = dict(systems={"wb": "a:writeback", "off": "a:off"}, jobs=[job], rows=rows)
+        lines = mode_ab.summary(d).splitlines()
+        self.assertTrue(lines[1].endswith("faults/IO 1.00"), lines[1])
+        self.assertTrue(lines[2].endswith("faults/IO 0.01"), lines[2])
+        # runs recorded before the field existed print no column
+        for r in rows:
+            del r["gw_minflt_per_io"]
+        self.assertNotIn("faults", mode_ab.summary(d))
+
 
 if __name__ == "__main__":
     unittest.main()
