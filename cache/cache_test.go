@@ -934,6 +934,13 @@ func TestDirtyAgeLimit(t *testing.T) {
 
 // TestFlushNotStarvedByNewWrites: writers that keep dirtying new pages cannot keep a Flush from
 // completing; it waits only for what was dirty when it started.
+//
+// Each writer yields after each write, as a frontend's goroutine does when it goes back to its
+// socket for the next request. Writers that never block, on one P (-cpu 1, the gateway's
+// GOMAXPROCS on small hosts), each ran a whole 10 ms time slice for every backend operation of
+// the flusher (which yields there, SetBefore): a flush then took 3–13 s without the race
+// detector (0.5–2 s with it) and once ran past the deadline on a loaded host. That measured the
+// scheduler's time slices; a flush whose goal moved with new writes never completes either way.
 func TestFlushNotStarvedByNewWrites(t *testing.T) {
 	ctx := context.Background()
 	c, dev := newTest(t, 64<<20, stdLimits(4096), Config{Size: 8 << 20, DirtyLimit: 4 << 20, MaxDirtyAge: time.Hour})
@@ -955,6 +962,7 @@ func TestFlushNotStarvedByNewWrites(t *testing.T) {
 					t.Error(err)
 					return
 				}
+				runtime.Gosched()
 			}
 		}(w)
 	}
