@@ -33,7 +33,7 @@
 #   VM_TB_MB     TCG translation cache MiB (QEMU's own default, 1 GiB, shows up as host RSS)  256
 #   VM_RUN_ID    a name for this VM (QEMU's -name; lets a caller find its own QEMU with pgrep -f)
 #   VM_VERBOSE   1 = show kernel messages on the console
-#   VM_KERNEL_ARGS more guest kernel arguments                          default mitigations=off
+#   VM_KERNEL_ARGS guest kernel arguments added to ours; replaces the default, empty = none   default mitigations=off
 #   VM_BOOTS     boots tried when the guest dies before the command starts      default 3
 #   VM_SELFTEST_FAIL_BOOTS  selftest.sh only: init fails the first N boots on purpose    default 0
 #   VM_INIT      bash (default): the command runs under bash as PID 1, no udev, no systemd;
@@ -344,8 +344,8 @@ done
 append="console=ttyS0 panic=-1 net.ifnames=0 iserblk.kdir=$kroot"
 [ "$VM_VERBOSE" = 1 ] || append+=" quiet loglevel=3"
 # The guests run only our tests, so the kernel's speculative-execution mitigations (retpolines,
-# RSB filling on every context switch) protect nothing there; under TCG they cost a tenth of the
-# VM tier's time (test/vm/csi: 228 s with mitigations=off against 253 and 255 s without, one
+# RSB filling on every context switch) protect nothing there; under TCG they cost about 10 % of
+# the time of test/vm/csi (228 s with mitigations=off against 253 and 255 s without, one
 # run each on the same host). The benches set VM_KERNEL_ARGS= and measure the kernel as shipped.
 append+=" ${VM_KERNEL_ARGS-mitigations=off}"
 VM_BOOTS=${VM_BOOTS:-3}
