@@ -12,8 +12,6 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
-
-	"github.com/iser-blk/iser-blk/backend/memdev"
 )
 
 // brokenListener fails every Accept with a permanent error.
@@ -29,11 +27,7 @@ func (brokenListener) Accept() (net.Conn, error) { return nil, errBroken }
 func TestServerServeUntil(t *testing.T) {
 	for _, stopped := range []bool{true, false} {
 		core, logs := observer.New(zap.DebugLevel)
-		dev, err := memdev.New(1<<20, memdev.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv, err := NewServer(dev, Options{Logger: zap.New(core)})
+		srv, err := NewServer(newMem(t, 1<<20, ""), Options{Logger: zap.New(core)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,11 +64,7 @@ func TestServerServeUntil(t *testing.T) {
 // TestServerServeUntilStoppedBeforeServing: a ctx that ended before Serve took the listener
 // still closes it, and a unix socket's file goes with it.
 func TestServerServeUntilStoppedBeforeServing(t *testing.T) {
-	dev, err := memdev.New(1<<20, memdev.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := NewServer(dev, Options{})
+	srv, err := NewServer(newMem(t, 1<<20, ""), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
