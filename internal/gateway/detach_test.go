@@ -6,7 +6,9 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"context"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/iser-blk/iser-blk/block"
@@ -108,6 +110,48 @@ func TestFailedDetachWriteBackWithoutPath(t *testing.T) {
 	if f.stops.Load() != 0 {
 		t.Fatal("a failed detach stopped the frontend")
 	}
+}
+
+// A detach of a gateway that failed for want of a path still tries its write-back (a path may be
+// back by the time it runs): failed → flushing is in the table, so nothing is refused (which
+// would log an error at systemctl stop for a sequence that is no defect), and the write-back
+// that fails returns the gateway to failed, serving with its data.
+func TestDetachOfAFailedGateway(t *testing.T) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	f := newFixture(t, flushHook{Device: memDevice(t, 1<<20), hook: func(context.Context) error { return block.ErrIO }},
+		fixtureOptions{log: zap.New(core)})
+	var seen stateRecorder
+	f.g.Service().Lifecycle.Subscribe(&seen)
+	f.paths(false, "no path")
+	_, err := f.g.Detach(context.Background(), control.Request{})
+	wantControlError(t, err, control.CodeFailed, "keeps serving")
+	wantState(t, f.g, lifecycle.Failed, "no path")
+	if want := []lifecycle.State{lifecycle.Failed, lifecycle.Flushing, lifecycle.Failed}; !slices.Equal(seen.states(), want) {
+		t.Fatalf("transitions %v, want %v", seen.states(), want)
+	}
+	if refused := logs.FilterMessage("lifecycle transition refused").All(); len(refused) != 0 {
+		t.Fatalf("refused: %+v", refused)
+	}
+}
+
+// stateRecorder is a lifecycle.Observer that keeps the states moved to.
+type stateRecorder struct {
+	mu sync.Mutex
+	to []lifecycle.State
+}
+
+func (r *stateRecorder) StateChanged(tr lifecycle.Transition) {
+	r.mu.Lock()
+	r.to = append(r.to, tr.To)
+	r.mu.Unlock()
+}
+
+func (r *stateRecorder) FlushProgressed(lifecycle.FlushProgress) {}
+
+func (r *stateRecorder) states() []lifecycle.State {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.to)
 }
 
 // Once the shutdown began a detach is refused as busy; one already writing back has its

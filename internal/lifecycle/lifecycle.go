@@ -46,7 +46,9 @@ var States = []State{Starting, Ready, Recovering, Restarting, Draining, Flushing
 // the device still serves, and flushing to draining once that detach commits. Draining,
 // flushing and restarting may return to ready: a detach, stop or restart whose write-back
 // failed keeps the gateway serving with its data. Failed may return to ready too: a gateway
-// that failed because no path reached the target serves again once one is back.
+// that failed because no path reached the target serves again once one is back. Failed goes to
+// flushing for a detach's write-back as ready does: the operator's detach tries it even with no
+// path (one may be back by then), and a write-back that fails returns to failed.
 var next = map[State][]State{
 	Starting:   {Ready, Recovering, Failed, Draining, Stopped},
 	Recovering: {Ready, Failed, Draining},
@@ -54,7 +56,7 @@ var next = map[State][]State{
 	Restarting: {Ready, Failed, Draining},
 	Draining:   {Flushing, Stopped, Ready, Failed},
 	Flushing:   {Draining, Stopped, Ready, Failed},
-	Failed:     {Ready, Draining, Stopped},
+	Failed:     {Ready, Draining, Flushing, Stopped},
 	Stopped:    nil,
 }
 
