@@ -337,10 +337,12 @@ func (c *Cache) closeContext(ctx context.Context, abandon bool) error {
 	c.dmu.Lock()
 	c.closing = true
 	c.dmu.Unlock()
-	ferr := c.flush(ctx)
-	if ferr != nil {
-		c.log.Error("final flush failed; dirty data is lost", zap.Error(ferr),
-			zap.String("dirty", humanize.IBytes(uint64(c.DirtyBytes()))))
+	var ferr error
+	if !abandon {
+		if ferr = c.flush(ctx); ferr != nil {
+			c.log.Error("final flush failed; dirty data is lost", zap.Error(ferr),
+				zap.String("dirty", humanize.IBytes(uint64(c.DirtyBytes()))))
+		}
 	}
 	c.shutdown()
 	return errors.Join(ferr, closeBelow())
@@ -348,13 +350,11 @@ func (c *Cache) closeContext(ctx context.Context, abandon bool) error {
 
 // Abandon closes the cache without another write-back (block.Abandoner): after a final flush
 // that failed or was aborted, waiting for the same write-back again would only delay the
-// logout. Dirty data is lost, as the caller has already reported. A backend that can be
-// abandoned too is (a persistent log keeps what it holds for the next attach).
-func (c *Cache) Abandon() error {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return c.closeContext(ctx, true)
-}
+// logout. Dirty data is lost, as the caller has already reported: Abandon logs nothing of its
+// own (it once tried a flush under a cancelled context and logged that "context canceled" as a
+// second, misleading report of the same loss). A backend that can be abandoned too is (a
+// persistent log keeps what it holds for the next attach).
+func (c *Cache) Abandon() error { return c.closeContext(context.Background(), true) }
 
 // shutdown stops the flusher and releases page memory without flushing. It is also the
 // "crash" of the model tests.

@@ -11,6 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/cache/internal/fakedev"
 	"github.com/iser-blk/iser-blk/pool"
@@ -669,6 +673,37 @@ func TestCloseFlushesAndReportsFailure(t *testing.T) {
 	})
 	if err := c2.Close(); !errors.Is(err, block.ErrIO) {
 		t.Fatalf("Close with a failing backend: %v", err)
+	}
+}
+
+// Abandon (block.Abandoner: the final flush failed or was aborted, and the caller reported the
+// loss) sends nothing more to the backend, logs nothing, and closes the cache and the backend.
+func TestAbandonWritesNothingBackAndLogsNothing(t *testing.T) {
+	ctx := context.Background()
+	dev := fakedev.New(1<<20, stdLimits(4096))
+	core, logs := observer.New(zapcore.DebugLevel)
+	c, err := New(dev, Config{Size: 1 << 20, MaxDirtyAge: time.Hour}, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WriteAt(ctx, fill(4096, 8), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	dev.ResetLog()
+	if err := c.Abandon(); err != nil {
+		t.Fatal(err)
+	}
+	if ops := dev.Log(); len(ops) != 0 {
+		t.Fatalf("Abandon sent %v to the backend", ops)
+	}
+	if errs := logs.FilterLevelExact(zapcore.ErrorLevel).All(); len(errs) != 0 {
+		t.Fatalf("Abandon logged %+v", errs)
+	}
+	if err := c.WriteAt(ctx, fill(4096, 9), 0, 0); !errors.Is(err, block.ErrClosed) {
+		t.Fatalf("write after Abandon: %v", err)
+	}
+	if err := dev.ReadAt(ctx, make([]byte, 4096), 0); !errors.Is(err, block.ErrClosed) {
+		t.Fatalf("the backend after Abandon: %v, want closed", err)
 	}
 }
 
