@@ -39,10 +39,10 @@ func TestVMReattachKill9(t *testing.T) {
 	if got := sysBlock(t, g.Device, "backend"); !strings.HasPrefix(got, "iser-blk:gw-nbd:") {
 		t.Fatalf("backend identifier %q does not name the gateway", got)
 	}
-	mnt, fioDone, fioOut := mountAndVerify(t, g.Device)
+	mnt, fioDone, fioOut, firstWrite := mountAndVerify(t, g.Device)
 	base := filepath.Base(g.Device)
 	for i := range 3 {
-		waitMoreWrites(t, base, 200+int64(time.Now().UnixNano()%800))
+		waitWrites(t, base, killAt(firstWrite, i))
 		g.Stop() // SIGKILL
 		t0 := time.Now()
 		next := startGateway(t, args...)
@@ -61,9 +61,25 @@ func TestVMReattachKill9(t *testing.T) {
 	}
 }
 
+// fioSize is what mountAndVerify's fio writes: 4,096 writes of 4 KiB, then a read of each to
+// verify. The three kills or restarts land by the device's 2,900th write since fio started
+// (killAt), so fio is still writing at the last one. Most of what the two tests that use it take
+// (about 110 s each under TCG) is not fio's writing but the kernel's request timer: the requests
+// in flight when the old sockets close are requeued on the new ones only when it fires, 30 s
+// after they were sent (dmesg: "Connection timed out, retrying", 29.7 s after each kill).
+const fioSize = 16 << 20
+
+// killAt is the device's write count at which the i-th (from 0) kill or restart of a test under
+// mountAndVerify's fio happens: every 900 writes since fio started, plus up to 199 so that it
+// lands at a different point of the request stream on every run.
+func killAt(firstWrite int64, i int) int64 {
+	return firstWrite + int64(i+1)*900 + time.Now().UnixNano()%200
+}
+
 // mountAndVerify makes ext4 on dev, mounts it and starts fio verify on a file in it (4 KiB random
-// writes, libaio, direct, QD16) after clearing the kernel log.
-func mountAndVerify(t *testing.T, dev string) (mnt string, fioDone chan error, fioOut *syncbuf.Buffer) {
+// writes, libaio, direct, QD16) after clearing the kernel log. firstWrite is the device's count
+// of completed writes just before fio starts.
+func mountAndVerify(t *testing.T, dev string) (mnt string, fioDone chan error, fioOut *syncbuf.Buffer, firstWrite int64) {
 	t.Helper()
 	exec.Command("dmesg", "-C").Run()
 	mnt = t.TempDir()
@@ -73,7 +89,8 @@ func mountAndVerify(t *testing.T, dev string) (mnt string, fioDone chan error, f
 		}
 	}
 	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
-	fio := exec.Command("fio", "--name=verify", "--filename="+filepath.Join(mnt, "verify.dat"), "--size=32M",
+	firstWrite = diskWrites(t, filepath.Base(dev))
+	fio := exec.Command("fio", "--name=verify", "--filename="+filepath.Join(mnt, "verify.dat"), "--size="+strconv.Itoa(fioSize),
 		"--rw=randwrite", "--bs=4k", "--ioengine=libaio", "--direct=1", "--iodepth=16", "--verify=crc32c",
 		"--do_verify=1", "--verify_fatal=1")
 	fioOut = &syncbuf.Buffer{}
@@ -84,7 +101,7 @@ func mountAndVerify(t *testing.T, dev string) (mnt string, fioDone chan error, f
 	fioDone = make(chan error, 1)
 	go func() { fioDone <- fio.Wait() }()
 	t.Cleanup(func() { fio.Process.Kill() })
-	return mnt, fioDone, fioOut
+	return mnt, fioDone, fioOut, firstWrite
 }
 
 // finishVerify waits for fio to end without a verify or I/O error (fio exits non-zero on
@@ -110,22 +127,33 @@ func finishVerify(t *testing.T, fioDone chan error, fioOut *syncbuf.Buffer, dev,
 	}
 }
 
-// waitMoreWrites waits until the disk has completed n more writes than now.
-func waitMoreWrites(t *testing.T, base string, n int64) {
+// diskWrites is the number of writes the disk has completed (the fifth field of its sysfs stat).
+func diskWrites(t *testing.T, base string) int64 {
 	t.Helper()
-	writes := func() int64 {
-		f := strings.Fields(sysBlock(t, "/dev/"+base, "stat"))
-		w, _ := strconv.ParseInt(f[4], 10, 64)
-		return w
+	f := strings.Fields(sysBlock(t, "/dev/"+base, "stat"))
+	w, err := strconv.ParseInt(f[4], 10, 64)
+	if err != nil {
+		t.Fatalf("%s stat %q: %v", base, f, err)
 	}
-	target := writes() + n
+	return w
+}
+
+// waitWrites waits until the disk has completed want writes.
+func waitWrites(t *testing.T, base string, want int64) {
+	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
-	for writes() < target {
+	for diskWrites(t, base) < want {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: fewer than %d writes in 2 min", base, n)
+			t.Fatalf("%s: %d writes after 2 min, waiting for %d", base, diskWrites(t, base), want)
 		}
 		time.Sleep(20 * time.Millisecond) // polling a counter, not synchronising
 	}
+}
+
+// waitMoreWrites waits until the disk has completed n more writes than now.
+func waitMoreWrites(t *testing.T, base string, n int64) {
+	t.Helper()
+	waitWrites(t, base, diskWrites(t, base)+n)
 }
 
 // TestVMReattachWriteBackDirty is acceptance 3 for kernel NBD: after kill -9 of a write-back

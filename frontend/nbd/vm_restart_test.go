@@ -28,10 +28,10 @@ func TestVMPlannedRestart(t *testing.T) {
 		"--cache", "writeback", "--name", "gw-nbd-planned", "--run-dir", runDir}
 	g := startGateway(t, args...)
 	pid := g.Cmd.Process.Pid
-	mnt, fioDone, fioOut := mountAndVerify(t, g.Device)
+	mnt, fioDone, fioOut, firstWrite := mountAndVerify(t, g.Device)
 	base := filepath.Base(g.Device)
 	for i := range 3 {
-		waitMoreWrites(t, base, 200+int64(time.Now().UnixNano()%800))
+		waitWrites(t, base, killAt(firstWrite, i))
 		t0 := time.Now()
 		out, err := exec.Command(bin, "restart", "gw-nbd-planned", "--run-dir", runDir).CombinedOutput()
 		if err != nil {

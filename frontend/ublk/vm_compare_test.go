@@ -49,7 +49,9 @@ type perf struct{ randIOPS, seqMBps float64 }
 
 func measure(t *testing.T, path string) perf {
 	t.Helper()
-	common := []string{"--filename=" + path, "--ioengine=libaio", "--direct=1", "--runtime=10", "--time_based", "--size=128M"}
+	// 3 s a job: under TCG the ratio is a smoke figure, not a measurement (make bench-vm measures
+	// the frontends side by side); what the test needs is each frontend serving both patterns.
+	common := []string{"--filename=" + path, "--ioengine=libaio", "--direct=1", "--runtime=3", "--time_based", "--size=128M"}
 	r := fio(t, append([]string{"--name=rand4k", "--rw=randread", "--bs=4k", "--iodepth=32"}, common...)...)
 	s := fio(t, append([]string{"--name=seq1m", "--rw=read", "--bs=1M", "--iodepth=4"}, common...)...)
 	var p perf
@@ -64,7 +66,8 @@ func measure(t *testing.T, path string) perf {
 
 // TestVMCompareNBD is issue acceptance 5: ublk and the kernel NBD frontend, side by side in one
 // guest against the same LIO LUN over iSCSI/TCP (4 KiB random read QD32, 1 MiB sequential read).
-// TCG numbers are for the ratio, not absolute speed.
+// TCG numbers are a smoke figure for the ratio, not absolute speed; make bench-vm (vm-iser.sh)
+// is where the two frontends are measured.
 func TestVMCompareNBD(t *testing.T) {
 	requireUblk(t)
 	vmtest.LoadModules(t, "nbd")

@@ -422,7 +422,7 @@ func testFioVerify(t *testing.T, target string, ringPath bool, cliArgs ...string
 		}
 	}
 	rr := fio(t, "--name=randread-perf", "--filename="+p.path, "--ioengine=libaio", "--direct=1",
-		"--bs=4k", "--iodepth=64", "--numjobs=2", "--size=64M", "--rw=randread", "--runtime=5", "--time_based")
+		"--bs=4k", "--iodepth=64", "--numjobs=2", "--size=64M", "--rw=randread", "--runtime=2", "--time_based")
 	for _, j := range rr.Jobs {
 		t.Logf("randread job %s: %.0f IOPS", j.Name, j.Read.IOPS)
 	}
