@@ -212,7 +212,7 @@ func TestCSILauncherScopeSurvivesPluginCgroup(t *testing.T) {
 	t.Logf("gateway PID %d serves %s in %s", pid, dev, cgroupOf(pid))
 
 	run("dmesg", "-C")
-	fio := startFio(t, dev, fioVerifyMiB)
+	fio := startFio(t, dev, 32)
 	w0 := writes(dev)
 	waitFor(t, "fio to write", 2*time.Minute, func() (bool, string) {
 		return writes(dev) > w0+500, fmt.Sprintf("%d writes", writes(dev)-w0)

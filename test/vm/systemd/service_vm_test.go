@@ -118,7 +118,7 @@ func TestRestartKeepsMountedFS(t *testing.T) {
 	mnt := t.TempDir()
 	must(t, "mount", dev, mnt)
 	t.Cleanup(func() { run("umount", "-l", mnt) })
-	fio := startFio(t, filepath.Join(mnt, "verify.dat"), fioVerifyMiB)
+	fio := startFio(t, filepath.Join(mnt, "verify.dat"), 32)
 	w0 := writes(dev)
 	waitFor(t, "fio to write", 2*time.Minute, func() (bool, string) {
 		return writes(dev) > w0+500, fmt.Sprintf("%d writes", writes(dev)-w0)
@@ -159,7 +159,7 @@ func TestKill9RestartTakesOver(t *testing.T) {
 			dev := g.device(t)
 			pid := g.mainPID(t)
 			run("dmesg", "-C")
-			fio := startFio(t, dev, fioVerifyMiB)
+			fio := startFio(t, dev, 32)
 			w0 := writes(dev)
 			waitFor(t, "fio to write", 2*time.Minute, func() (bool, string) {
 				return writes(dev) > w0+500, fmt.Sprintf("%d writes", writes(dev)-w0)

@@ -256,11 +256,6 @@ func writes(dev string) int64 {
 	return n
 }
 
-// fioVerifyMiB is the size the service tests give startFio: 4,096 writes. Their kill, restart
-// or plugin kill lands after 500 (at most 1,000) of them, so fio is still writing across it;
-// 32 MiB cost the systemd guest about a minute more and tested nothing more.
-const fioVerifyMiB = 16
-
 // fioVerify is a background fio that writes a file or device with 4 KiB random direct writes
 // (QD16), then reads every block back and checks it.
 type fioVerify struct {
