@@ -38,7 +38,7 @@ if qemu_of "$id"; then bad "QEMU of $id still running after the run"; else ok "n
 # 2. timeout: the guest runs `sleep 1000`; the runner must kill it after VM_TIMEOUT seconds
 id=vm-selftest-$$-timeout
 t0=$(t_now)
-VM_RUN_ID=$id VM_TIMEOUT=30 VM_RESULTS=$tmp/r2 "$run" sleep 1000 >"$tmp/out2" 2>"$tmp/err2" &
+VM_RUN_ID=$id VM_TIMEOUT=15 VM_RESULTS=$tmp/r2 "$run" sleep 1000 >"$tmp/out2" 2>"$tmp/err2" &
 pid=$!
 seen=0
 for _ in $(seq 200); do # poll up to 20 s for the QEMU to show up, so the check after means something
@@ -48,8 +48,8 @@ done
 wait $pid
 rc=$?
 wall=$(($(t_now) - t0))
-echo "  VM_TIMEOUT=30 run.sh sleep 1000: exit $rc after ${wall} s; stderr: $(grep -m1 TIMEOUT "$tmp/err2")"
-if [ $rc = 124 ] && grep -q 'TIMEOUT' "$tmp/err2" && [ $wall -ge 30 ] && [ $wall -lt 60 ]; then
+echo "  VM_TIMEOUT=15 run.sh sleep 1000: exit $rc after ${wall} s; stderr: $(grep -m1 TIMEOUT "$tmp/err2")"
+if [ $rc = 124 ] && grep -q 'TIMEOUT' "$tmp/err2" && [ $wall -ge 15 ] && [ $wall -lt 45 ]; then
 	ok "a hung guest is killed at VM_TIMEOUT and reported (exit 124)"
 else bad "timeout: rc=$rc wall=${wall}s stderr: $(tail -3 "$tmp/err2")"; fi
 if [ $seen = 1 ] && ! qemu_of "$id"; then ok "QEMU was running during the hang and is gone after the timeout"

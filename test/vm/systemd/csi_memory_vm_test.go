@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -44,11 +45,22 @@ func TestCSIManyVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	targets := make([]string, manyVolumes+1)
-	for i := range targets {
-		tg := vmtest.StartLIO(t, vmtest.LIOOptions{IQN: fmt.Sprintf("iqn.2003-01.org.linux-iscsi.iserblk-vm:many%02d", i), SizeMiB: 16, NoISER: true})
+	var cleanupBegan time.Time // the last cleanup registered, run first, sets it
+	t.Cleanup(func() {
+		if !cleanupBegan.IsZero() {
+			t.Logf("cleanup (unstage, plugin, %d targets) took %v", manyVolumes+1, time.Since(cleanupBegan).Round(time.Millisecond))
+		}
+	})
+	began := time.Now()
+	opts := make([]vmtest.LIOOptions, manyVolumes+1)
+	for i := range opts {
+		opts[i] = vmtest.LIOOptions{IQN: fmt.Sprintf("iqn.2003-01.org.linux-iscsi.iserblk-vm:many%02d", i), SizeMiB: 16, NoISER: true}
+	}
+	targets := make([]string, len(opts))
+	for i, tg := range vmtest.StartLIOs(t, opts) {
 		targets[i] = tg.URL("iscsi")
 	}
+	t.Logf("%d LIO targets (16 MiB RAM LUNs, TCP) set up in %v", len(targets), time.Since(began).Round(time.Millisecond))
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "csi.sock")
 	var stderr syncbuf.Buffer
@@ -103,6 +115,8 @@ func TestCSIManyVolumes(t *testing.T) {
 			unstage(i)
 		}
 	})
+	t.Cleanup(func() { cleanupBegan = time.Now() })
+	began = time.Now()
 	errs := make(chan error, manyVolumes)
 	for i := range manyVolumes {
 		go func() { errs <- stage(i) }()
@@ -117,7 +131,9 @@ func TestCSIManyVolumes(t *testing.T) {
 	}
 
 	must(t, "udevadm", "settle", "--timeout=120")
+	t.Logf("%d volumes staged in %v", manyVolumes, time.Since(began).Round(time.Millisecond))
 	pids := make([]int, manyVolumes)
+	devs := make([]string, manyVolumes)
 	for i := range manyVolumes {
 		name := csi.GatewayName(volumeID(i))
 		link := "/dev/iser-blk/" + name
@@ -133,11 +149,9 @@ func TestCSIManyVolumes(t *testing.T) {
 			!strings.Contains(args, fmt.Sprintf(" --cache-size %dMiB ", share.CacheSize>>20)) {
 			t.Fatalf("gateway %s: %q lacks its share %+v", name, args, share)
 		}
-		// 12 MiB in 1 MiB writes (around the cache, through the pool), then the last 4 MiB of the
-		// 16 MiB LUN in 4 KiB writes (into the cache)
-		must(t, "dd", "if=/dev/urandom", "of="+dev, "bs=1M", "count=12", "oflag=direct", "status=none")
-		must(t, "dd", "if=/dev/urandom", "of="+dev, "bs=4k", "count=1024", "seek=3072", "status=none", "conv=fsync")
+		devs[i] = dev
 	}
+	writeEach(t, devs)
 	var total int64
 	for i, pid := range pids {
 		rss := residentBytes(t, pid)
@@ -152,12 +166,14 @@ func TestCSIManyVolumes(t *testing.T) {
 		t.Fatalf("the gateways hold %d MiB, above the budget of %d MiB", total>>20, budget>>20)
 	}
 
+	began = time.Now()
 	for i := range manyVolumes {
 		if err := unstage(i); err != nil {
 			t.Fatalf("unstage %d: %v", i, err)
 		}
 	}
 	must(t, "udevadm", "settle", "--timeout=120")
+	t.Logf("%d volumes unstaged in %v", manyVolumes, time.Since(began).Round(time.Millisecond))
 	for i, pid := range pids {
 		if err := unix.Kill(pid, 0); err == nil {
 			t.Errorf("gateway %d (PID %d) outlived its unstage", i, pid)
@@ -171,6 +187,42 @@ func TestCSIManyVolumes(t *testing.T) {
 }
 
 func volumeID(i int) string { return fmt.Sprintf("many-%02d", i) }
+
+// writeEach writes every device: 12 MiB in 1 MiB writes (around the cache, through the pool),
+// then the last 4 MiB of the 16 MiB LUN in 4 KiB writes (into the cache), four devices at a time.
+func writeEach(t *testing.T, devs []string) {
+	t.Helper()
+	began := time.Now()
+	failures := make(chan string, len(devs))
+	slots := make(chan struct{}, 4)
+	var wg sync.WaitGroup
+	for i, dev := range devs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			slots <- struct{}{}
+			defer func() { <-slots }()
+			for _, c := range [][]string{
+				{"dd", "if=/dev/urandom", "of=" + dev, "bs=1M", "count=12", "oflag=direct", "status=none"},
+				{"dd", "if=/dev/urandom", "of=" + dev, "bs=4k", "count=1024", "seek=3072", "status=none", "conv=fsync"},
+			} {
+				if out, code := run(c[0], c[1:]...); code != 0 {
+					failures <- fmt.Sprintf("volume %d: %s: exit %d\n%s", i, strings.Join(c, " "), code, out)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(failures)
+	for f := range failures {
+		t.Error(f)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Logf("%d devices written in %v", len(devs), time.Since(began).Round(time.Millisecond))
+}
 
 // gatewayPID is the PID of the process that serves name: `iser-blk attach --name NAME`.
 func gatewayPID(t *testing.T, name string) int {
