@@ -185,12 +185,24 @@ func socketPairs(n int) (locals []net.Conn, remotes []*os.File, err error) {
 // serve serves the server's ends of the socket pairs; a.done closes when all have ended. The
 // server side must be serving before the kernel starts sending (it may probe the partition
 // table as soon as the device is started).
+//
+// A connection that ends while the others serve on, with no detach or shutdown of ours, was
+// ended by the kernel: its request timer fires 30 s after a request was sent even with no
+// timeout configured, and with more than one connection it then requeues the request on another
+// and closes the socket it was on (drivers/block/nbd.c, nbd_xmit_timeout; a target outage longer
+// than that does it). The device serves on with one connection fewer, which is logged.
 func (a *Attachment) serve(locals []net.Conn) {
+	var live atomic.Int32
+	live.Store(int32(len(locals)))
 	for _, l := range locals {
 		a.conns.Add(1)
 		go func() {
 			defer a.conns.Done()
 			a.srv.serveTransmission(l)
+			if left := live.Add(-1); left > 0 && !a.detached.Load() && !a.srv.shutting.Load() {
+				a.log.Warn("the kernel closed one of the device's nbd connections (a request outlived its 30 s timer, or the device is being disconnected); the device serves on the others",
+					zap.String("device", a.Path()), zap.Int32("connections_left", left))
+			}
 		}()
 	}
 	go func() { a.conns.Wait(); close(a.done) }()

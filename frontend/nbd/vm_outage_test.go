@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,6 +71,9 @@ func TestVMTargetOutageLongerThanTheKernelTimer(t *testing.T) {
 	// write and closed the connection it was on (the gateway serves on with the other).
 	if !bytes.Contains(dm, []byte("Connection timed out, retrying")) {
 		t.Fatalf("the kernel's request timer did not fire during the 40 s outage: the test tested nothing")
+	}
+	if !strings.Contains(g.Stderr.String(), "the kernel closed one of the device's nbd connections") {
+		t.Fatalf("the gateway did not log the connection the kernel closed:\n%s", g.Stderr.String())
 	}
 	if err := exec.Command("dd", "if="+g.Device, "of=/dev/null", "bs=1M", "count=4", "iflag=direct", "status=none").Run(); err != nil {
 		t.Fatalf("read after the outage: %v\n%s", err, g.Stderr.String())
