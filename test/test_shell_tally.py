@@ -401,6 +401,8 @@ class MakeTestTallyTest(unittest.TestCase):
                         "test-dist:\n\t@echo 'dist 3 0 0' >>$(TALLY); exit $${STUB_DIST:-0}\n")
             write_script(os.path.join(root, "test", "deps.sh"), "echo 'deps: ok'\n")
             write_script(os.path.join(root, "test", "fuzz.sh"), 'echo "fuzz 3 0 0" >>"$TALLY"; exit "${STUB_FUZZ:-0}"\n')
+            # test/e2e.sh picks the e2e-tagged tests of a real tree; here it is go test -tags e2e
+            write_script(os.path.join(root, "test", "e2e.sh"), 'exec "${GO:-go}" test -tags e2e "$@"\n')
             with open(os.path.join(root, "test", "pyunit.py"), "w") as f:
                 f.write("import os, sys\nopen(sys.argv[sys.argv.index('--tally') + 1], 'a').write('py 2 0 0\\n')\n"
                         "sys.exit(int(os.environ.get('STUB_PY', '0')))\n")
