@@ -76,9 +76,10 @@ type Attachment struct {
 	viaNetlink bool
 	log        *zap.Logger
 
-	conns    sync.WaitGroup
-	done     chan struct{} // closed when every connection has ended
-	detached atomic.Bool
+	conns     sync.WaitGroup
+	done      chan struct{} // closed when every connection has ended
+	detached  atomic.Bool
+	connected atomic.Bool // the kernel took the sockets (a failed connect closes ours itself)
 
 	// ioctl path
 	devFile *os.File
@@ -154,7 +155,9 @@ func (a *Attachment) start(n int, connect func(remotes []*os.File) error) error 
 	for _, f := range remotes {
 		f.Close()
 	}
-	if err != nil {
+	if err == nil {
+		a.connected.Store(true) // after connect set index: serve's goroutines read it only after this
+	} else {
 		for _, c := range locals {
 			c.Close()
 		}
@@ -186,11 +189,13 @@ func socketPairs(n int) (locals []net.Conn, remotes []*os.File, err error) {
 // server side must be serving before the kernel starts sending (it may probe the partition
 // table as soon as the device is started).
 //
-// A connection that ends while the others serve on, with no detach or shutdown of ours, was
-// ended by the kernel: its request timer fires 30 s after a request was sent even with no
-// timeout configured, and with more than one connection it then requeues the request on another
-// and closes the socket it was on (drivers/block/nbd.c, nbd_xmit_timeout; a target outage longer
-// than that does it). The device serves on with one connection fewer, which is logged.
+// A connection that ends while the others serve on, once the kernel took the sockets and with no
+// detach or shutdown of ours, was ended by the kernel: its request timer fires even with no
+// timeout configured (30 s, the block layer's default, with --timeout 0), and with more than one
+// connection it then requeues the request on another and closes the socket it was on
+// (drivers/block/nbd.c, nbd_xmit_timeout; a target outage longer than that does it). The device
+// serves on with one connection fewer, which is logged; when the last one ends, the attachment
+// is done (Done) as after a disconnect.
 func (a *Attachment) serve(locals []net.Conn) {
 	var live atomic.Int32
 	live.Store(int32(len(locals)))
@@ -199,8 +204,9 @@ func (a *Attachment) serve(locals []net.Conn) {
 		go func() {
 			defer a.conns.Done()
 			a.srv.serveTransmission(l)
-			if left := live.Add(-1); left > 0 && !a.detached.Load() && !a.srv.shutting.Load() {
-				a.log.Warn("the kernel closed one of the device's nbd connections (a request outlived its 30 s timer, or the device is being disconnected); the device serves on the others",
+			left := live.Add(-1)
+			if left > 0 && a.connected.Load() && !a.detached.Load() && !a.srv.shutting.Load() {
+				a.log.Warn("the kernel closed one of the device's nbd connections (a request outlived the kernel's request timer, or the device is being disconnected); the device serves on the others",
 					zap.String("device", a.Path()), zap.Int32("connections_left", left))
 			}
 		}()

@@ -33,18 +33,18 @@ func TestVMTargetOutageLongerThanTheKernelTimer(t *testing.T) {
 	}
 	out := &syncbuf.Buffer{}
 	// one writer on each CPU, so that both connections (the kernel's hardware queues) carry writes
-	dd := exec.Command("fio", "--name=outage", "--filename="+g.Device, "--rw=randwrite", "--bs=4k", "--size=4M",
+	fio := exec.Command("fio", "--name=outage", "--filename="+g.Device, "--rw=randwrite", "--bs=4k", "--size=4M",
 		"--ioengine=libaio", "--direct=1", "--iodepth=4", "--numjobs=2", "--cpus_allowed=0-1",
 		"--cpus_allowed_policy=split", "--offset_increment=8M")
-	dd.Stdout, dd.Stderr = out, out
-	if err := dd.Start(); err != nil {
+	fio.Stdout, fio.Stderr = out, out
+	if err := fio.Start(); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- dd.Wait() }()
+	go func() { done <- fio.Wait() }()
 	select {
 	case err := <-done:
-		t.Fatalf("dd ended while the target was gone: %v\n%s", err, out)
+		t.Fatalf("fio ended while the target was gone: %v\n%s", err, out)
 	case <-time.After(40 * time.Second): // the outage's length: past the kernel's 30 s timer
 	}
 	if err := os.WriteFile(tpg, []byte("1\n"), 0o644); err != nil {
@@ -55,10 +55,10 @@ func TestVMTargetOutageLongerThanTheKernelTimer(t *testing.T) {
 	case err := <-done:
 		if err != nil {
 			dm, _ := exec.Command("sh", "-c", "dmesg | tail -30").CombinedOutput()
-			t.Fatalf("dd after a 45 s outage: %v\n%s\ndmesg:\n%s\ngateway:\n%s", err, out, dm, g.Stderr.String())
+			t.Fatalf("fio after a 40 s outage: %v\n%s\ndmesg:\n%s\ngateway:\n%s", err, out, dm, g.Stderr.String())
 		}
 	case <-time.After(2 * time.Minute):
-		t.Fatal("dd still waiting 2 min after the target came back")
+		t.Fatal("fio still waiting 2 min after the target came back")
 	}
 	t.Logf("the writes completed %v after the target came back", time.Since(began).Round(time.Millisecond))
 	base := filepath.Base(g.Device)
