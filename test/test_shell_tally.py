@@ -1,7 +1,7 @@
 """Unit tests of the tally lines that make test's shell writers produce: the Makefile's own test
 recipe (lint and build counted as one check each, every tier run after a failure, the tally started
 fresh), test/promrules.sh (each rules and rule-test file one check), test/fuzz.sh ("fuzz P F 0" and a FAILED line per target that failed, its -fuzztime
-deadline rule included), test/vm/test-vm.sh (the VM tier: the self-test's and Go tests' own lines
+deadline rule included), test/e2e.sh (which tests the e2e tier runs), test/vm/test-vm.sh (the VM tier: the self-test's and Go tests' own lines
 passed through, the smoke suite's counted from its closing line, a part that fails without
 counting a failure counted as one, and a guest that dies before the smoke suite's closing line)
 and test/vm/selftest.sh (each failed check one FAILED line, however many lines of the runner's
@@ -238,6 +238,53 @@ class FuzzTallyTest(unittest.TestCase):
         self.assertEqual(p.stdout.splitlines()[-1], "fuzz: 3 passed, 8 failed")
         self.assertEqual(make_tally(lines)[-1], "total: 8 passed, 8 failed, 0 skipped")
         self.assertEqual(leftovers, [], "fuzz.sh removes its log")
+
+
+class E2ESelectionTest(unittest.TestCase):
+    """test/e2e.sh in a throwaway module whose `go` is a stub that prints its arguments: the
+    packages are those with an e2e-tagged _test.go file, -run names exactly their Test functions;
+    `!e2e`, vm-only and untagged files and nested modules are left out; no e2e test at all fails."""
+
+    FILES = {
+        "a/x_e2e_test.go": "//go:build e2e\n\npackage a\n\nfunc TestA(t *testing.T) {}\nfunc TestB(t *testing.T) {}\n",
+        "a/unit_test.go": "package a\n\nfunc TestUnit(t *testing.T) {}\n",
+        "b/both_test.go": "//go:build e2e || vm\n\npackage b\n\nfunc TestC(t *testing.T) {}\n",
+        "c/vm_test.go": "//go:build vm\n\npackage c\n\nfunc TestVM(t *testing.T) {}\n",
+        "d/not_test.go": "//go:build !e2e\n\npackage d\n\nfunc TestNotE2E(t *testing.T) {}\n",
+        "e/and_test.go": "//go:build linux && e2e\n\npackage e\n\nfunc TestD(t *testing.T) {}\n",
+        "nested/go.mod": "module nested\n",
+        "nested/p/n_test.go": "//go:build e2e\n\npackage p\n\nfunc TestNested(t *testing.T) {}\n",
+    }
+
+    def run_e2e(self, files):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = os.path.join(tmp, "mod")
+            os.makedirs(os.path.join(root, "test"))
+            shutil.copy(os.path.join(HERE, "e2e.sh"), os.path.join(root, "test"))
+            for path, text in files.items():
+                os.makedirs(os.path.join(root, os.path.dirname(path)), exist_ok=True)
+                with open(os.path.join(root, path), "w") as f:
+                    f.write(text)
+            bindir = os.path.join(tmp, "bin")
+            write_script(os.path.join(bindir, "go"), 'printf "%s\\n" "$@"\n')
+            env = child_env(PATH=bindir + os.pathsep + os.environ["PATH"])
+            env.pop("GO", None)
+            subprocess.run(["git", "init", "-q", root], check=True, env=env)
+            return subprocess.run([os.path.join(root, "test", "e2e.sh"), "-race", "-json"],
+                                  capture_output=True, text=True, env=env)
+
+    def test_runs_the_e2e_tagged_tests_only(self):
+        p = self.run_e2e(self.FILES)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        args = p.stdout.splitlines()
+        self.assertEqual(args, ["test", "-count=1", "-timeout", "20m", "-tags", "e2e", "-race", "-json",
+                                "-run", "^(TestA|TestB|TestC|TestD)$", "./a", "./b", "./e"])
+
+    def test_no_e2e_test_fails(self):
+        p = self.run_e2e({k: v for k, v in self.FILES.items() if not k.startswith(("a/", "b/", "e/"))})
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("no _test.go file has the e2e build tag", p.stderr)
+        self.assertEqual(p.stdout, "", "go test is not run")
 
 
 class PromRulesTallyTest(unittest.TestCase):
