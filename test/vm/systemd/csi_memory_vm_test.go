@@ -71,8 +71,9 @@ func TestCSIManyVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	// ctx ends when the plugin does, so that no call waits for a socket that will never be
+	// (cleanups, not defers: the unstage cleanup below needs ctx and conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	exited := make(chan struct{})
 	go func() {
 		plugin.Wait()
@@ -90,7 +91,7 @@ func TestCSIManyVolumes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
 	node := csipb.NewNodeClient(conn)
 	info, err := node.NodeGetInfo(ctx, &csipb.NodeGetInfoRequest{}, grpc.WaitForReady(true))
 	if err != nil || info.MaxVolumesPerNode != manyVolumes {

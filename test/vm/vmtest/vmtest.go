@@ -195,6 +195,9 @@ func StartLIO(t testing.TB, o LIOOptions) LIOTarget {
 // by one in 39 s under TCG.
 func StartLIOs(t testing.TB, opts []LIOOptions) []LIOTarget {
 	t.Helper()
+	if len(opts) == 0 {
+		return nil
+	}
 	dir := GuestDir(t)
 	kvs := make([]map[string]string, len(opts))
 	// The helpers' stderr lines (what each target is) are left out: 17 of them say nothing
@@ -204,15 +207,16 @@ func StartLIOs(t testing.TB, opts []LIOOptions) []LIOTarget {
 		kvs[i] = kv
 		return err
 	}
-	errs := make([]error, len(opts))
-	if len(opts) > 0 {
-		errs[0] = start(0)
-		copy(errs[1:], forEach(len(opts)-1, func(i int) error { return start(i + 1) }))
+	for _, o := range opts {
+		if o.IQN == "" {
+			t.Fatal("StartLIOs: every target needs its own IQN")
+		}
 	}
-	var tgs []LIOTarget // the cleanup tears down what was parsed, even if a parse below fails
+	// Every target is torn down, whatever its helper did: --teardown is idempotent, and a helper
+	// that failed half way leaves a target that a later test would find "exists already".
 	t.Cleanup(func() {
-		for _, err := range forEach(len(tgs), func(i int) error {
-			_, _, err := RunScript(context.Background(), dir, lioScript, "--teardown", "--iqn", tgs[i].IQN)
+		for _, err := range forEach(len(opts), func(i int) error {
+			_, _, err := RunScript(context.Background(), dir, lioScript, "--teardown", "--iqn", opts[i].IQN)
 			return err
 		}) {
 			if err != nil {
@@ -220,15 +224,17 @@ func StartLIOs(t testing.TB, opts []LIOOptions) []LIOTarget {
 			}
 		}
 	})
-	for i, err := range errs {
-		if err == nil {
-			tgs = append(tgs, parseLIO(t, kvs[i]))
-		}
+	if err := start(0); err != nil {
+		t.Fatalf("guest helper: %v", err)
 	}
-	for _, err := range errs {
+	for _, err := range forEach(len(opts)-1, func(i int) error { return start(i + 1) }) {
 		if err != nil {
 			t.Fatalf("guest helper: %v", err)
 		}
+	}
+	tgs := make([]LIOTarget, len(opts))
+	for i := range opts {
+		tgs[i] = parseLIO(t, kvs[i])
 	}
 	return tgs
 }
