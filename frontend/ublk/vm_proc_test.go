@@ -432,7 +432,7 @@ func testFioVerify(t *testing.T, target string, ringPath bool, cliArgs ...string
 	}
 	ring, workers := ringTally(t, p.stderr.String())
 	t.Logf("requests served on the ring thread: %d, by workers: %d", ring, workers)
-	// fio issued 2 × 8192 writes, 2 × 8192 + 2 × 8192 verifying reads and 5 s of reads; a
+	// fio issued 2 × 8192 writes, 2 × 8192 + 2 × 8192 verifying reads and 2 s of reads; a
 	// quarter of them is the least the ring thread must have served.
 	if ringPath && ring < 12288 {
 		t.Fatalf("only %d requests served on the ring thread (workers: %d): the ring path was not taken", ring, workers)

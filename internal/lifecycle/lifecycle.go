@@ -48,7 +48,8 @@ var States = []State{Starting, Ready, Recovering, Restarting, Draining, Flushing
 // failed keeps the gateway serving with its data. Failed may return to ready too: a gateway
 // that failed because no path reached the target serves again once one is back. Failed goes to
 // flushing for a detach's write-back as ready does: the operator's detach tries it even with no
-// path (one may be back by then), and a write-back that fails returns to failed.
+// path (one may be back by then), and a write-back that fails returns to failed, or to ready if a
+// path came back meanwhile.
 var next = map[State][]State{
 	Starting:   {Ready, Recovering, Failed, Draining, Stopped},
 	Recovering: {Ready, Failed, Draining},

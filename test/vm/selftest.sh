@@ -35,7 +35,9 @@ if [ $rc = 3 ] && [ "$out" = "a b|c\$d|'q'|" ]; then ok "a failing command fails
 else bad "exit code/output passthrough: rc=$rc out='$out' stderr: $(tail -3 "$tmp/err1")"; fi
 if qemu_of "$id"; then bad "QEMU of $id still running after the run"; else ok "no QEMU left after a normal run"; fi
 
-# 2. timeout: the guest runs `sleep 1000`; the runner must kill it after VM_TIMEOUT seconds
+# 2. timeout: the guest runs `sleep 1000`; the runner must kill it after VM_TIMEOUT seconds, which
+# count from QEMU's start, boot included: at 15 s a slow host may kill it still booting, which
+# is the same kill and the same report (run.sh never boots again after a timeout)
 id=vm-selftest-$$-timeout
 t0=$(t_now)
 VM_RUN_ID=$id VM_TIMEOUT=15 VM_RESULTS=$tmp/r2 "$run" sleep 1000 >"$tmp/out2" 2>"$tmp/err2" &
