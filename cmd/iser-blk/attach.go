@@ -48,7 +48,7 @@ type attachFlags struct {
 func (af *attachFlags) registerNBD(fs *pflag.FlagSet) {
 	fs.StringVar(&af.nbdDev, "nbd", "", "nbd device node, e.g. /dev/nbd0 (\"auto\": the kernel picks a free one)")
 	fs.IntVar(&af.connections, "connections", 4, "nbd: sockets between the kernel and the server")
-	fs.DurationVar(&af.timeout, "timeout", 0, "nbd: kernel per-request timeout (0: none; the backend's own timeout fails stuck I/O)")
+	fs.DurationVar(&af.timeout, "timeout", 0, "nbd: kernel per-request timeout (0: none set, the backend's own timeout fails stuck I/O; with more than one connection the kernel still closes a connection whose request outlives 30 s, see docs/reliability.md)")
 	fs.DurationVar(&af.deadConnTimeout, "dead-conn-timeout", 30*time.Second, "nbd: how long the kernel queues I/O while every connection is dead")
 	fs.BoolVar(&af.forceIoctl, "nbd-ioctl", false, "nbd: configure with ioctls instead of netlink")
 }
