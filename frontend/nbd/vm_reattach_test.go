@@ -42,7 +42,7 @@ func TestVMReattachKill9(t *testing.T) {
 	mnt, fioDone, fioOut, firstWrite := mountAndVerify(t, g.Device)
 	base := filepath.Base(g.Device)
 	for i := range 3 {
-		waitWrites(t, base, killAt(firstWrite, i))
+		vmtest.WaitWrites(t, base, vmtest.KillAt(firstWrite, i), nil)
 		g.Stop() // SIGKILL
 		t0 := time.Now()
 		next := startGateway(t, args...)
@@ -63,18 +63,11 @@ func TestVMReattachKill9(t *testing.T) {
 
 // fioSize is what mountAndVerify's fio writes: 4,096 writes of 4 KiB, then a read of each to
 // verify. The three kills or restarts land by the device's 2,900th write since fio started
-// (killAt), so fio is still writing at the last one. Most of what the two tests that use it take
+// (vmtest.KillAt), so fio is still writing at the last one. Most of what the two tests that use it take
 // (about 110 s each under TCG) is not fio's writing but the kernel's request timer: the requests
 // in flight when the old sockets close are requeued on the new ones only when it fires, 30 s
 // after they were sent (dmesg: "Connection timed out, retrying", 29.7 s after each kill).
 const fioSize = 16 << 20
-
-// killAt is the device's write count at which the i-th (from 0) kill or restart of a test under
-// mountAndVerify's fio happens: every 900 writes since fio started, plus up to 199 so that it
-// lands at a different point of the request stream on every run.
-func killAt(firstWrite int64, i int) int64 {
-	return firstWrite + int64(i+1)*900 + time.Now().UnixNano()%200
-}
 
 // mountAndVerify makes ext4 on dev, mounts it and starts fio verify on a file in it (4 KiB random
 // writes, libaio, direct, QD16) after clearing the kernel log. firstWrite is the device's count
@@ -89,7 +82,7 @@ func mountAndVerify(t *testing.T, dev string) (mnt string, fioDone chan error, f
 		}
 	}
 	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
-	firstWrite = diskWrites(t, filepath.Base(dev))
+	firstWrite = vmtest.DiskWrites(t, dev)
 	fio := exec.Command("fio", "--name=verify", "--filename="+filepath.Join(mnt, "verify.dat"), "--size="+strconv.Itoa(fioSize),
 		"--rw=randwrite", "--bs=4k", "--ioengine=libaio", "--direct=1", "--iodepth=16", "--verify=crc32c",
 		"--do_verify=1", "--verify_fatal=1")
@@ -127,35 +120,6 @@ func finishVerify(t *testing.T, fioDone chan error, fioOut *syncbuf.Buffer, dev,
 	}
 }
 
-// diskWrites is the number of writes the disk has completed (the fifth field of its sysfs stat).
-func diskWrites(t *testing.T, base string) int64 {
-	t.Helper()
-	f := strings.Fields(sysBlock(t, "/dev/"+base, "stat"))
-	w, err := strconv.ParseInt(f[4], 10, 64)
-	if err != nil {
-		t.Fatalf("%s stat %q: %v", base, f, err)
-	}
-	return w
-}
-
-// waitWrites waits until the disk has completed want writes.
-func waitWrites(t *testing.T, base string, want int64) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for diskWrites(t, base) < want {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %d writes after 2 min, waiting for %d", base, diskWrites(t, base), want)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a counter, not synchronising
-	}
-}
-
-// waitMoreWrites waits until the disk has completed n more writes than now.
-func waitMoreWrites(t *testing.T, base string, n int64) {
-	t.Helper()
-	waitWrites(t, base, diskWrites(t, base)+n)
-}
-
 // TestVMReattachWriteBackDirty is acceptance 3 for kernel NBD: after kill -9 of a write-back
 // gateway under writes, the gateway started again reattaches the device but answers every request
 // with EIO (within 2 s), and its log says why.
@@ -170,7 +134,7 @@ func TestVMReattachWriteBackDirty(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { dd.Process.Kill() })
-	waitMoreWrites(t, filepath.Base(g.Device), 500)
+	vmtest.WaitWrites(t, g.Device, vmtest.DiskWrites(t, g.Device)+500, nil)
 	g.Stop() // SIGKILL
 	next := startGateway(t, args...)
 	if next.Device != g.Device {

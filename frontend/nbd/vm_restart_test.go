@@ -31,7 +31,7 @@ func TestVMPlannedRestart(t *testing.T) {
 	mnt, fioDone, fioOut, firstWrite := mountAndVerify(t, g.Device)
 	base := filepath.Base(g.Device)
 	for i := range 3 {
-		waitWrites(t, base, killAt(firstWrite, i))
+		vmtest.WaitWrites(t, base, vmtest.KillAt(firstWrite, i), nil)
 		t0 := time.Now()
 		out, err := exec.Command(bin, "restart", "gw-nbd-planned", "--run-dir", runDir).CombinedOutput()
 		if err != nil {

@@ -107,9 +107,9 @@ func testKill9Loop(t *testing.T, fe frontend) {
 	// from one start, so the writes made while a successor resumes count too, and the last kill
 	// comes by the 2,899th, leaving fio at least 1,197 of its 4,096 to write through the last
 	// successor (ext4's own writes only bring the kills earlier).
-	firstWrite := diskWrites(t, base)
+	firstWrite := vmtest.DiskWrites(t, base)
 	for i := range kills {
-		waitWrites(t, base, firstWrite+int64(i+1)*900+time.Now().UnixNano()%200, fioDone)
+		vmtest.WaitWrites(t, base, vmtest.KillAt(firstWrite, i), fioDone)
 		g.Stop() // SIGKILL
 		tk := time.Now()
 		next := start(t, args...)
@@ -321,39 +321,6 @@ func waitLog(t *testing.T, g *vmtest.Gateway, msg string, within time.Duration) 
 			t.Fatalf("%q not in the gateway's log within %v:\n%s", msg, within, g.Stderr)
 		}
 		time.Sleep(50 * time.Millisecond) // polling the log, not synchronising
-	}
-}
-
-func diskWrites(t *testing.T, base string) int64 {
-	t.Helper()
-	b, err := os.ReadFile("/sys/block/" + base + "/stat")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 5 {
-		t.Fatalf("short stat %q", b)
-	}
-	n, _ := strconv.ParseInt(f[4], 10, 64)
-	return n
-}
-
-// waitWrites waits until the device has completed want writes since boot (fio is really writing
-// through the gateway at the kill).
-func waitWrites(t *testing.T, base string, want int64, fioDone chan error) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for diskWrites(t, base) < want {
-		select {
-		case err := <-fioDone:
-			fioDone <- err
-			t.Fatalf("fio ended (%v) before the kills were done", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not reach %d completed writes in 2 min (at %d)", base, want, diskWrites(t, base))
-		}
-		time.Sleep(20 * time.Millisecond) // polling the disk's counters
 	}
 }
 
