@@ -350,10 +350,9 @@ func (c *Cache) closeContext(ctx context.Context, abandon bool) error {
 
 // Abandon closes the cache without another write-back (block.Abandoner): after a final flush
 // that failed or was aborted, waiting for the same write-back again would only delay the
-// logout. Dirty data is lost, as the caller has already reported: Abandon logs nothing of its
-// own (it once tried a flush under a cancelled context and logged that "context canceled" as a
-// second, misleading report of the same loss). A backend that can be abandoned too is (a
-// persistent log keeps what it holds for the next attach).
+// logout. Dirty data is lost, as the caller has already reported, so Abandon logs nothing of its
+// own. A backend that can be abandoned too is (a persistent log keeps what it holds for the next
+// attach).
 func (c *Cache) Abandon() error { return c.closeContext(context.Background(), true) }
 
 // shutdown stops the flusher and releases page memory without flushing. It is also the

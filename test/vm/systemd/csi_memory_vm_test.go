@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -194,30 +193,20 @@ func volumeID(i int) string { return fmt.Sprintf("many-%02d", i) }
 func writeEach(t *testing.T, devs []string) {
 	t.Helper()
 	began := time.Now()
-	failures := make(chan string, len(devs))
-	slots := make(chan struct{}, 4)
-	var wg sync.WaitGroup
-	for i, dev := range devs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			slots <- struct{}{}
-			defer func() { <-slots }()
-			for _, c := range [][]string{
-				{"dd", "if=/dev/urandom", "of=" + dev, "bs=1M", "count=12", "oflag=direct", "status=none"},
-				{"dd", "if=/dev/urandom", "of=" + dev, "bs=4k", "count=1024", "seek=3072", "status=none", "conv=fsync"},
-			} {
-				if out, code := run(c[0], c[1:]...); code != 0 {
-					failures <- fmt.Sprintf("volume %d: %s: exit %d\n%s", i, strings.Join(c, " "), code, out)
-					return
-				}
+	for i, err := range vmtest.ForEach(len(devs), func(i int) error {
+		for _, c := range [][]string{
+			{"dd", "if=/dev/urandom", "of=" + devs[i], "bs=1M", "count=12", "oflag=direct", "status=none"},
+			{"dd", "if=/dev/urandom", "of=" + devs[i], "bs=4k", "count=1024", "seek=3072", "status=none", "conv=fsync"},
+		} {
+			if out, code := run(c[0], c[1:]...); code != 0 {
+				return fmt.Errorf("%s: exit %d\n%s", strings.Join(c, " "), code, out)
 			}
-		}()
-	}
-	wg.Wait()
-	close(failures)
-	for f := range failures {
-		t.Error(f)
+		}
+		return nil
+	}) {
+		if err != nil {
+			t.Errorf("volume %d: %v", i, err)
+		}
 	}
 	if t.Failed() {
 		t.FailNow()

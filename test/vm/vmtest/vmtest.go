@@ -215,7 +215,7 @@ func StartLIOs(t testing.TB, opts []LIOOptions) []LIOTarget {
 	// Every target is torn down, whatever its helper did: --teardown is idempotent, and a helper
 	// that failed half way leaves a target that a later test would find "exists already".
 	t.Cleanup(func() {
-		for _, err := range forEach(len(opts), func(i int) error {
+		for _, err := range ForEach(len(opts), func(i int) error {
 			_, _, err := RunScript(context.Background(), dir, lioScript, "--teardown", "--iqn", opts[i].IQN)
 			return err
 		}) {
@@ -227,7 +227,7 @@ func StartLIOs(t testing.TB, opts []LIOOptions) []LIOTarget {
 	if err := start(0); err != nil {
 		t.Fatalf("guest helper: %v", err)
 	}
-	for _, err := range forEach(len(opts)-1, func(i int) error { return start(i + 1) }) {
+	for _, err := range ForEach(len(opts)-1, func(i int) error { return start(i + 1) }) {
 		if err != nil {
 			t.Fatalf("guest helper: %v", err)
 		}
@@ -239,8 +239,9 @@ func StartLIOs(t testing.TB, opts []LIOOptions) []LIOTarget {
 	return tgs
 }
 
-// forEach runs f(0..n-1), four at a time, and returns each one's error.
-func forEach(n int, f func(i int) error) []error {
+// ForEach runs f(0..n-1), four at a time, and returns each one's error (f must not call t's
+// Fatal: it runs on goroutines of its own).
+func ForEach(n int, f func(i int) error) []error {
 	errs := make([]error, n)
 	slots := make(chan struct{}, 4)
 	var wg sync.WaitGroup
