@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,6 +19,7 @@ import (
 	"github.com/iser-blk/iser-blk/internal/csi"
 	"github.com/iser-blk/iser-blk/internal/csipool"
 	"github.com/iser-blk/iser-blk/internal/statefile"
+	"github.com/iser-blk/iser-blk/test/vm/vmtest"
 )
 
 // TestVMPluginKill9MidIO: the data plane outlives the plugin on real devices. A Filesystem
@@ -100,16 +100,16 @@ func testKill9MidIO(t *testing.T, frontend, transport string, gatewayToo bool) {
 	t.Logf("staged on %s (gateway pid %d), staging mount %s, target mount %s", dev, pid, stagingMount.ID, targetMount.ID)
 
 	// fio writes; once the device has taken writes, the plugin dies in the middle of them.
-	writes0 := deviceWrites(t, dev)
+	writes0 := vmtest.DiskWrites(t, dev)
 	fio := startFio(t, filepath.Join(target, "fio.dat"), fioMiB)
 	eventually(t, 2*time.Minute, dev+" took no writes from fio", func() bool {
-		return deviceWrites(t, dev) > writes0+1024 || !fio.running()
+		return vmtest.DiskWrites(t, dev) > writes0+1024 || !fio.running()
 	})
 	if !fio.running() {
 		t.Fatalf("fio ended before the plugin was killed: the kill would not be mid-I/O\n%s", tail(fio.out.String(), 20))
 	}
 	p.kill9(t)
-	killedAt, killTime := deviceWrites(t, dev), time.Now()
+	killedAt, killTime := vmtest.DiskWrites(t, dev), time.Now()
 	if processGone(pid) {
 		t.Fatalf("the gateway (pid %d) died with the plugin", pid)
 	}
@@ -143,7 +143,7 @@ func testKill9MidIO(t *testing.T, frontend, transport string, gatewayToo bool) {
 	fio.wait(t, 5*time.Minute)
 	t.Logf("the plugin was back %v after the kill (%s), fio done %v after it", healTime.Round(100*time.Millisecond), healed,
 		time.Since(killTime).Round(100*time.Millisecond))
-	if w := deviceWrites(t, dev); w <= killedAt {
+	if w := vmtest.DiskWrites(t, dev); w <= killedAt {
 		t.Errorf("%s took no writes after the kill (%d before, %d after): the kill was not mid-I/O", dev, killedAt, w)
 	}
 	noKernelIOErrors(t, dev, logMark)
@@ -227,24 +227,6 @@ func deviceGone(dev string) bool {
 	_, err := os.Stat(filepath.Join("/sys/block", base, "pid"))
 	size, _ := os.ReadFile(filepath.Join("/sys/block", base, "size"))
 	return os.IsNotExist(err) && strings.TrimSpace(string(size)) == "0"
-}
-
-// deviceWrites is the count of write requests dev has completed (/sys/block/DEV/stat, field 5).
-func deviceWrites(t *testing.T, dev string) int64 {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "stat"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 5 {
-		t.Fatalf("%s stat: %q", dev, b)
-	}
-	n, err := strconv.ParseInt(f[4], 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 // kernelLog returns the kernel log's lines.
