@@ -8,7 +8,9 @@
 // heap, so a 1 GiB cache costs the garbage collector almost nothing: what stays on the heap is
 // about 180 bytes of pointer-free metadata per page, ~45 MiB for 1 GiB of 4 KiB pages). Backend
 // I/O goes through staging buffers from Config.IOPool when set (registered memory for iSER): a
-// write-back gathers its pages into one buffer, a miss reads into one and is copied into pages.
+// write-back gathers its pages into one buffer, a miss reads into one and is copied into pages
+// (a miss of one whole page started on the backend's Submitter reads straight into the caller's
+// buffer instead, submit.go).
 // A cached page ("slot") carries:
 //
 //   - valid: the sectors whose bytes in the page are the device's current content. A sector is

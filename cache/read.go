@@ -382,6 +382,44 @@ func (c *Cache) installFill(pg int64, fp fillPage, data []byte, install bool) {
 	if !install || sl.invalSeq != fp.invalSeq {
 		return
 	}
+	c.installLocked(s, data)
+}
+
+// fillInPlace ends a fill that read page pg straight into the caller's buffer p, which is the
+// whole page (submit.go): the page's valid sectors, at least as new as what the backend returned,
+// are copied over p, then p's other sectors are installed (if install and the page was not
+// invalidated meanwhile) and the page unpinned, all under one shard lock. The caller reports p
+// after this, and it is then the caller's again.
+func (c *Cache) fillInPlace(pg int64, fp fillPage, p []byte, install bool) {
+	sh := c.shard(pg)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s := fp.slot // pinned, so still page pg's
+	if s < 0 {   // not cached when the fill began; a write may have cached it since
+		if cur, ok := sh.m[pg]; ok && c.slots[cur].valid != 0 {
+			c.copyValid(p, pg*c.ps, cur, pg, c.slots[cur].valid)
+		}
+		return
+	}
+	sl := &c.slots[s]
+	if sl.valid != 0 {
+		c.copyValid(p, pg*c.ps, s, pg, sl.valid)
+	}
+	sl.pins--
+	if fp.created {
+		sl.filling = false
+	}
+	sl.ref = true
+	if !install || sl.invalSeq != fp.invalSeq {
+		return
+	}
+	c.installLocked(s, p)
+}
+
+// installLocked (under the shard lock of slot s's page) copies the sectors of data that slot s
+// does not hold valid into its page and marks them valid.
+func (c *Cache) installLocked(s int32, data []byte) {
+	sl := &c.slots[s]
 	have := c.full // the last page of a device may be cut short
 	if int64(len(data)) < c.ps {
 		have = c.sectorMask(0, int64(len(data)))

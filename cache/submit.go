@@ -29,7 +29,8 @@ type asyncFill struct {
 	off     int64  // of p
 	pg      int64
 	fp      fillPage
-	buf     []byte // staging buffer from Config.IOPool: page pg's data
+	buf     []byte // page pg's data: a staging buffer from Config.IOPool, or p itself (!staged)
+	staged  bool
 	install bool
 	done    block.Completion
 }
@@ -72,7 +73,10 @@ func (c *Cache) SubmitAt(ctx context.Context, p []byte, off int64, write bool, f
 }
 
 // startFill starts the backend read of page pg for the miss p at off, or reports false having
-// started nothing.
+// started nothing. A miss of the whole page, into a slot whose memory is mapped, is read straight
+// into p and installed from there before it is reported (fillInPlace): no staging buffer, and one
+// copy of the page instead of two. Any other miss reads into a staging buffer from Config.IOPool,
+// which the report copies p out of and the install copies the page in from.
 func (c *Cache) startFill(ctx context.Context, p []byte, off, pg int64, done block.Completion) bool {
 	if c.beingFilled(pg) {
 		return false // ReadAt waits for that fill instead of reading the page twice
@@ -81,29 +85,50 @@ func (c *Cache) startFill(ctx context.Context, p []byte, off, pg int64, done blo
 		return false // readMiss reads ahead
 	}
 	n := min(c.ps, c.size-pg*c.ps)
-	buf, ok := c.cfg.IOPool.TryGet(int(n))
-	if !ok {
+	f := c.fills.Get().(*asyncFill)
+	*f = asyncFill{c: c, p: p, off: off, pg: pg, done: done}
+	f.fp = c.placeholder(pg, false)
+	if off == pg*c.ps && int64(len(p)) == n && !f.fp.fresh {
+		f.buf = p // the whole page: read in place (fillInPlace)
+	} else if buf, ok := c.cfg.IOPool.TryGet(int(n)); ok {
+		f.buf, f.staged = buf[:n], true
+	} else {
+		c.abortFill(f)
 		return false
 	}
-	f := c.fills.Get().(*asyncFill)
-	*f = asyncFill{c: c, p: p, off: off, pg: pg, buf: buf[:n], done: done}
-	f.fp = c.placeholder(pg, false)
 	f.install = !c.directOverlaps(pg*c.ps, c.ps)
 	c.rstreams.note(off, off+int64(len(p)), 0)
 	if c.sub.SubmitAt(ctx, f.buf, pg*c.ps, false, 0, f) {
 		return true
 	}
-	c.finishFill(pg, f.fp, nil, false, p, off, false, false) // unpin
-	c.cfg.IOPool.Put(buf)
-	*f = asyncFill{}
-	c.fills.Put(f)
-	c.progress.broadcast()
+	if !f.staged { // the backend may take only its own memory (iSER: registered buffers)
+		if buf, ok := c.cfg.IOPool.TryGet(int(n)); ok {
+			f.buf, f.staged = buf[:n], true
+			if c.sub.SubmitAt(ctx, f.buf, pg*c.ps, false, 0, f) {
+				return true
+			}
+		}
+	}
+	c.abortFill(f)
 	return false
 }
 
-// Complete implements block.Completion: the backend read of the page ended. The caller's data is
-// copied out and reported first, and the page installed after, so that installing stays off the
-// request's latency. The page stays pinned and marked filling until it is installed, so readers
+// abortFill undoes startFill's work for a fill that was not started: the page is unpinned, the
+// staging buffer returned, f recycled.
+func (c *Cache) abortFill(f *asyncFill) {
+	c.finishFill(f.pg, f.fp, nil, false, f.p, f.off, false, false) // unpin
+	if f.staged {
+		c.cfg.IOPool.Put(f.buf)
+	}
+	*f = asyncFill{}
+	c.fills.Put(f)
+	c.progress.broadcast()
+}
+
+// Complete implements block.Completion: the backend read of the page ended. A miss read in place
+// installs the page and then reports (p is the caller's again after the report). Otherwise the
+// caller's data is copied out and reported first, and the page installed after, so that
+// installing stays off the request's latency. The page stays pinned and marked filling until it is installed, so readers
 // of it wait for the install, and the fill stays inside enter/exit, so the page memory stays
 // mapped until then.
 //
@@ -127,12 +152,19 @@ func (f *asyncFill) Complete(err error) {
 	c := f.c
 	if err != nil {
 		err = fmt.Errorf("cache: read miss [%d, +%d): %w", f.pg*c.ps, len(f.buf), err)
-	} else {
-		c.copyOutFill(f.pg, f.fp, f.buf, f.p, f.off)
 	}
 	c.st.misses.Add(1)
 	install := f.install && err == nil
 	done := f.done // f is recycled by finish, which may run on another P before the report
+	if !f.staged {
+		c.fillInPlace(f.pg, f.fp, f.p, install) // before the report: p is the caller's after it
+		done.Complete(err)
+		f.finish(false)
+		return
+	}
+	if err == nil {
+		c.copyOutFill(f.pg, f.fp, f.buf, f.p, f.off)
+	}
 	if install && f.fp.fresh {
 		if c.freshInstalls.Add(1) <= maxFreshInstalls {
 			go f.finishFresh()
@@ -159,8 +191,10 @@ func (f *asyncFill) finishFresh() {
 // recycles f and ends the fill's enter.
 func (f *asyncFill) finish(install bool) {
 	c := f.c
-	c.installFill(f.pg, f.fp, f.buf, install)
-	c.cfg.IOPool.Put(f.buf)
+	if f.staged {
+		c.installFill(f.pg, f.fp, f.buf, install)
+		c.cfg.IOPool.Put(f.buf)
+	}
 	c.progress.broadcast() // waiters for this fill, and the page may now be evictable
 	*f = asyncFill{}
 	c.fills.Put(f)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/cache/internal/fakedev"
+	"github.com/iser-blk/iser-blk/pool"
 )
 
 // submitDev gives a device a Submitter that completes each read on a goroutine of its own (async)
@@ -194,19 +195,22 @@ func TestSubmitWriteAround(t *testing.T) {
 }
 
 // TestSubmitMissRepliesBeforeInstall checks the order of an asynchronous miss's completion into a
-// slot used before: the caller's data is reported while the page is still being filled, and the
-// page is installed inline after the completion returns.
+// slot used before, for a miss of part of a page (read into a staging buffer): the caller's data
+// is reported while the page is still being filled, and the page is installed inline after the
+// completion returns.
 func TestSubmitMissRepliesBeforeInstall(t *testing.T) {
 	ctx := context.Background()
 	dev := fakedev.New(1<<20, stdLimits(512))
 	c := newPooledCache(t, &submitDev{Device: dev}, Config{Size: 256 << 10, ReadAhead: -1})
 	useEverySlot(t, c)
-	const off = 768 << 10 // a page the cache does not hold: its miss evicts a used slot
-	want := fill(4096, 7)
-	if err := dev.WriteAt(ctx, want, off, 0); err != nil {
+	const pageOff = 768 << 10 // a page the cache does not hold: its miss evicts a used slot
+	const off = pageOff + 1024
+	page := fill(4096, 7)
+	if err := dev.WriteAt(ctx, page, pageOff, 0); err != nil {
 		t.Fatal(err)
 	}
-	got := make([]byte, 4096)
+	want := page[1024:1536]
+	got := make([]byte, len(want))
 	var filling bool
 	done := completionFunc(func(err error) {
 		if err != nil {
@@ -223,6 +227,82 @@ func TestSubmitMissRepliesBeforeInstall(t *testing.T) {
 	if c.beingFilled(off/c.ps) || !c.ReadCached(got, off) {
 		t.Fatal("the page was not installed after the completion")
 	}
+}
+
+// TestSubmitMissInPlace checks a miss of a whole page into a slot used before, which the backend
+// reads straight into the caller's buffer: at the completion the page is already installed (the
+// buffer is the caller's after it), the page's dirty sector wins over the backend's older data
+// both in the reply and in the page, and no staging buffer was taken. A backend that declines the
+// caller's buffer (iSER takes only registered memory) gets the miss again in a staging buffer.
+func TestSubmitMissInPlace(t *testing.T) {
+	ctx := context.Background()
+	dev := fakedev.New(1<<20, stdLimits(512))
+	sd := &submitDev{Device: dev}
+	c := newPooledCache(t, sd, Config{Size: 256 << 10, ReadAhead: -1, MaxDirtyAge: time.Hour})
+	useEverySlot(t, c)
+	const off = 768 << 10
+	old := fill(4096, 9)
+	if err := dev.WriteAt(ctx, old, off, 0); err != nil {
+		t.Fatal(err)
+	}
+	dirty := fill(512, 10)
+	if err := c.WriteAt(ctx, dirty, off+2048, 0); err != nil {
+		t.Fatal(err)
+	}
+	want := append([]byte(nil), old...)
+	copy(want[2048:], dirty)
+	got := make([]byte, 4096)
+	staged := c.cfg.IOPool.Stats().Gets
+	var filling, cached bool
+	done := completionFunc(func(err error) {
+		if err != nil {
+			t.Error(err)
+		}
+		filling = c.beingFilled(off / c.ps)
+		cached = c.ReadCached(make([]byte, 4096), off)
+	})
+	if !c.SubmitAt(ctx, got, off, false, 0, done) {
+		t.Fatal("SubmitAt declined a one-page miss")
+	}
+	if !bytes.Equal(got, want) || filling || !cached {
+		t.Fatalf("data right %v, being filled at the completion %v, cached at it %v: want true, false, true",
+			bytes.Equal(got, want), filling, cached)
+	}
+	if n := c.cfg.IOPool.Stats().Gets - staged; n != 0 {
+		t.Fatalf("a miss read in place took %d staging buffers", n)
+	}
+	clear(got)
+	if !c.ReadCached(got, off) || !bytes.Equal(got, want) {
+		t.Fatal("the installed page does not hold the backend's data under the dirty sector")
+	}
+
+	foreign := &foreignDev{submitDev: submitDev{Device: dev}}
+	c2 := newPooledCache(t, foreign, Config{Size: 256 << 10, ReadAhead: -1})
+	foreign.pool = c2.cfg.IOPool
+	useEverySlot(t, c2)
+	clear(got)
+	done2 := make(chanDone, 1)
+	if !c2.SubmitAt(ctx, got, off, false, 0, done2) {
+		t.Fatal("SubmitAt declined a one-page miss whose buffer the backend does not take")
+	}
+	if err := <-done2; err != nil || !bytes.Equal(got, old) || foreign.declined != 1 {
+		t.Fatalf("staged retry: %v, data right %v, declined %d (want 1)", err, bytes.Equal(got, old), foreign.declined)
+	}
+}
+
+// foreignDev is a submitDev that, like iSER, takes only buffers of its own pool.
+type foreignDev struct {
+	submitDev
+	pool     *pool.Pool
+	declined int
+}
+
+func (d *foreignDev) SubmitAt(ctx context.Context, p []byte, off int64, write bool, flags block.WriteFlags, done block.Completion) bool {
+	if _, _, _, ok := d.pool.Lookup(p); !ok {
+		d.declined++
+		return false
+	}
+	return d.submitDev.SubmitAt(ctx, p, off, write, flags, done)
 }
 
 // TestSubmitMissInstallsFreshSlotBesideReport checks that a miss into a slot never used before
