@@ -96,3 +96,73 @@ func TestCachedReadsAnsweredInline(t *testing.T) {
 		})
 	}
 }
+
+// cachedSubmitDevice is a cachedDevice that also starts reads below declineFrom on SubmitAt,
+// completing them on a goroutine of its own.
+type cachedSubmitDevice struct {
+	cachedDevice
+	declineFrom       int64
+	submits, declines atomic.Int64
+}
+
+func (d *cachedSubmitDevice) SubmitAt(ctx context.Context, p []byte, off int64, write bool, flags block.WriteFlags, done block.Completion) bool {
+	if write || off >= d.declineFrom {
+		d.declines.Add(1)
+		return false
+	}
+	d.submits.Add(1)
+	go func() { done.Complete(d.Device.ReadAt(ctx, p, off)) }()
+	return true
+}
+
+func (d *cachedSubmitDevice) Kick() {}
+
+// countingPool is the heap pool counting the buffers taken without waiting.
+type countingPool struct {
+	*heapPool
+	tryGets atomic.Int64
+}
+
+func (p *countingPool) TryGet(n int) ([]byte, bool) {
+	p.tryGets.Add(1)
+	return p.heapPool.TryGet(n)
+}
+
+// TestCachedMissKeepsItsBufferForSubmit checks that a READ that misses the device's memory is
+// started on SubmitAt with the buffer (and budget) it was probed with, not a second one taken
+// after the first was given back, and that a miss SubmitAt declines still reaches ReadAt with the
+// right bytes.
+func TestCachedMissKeepsItsBufferForSubmit(t *testing.T) {
+	mem := newMem(t, 16<<20, "")
+	data := make([]byte, 4<<20)
+	rand.Read(data)
+	if err := mem.WriteAt(context.Background(), data, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	dev := &cachedSubmitDevice{cachedDevice: cachedDevice{Device: mem, hitLimit: 1 << 20}, declineFrom: 3 << 20}
+	pool := &countingPool{heapPool: newHeapPool()}
+	f := startServer(t, dev, Options{Pool: pool})
+	c := f.dial().connect(true)
+	for _, tc := range []struct {
+		off     uint64
+		tryGets int64
+	}{
+		{4096, 1},         // a hit: the probe's buffer carries the reply
+		{1<<20 + 4096, 1}, // a miss: the same buffer is submitted
+		{2<<20 + 8192, 1}, // another
+		{3<<20 + 4096, 1}, // a miss SubmitAt declines: a worker reads with Get
+	} {
+		before := pool.tryGets.Load()
+		r := c.do(cmdRead, 0, tc.off, 4096, nil)
+		if r.errno != 0 || !bytes.Equal(r.data, data[tc.off:tc.off+4096]) {
+			t.Fatalf("read %d: errno %d, right bytes %v", tc.off, r.errno, bytes.Equal(r.data, data[tc.off:tc.off+4096]))
+		}
+		if n := pool.tryGets.Load() - before; n != tc.tryGets {
+			t.Fatalf("read %d took %d buffers without waiting, want %d", tc.off, n, tc.tryGets)
+		}
+	}
+	if dev.cachedReads.Load() != 1 || dev.submits.Load() != 2 || dev.declines.Load() != 1 || dev.deviceReads.Load() != 1 {
+		t.Fatalf("cached %d, submitted %d, declined %d, through ReadAt %d: want 1, 2, 1, 1",
+			dev.cachedReads.Load(), dev.submits.Load(), dev.declines.Load(), dev.deviceReads.Load())
+	}
+}
