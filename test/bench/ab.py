@@ -15,16 +15,19 @@ import statistics
 
 
 def interleave(bench, a, work, rep, servers, first, second, jobs, pairs, runtime, tag, before=None,
-               after=None, preexec=None, placement="shared", pair0=0):
+               after=None, preexec=None, placement="shared", pair0=0, region=None):
     """Runs pairs alternating pairs of every job on servers[first] and servers[second] (NBDServer)
     and returns one row per run, marked ab=tag. before(system) may start something for the run
     and returns what after(system, it) gets; after returns fields added to the row. Pairs are
-    numbered from pair0, so that rounds on freshly started servers (release_ab) add up."""
+    numbered from pair0, so that rounds on freshly started servers (release_ab) add up.
+    region(job, args, pair), where given, returns the fio arguments and size both runs of a pair
+    use instead of args and a.size (default_ab's cold reads: a range neither gateway has read)."""
     rows = []
     for job, args in jobs:
         key = bench.metric_of(job)
         for pair in range(pair0, pair0 + pairs):
             order = (first, second) if pair % 2 == 0 else (second, first)
+            run_args, size = region(job, args, pair) if region else (args, a.size)
             got = {}
             for system in order:
                 stale = os.path.join(work, f"fio-{job}.json")  # never read the other run's output
@@ -33,9 +36,9 @@ def interleave(bench, a, work, rep, servers, first, second, jobs, pairs, runtime
                 it = before(system) if before else None
                 pid = servers[system].proc.pid
                 c0, (s0, y0) = bench.cpu_seconds(pid), bench.switches_and_syscalls(pid)
-                m = bench.fio(servers[system].uri, job, args, runtime, a.size, work, preexec)
+                m = bench.fio(servers[system].uri, job, run_args, runtime, size, work, preexec)
                 c1, (s1, y1) = bench.cpu_seconds(pid), bench.switches_and_syscalls(pid)
-                if bench.writes(args):
+                if bench.writes(run_args):
                     bench.flush(servers[system].uri)  # untimed: no run pays an earlier one's backlog
                 m.update(ab=tag, rep=rep, placement=placement, system=system, job=job, pair=pair,
                          gw_cpu_us_per_io=(c1 - c0) * 1e6 / max(m["ios"], 1),

@@ -154,6 +154,61 @@ class ABSectionsTest(unittest.TestCase):
         costly = verdict([900, 940, 950, 960], cpu_first=10.6)
         self.assertEqual((costly[6], costly[-1]), ("1.060", "no |"))
 
+    def test_default_ab_cold_row_says_met_against_1_03(self):
+        def cells(defaults):
+            rows = ab_rows(default_ab.NAME, default_ab.DEFAULT, default_ab.OFF, default_ab.COLD,
+                           defaults, [100.0] * len(defaults), cpu_first=12.0)
+            return self.row_of(default_ab.report(bench, rows), default_ab.COLD).split(" | ")
+        within = cells([101.0, 102.5, 103.0, 104.0])  # p50 1.028x cache off's: off / default 0.973
+        self.assertEqual((within[1], within[3], within[-1]), ("102.8 µs p50", "0.973", "yes |"))
+        above = cells([103.0, 104.0, 104.0, 105.0])  # 1.04x, and the CPU (1.2x) does not rescue it
+        self.assertEqual((above[3], above[-1]), ("0.962", "no |"))
+
+    def test_default_ab_cold_pairs_each_read_a_range_nobody_read(self):
+        a = SimpleNamespace(size="512m", lun_mb=1024, default_ab_pairs=4)
+        region = default_ab.cold_region(a)
+        args = dict(rw="randread", bs="4k", iodepth=1, numjobs=1)
+        got = [region(default_ab.COLD, args, pair) for pair in range(4)]
+        self.assertEqual([g[0]["offset"] for g in got], ["512m", "576m", "640m", "704m"])
+        self.assertTrue(all(g[1] == "64m" and g[0]["time_based"] == 0 and g[0]["rw"] == "randread" and
+                            g[0]["number_ios"] == default_ab.COLD_IOS for g in got))
+        self.assertNotIn("offset", args)  # the job's own arguments are left as they were
+        self.assertTrue(default_ab.cold_room(a))
+        self.assertTrue(default_ab.cold_room(SimpleNamespace(size="512m", lun_mb=1024, default_ab_pairs=8)))
+        self.assertFalse(default_ab.cold_room(SimpleNamespace(size="512m", lun_mb=1024, default_ab_pairs=9)))
+
+    def test_interleave_gives_both_runs_of_a_pair_its_region(self):
+        calls = []
+
+        class FakeBench:
+            def metric_of(self, job):
+                return bench.metric_of(job)
+
+            def cpu_seconds(self, pid):
+                return 0.0
+
+            def switches_and_syscalls(self, pid):
+                return 0, 0
+
+            def fio(self, uri, job, args, runtime, size, work, preexec=None):
+                calls.append((uri, args.get("offset"), size))
+                return dict(p50_us=100.0, ios=1000)
+
+            def writes(self, args):
+                return False
+
+            def log(self, *a):
+                pass
+        servers = {n: SimpleNamespace(uri=n, proc=SimpleNamespace(pid=1)) for n in ("a", "b")}
+        a = SimpleNamespace(size="512m", lun_mb=1024, default_ab_pairs=2)
+        with tempfile.TemporaryDirectory() as d:
+            rows = default_ab.ab.interleave(FakeBench(), a, d, 0, servers, "a", "b",
+                                            [(default_ab.COLD, dict(rw="randread"))], 2, 5, "t",
+                                            region=default_ab.cold_region(a))
+        self.assertEqual(calls, [("a", "512m", "64m"), ("b", "512m", "64m"),
+                                 ("b", "576m", "64m"), ("a", "576m", "64m")])
+        self.assertEqual(len(rows), 4)
+
     def test_default_ab_ignores_other_ab_rows(self):
         rows = ab_rows("release-ab", default_ab.DEFAULT, default_ab.OFF, "seqwrite-1m-qd8", [1] * 4, [1] * 4)
         self.assertEqual(default_ab.report(bench, rows), [])

@@ -62,5 +62,16 @@ class SummaryTest(unittest.TestCase):
         self.assertNotIn("faults", mode_ab.summary(d))
 
 
+class ColdRunTest(unittest.TestCase):
+    def test_a_cold_run_reads_a_few_blocks_of_its_own_region_once(self):
+        args = dict(rw="randread", bs="4k", iodepth=1)
+        run, size = mode_ab.cold_run(args, 9)
+        self.assertEqual((run["offset"], size), (f"{9 * mode_ab.REGION_MB}m", f"{mode_ab.REGION_MB}m"))
+        self.assertEqual((run["time_based"], run["number_ios"], run["rw"]), (0, mode_ab.COLD_IOS, "randread"))
+        self.assertNotIn("offset", args)
+        # a fifth of the region at most: few reads land beside a recent one (see the module doc)
+        self.assertLessEqual(mode_ab.COLD_IOS * 4096 * 5, mode_ab.REGION_MB << 20)
+
+
 if __name__ == "__main__":
     unittest.main()
