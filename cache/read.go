@@ -372,17 +372,7 @@ func (c *Cache) installFill(pg int64, fp fillPage, data []byte, install bool) {
 	sh := c.shard(pg)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	s := fp.slot
-	sl := &c.slots[s]
-	sl.pins--
-	if fp.created {
-		sl.filling = false
-	}
-	sl.ref = true
-	if !install || sl.invalSeq != fp.invalSeq {
-		return
-	}
-	c.installLocked(s, data)
+	c.endFillLocked(fp, data, install)
 }
 
 // fillInPlace ends a fill that read page pg straight into the caller's buffer p, which is the
@@ -401,10 +391,17 @@ func (c *Cache) fillInPlace(pg int64, fp fillPage, p []byte, install bool) {
 		}
 		return
 	}
-	sl := &c.slots[s]
-	if sl.valid != 0 {
-		c.copyValid(p, pg*c.ps, s, pg, sl.valid)
+	if valid := c.slots[s].valid; valid != 0 {
+		c.copyValid(p, pg*c.ps, s, pg, valid)
 	}
+	c.endFillLocked(fp, p, install)
+}
+
+// endFillLocked (under the shard lock of the fill's page, fp.slot >= 0) unpins the page, ends its
+// filling if this fill created it, and installs data into its invalid sectors if install and the
+// page was not invalidated meanwhile.
+func (c *Cache) endFillLocked(fp fillPage, data []byte, install bool) {
+	sl := &c.slots[fp.slot]
 	sl.pins--
 	if fp.created {
 		sl.filling = false
@@ -413,7 +410,7 @@ func (c *Cache) fillInPlace(pg int64, fp fillPage, p []byte, install bool) {
 	if !install || sl.invalSeq != fp.invalSeq {
 		return
 	}
-	c.installLocked(s, p)
+	c.installLocked(fp.slot, data)
 }
 
 // installLocked (under the shard lock of slot s's page) copies the sectors of data that slot s
