@@ -62,9 +62,11 @@
 // A miss within one page, and a write that goes around the pages, may also be started without
 // blocking (SubmitAt, block.Submitter) on the backend's own Submitter, so that a frontend's reader
 // goroutine starts them without handing them to a worker: the miss's completion fills the page
-// exactly as a synchronous miss does, but replies before it copies the data into the page, and
-// for a slot never used before on a goroutine of its own started first, so that a reply writer
-// woken by the completion runs before it (the first touch of a page costs a page fault); the
+// exactly as a synchronous miss does. A miss of a whole page into a slot used before is read into
+// the caller's buffer and installed from it before the reply; any other replies before it copies
+// the data into the page, and for a slot never used before on a goroutine of its own started
+// first, so that a reply writer woken by the completion runs before it (the first touch of a page
+// costs a page fault); the
 // write-around registers and supersedes exactly as
 // writeAround does, and declines instead of waiting when a write-back of its range is in flight
 // (submit.go).

@@ -364,7 +364,8 @@ func (c *Cache) copyOutFill(pg int64, fp fillPage, data []byte, p []byte, off in
 // installFill installs the data of a fill into its page's invalid sectors (if install and the page
 // was not invalidated meanwhile) and unpins the page. The copy into the page is where a page never
 // used before is faulted in, which costs tens of microseconds on a virtual machine whose host
-// backs guest memory lazily: the asynchronous miss reports its data before this (submit.go).
+// backs guest memory lazily: an asynchronous miss through a staging buffer reports its data
+// before this (submit.go; one read in place installs with fillInPlace, before it reports).
 func (c *Cache) installFill(pg int64, fp fillPage, data []byte, install bool) {
 	if fp.slot < 0 {
 		return

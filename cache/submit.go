@@ -16,8 +16,9 @@ import (
 // backend's Submitter: its page is pinned as placeholder exactly as readMiss does, and the
 // backend's completion fills it (finishFill, the same rules: only invalid sectors, and nothing
 // installed when a direct operation overlapped or the page was invalidated meanwhile), copies the
-// request's part out and reports it. Everything that may wait — a page being filled by another
-// miss, a sequential stream (read-ahead), no free staging buffer, a larger request — declines
+// request's part out and reports it (a whole page into a slot used before is read in place:
+// startFill). Everything that may wait — a page being filled by another miss, a sequential
+// stream (read-ahead), no free staging buffer where one is needed, a larger request — declines
 // and takes the synchronous path. Writes always decline: WriteCached is their fast path.
 
 // asyncFill is one read miss in flight on the backend's Submitter; it is the Completion the

@@ -87,11 +87,11 @@ func TestSubmitReadMiss(t *testing.T) {
 	if err := <-done; err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("async miss: %v, data differs from backend data merged with the dirty sector", err)
 	}
-	// The completion reports the data before it installs the page. This page was cached
-	// before the miss (its dirty sector), so it is not marked filling (only a page the miss
-	// creates is, see TestSubmitMissRepliesBeforeInstall) and a read that came before the
-	// install would read it again (CI once saw 2 misses here): wait for the install, then the
-	// read is a hit.
+	// This page was cached before the miss (its dirty sector), so the whole-page miss is read
+	// in place and installed before the completion (TestSubmitMissInPlace); a staged miss would
+	// report first and install after, while the page is not marked filling (only a page the
+	// miss creates is, see TestSubmitMissRepliesBeforeInstall), and a read between the two would
+	// read it again (CI once saw 2 misses here). waitPageValid holds either way.
 	waitPageValid(t, c, 8192)
 	clear(got)
 	if err := c.ReadAt(ctx, got, 8192); err != nil || !bytes.Equal(got, want) || c.Stats().Misses != 1 {
@@ -275,6 +275,51 @@ func TestSubmitMissInPlace(t *testing.T) {
 	if !c.ReadCached(got, off) || !bytes.Equal(got, want) {
 		t.Fatal("the installed page does not hold the backend's data under the dirty sector")
 	}
+	checkUnpinned(t, c, off)
+
+	// A page the fill creates (absent, into an evicted slot): no longer filling at the completion.
+	const off2 = 832 << 10
+	if err := dev.WriteAt(ctx, old, off2, 0); err != nil {
+		t.Fatal(err)
+	}
+	clear(got)
+	filling, cached = true, false
+	done = completionFunc(func(err error) {
+		if err != nil {
+			t.Error(err)
+		}
+		filling = c.beingFilled(off2 / c.ps)
+		cached = c.ReadCached(make([]byte, 4096), off2)
+	})
+	if !c.SubmitAt(ctx, got, off2, false, 0, done) {
+		t.Fatal("SubmitAt declined a one-page miss")
+	}
+	if !bytes.Equal(got, old) || filling || !cached {
+		t.Fatalf("created page: data right %v, being filled at the completion %v, cached at it %v: want true, false, true",
+			bytes.Equal(got, old), filling, cached)
+	}
+	checkUnpinned(t, c, off2)
+
+	// A backend error: reported, nothing installed, the page unpinned and no longer filling.
+	const off3 = 896 << 10
+	dev.SetFault(func(op fakedev.Op) error {
+		if op.Kind == fakedev.Read && op.Off == off3 {
+			return block.ErrIO
+		}
+		return nil
+	})
+	errc := make(chanDone, 1)
+	if !c.SubmitAt(ctx, got, off3, false, 0, errc) {
+		t.Fatal("SubmitAt declined a one-page miss")
+	}
+	if err := <-errc; !errors.Is(err, block.ErrIO) {
+		t.Fatalf("a failed in-place read completed with %v", err)
+	}
+	if c.ReadCached(got, off3) || c.beingFilled(off3/c.ps) {
+		t.Fatal("a failed in-place read left its page installed or filling")
+	}
+	checkUnpinned(t, c, off3)
+	dev.SetFault(nil)
 
 	foreign := &foreignDev{submitDev: submitDev{Device: dev}}
 	c2 := newPooledCache(t, foreign, Config{Size: 256 << 10, ReadAhead: -1})
@@ -282,11 +327,32 @@ func TestSubmitMissInPlace(t *testing.T) {
 	useEverySlot(t, c2)
 	clear(got)
 	done2 := make(chanDone, 1)
-	if !c2.SubmitAt(ctx, got, off, false, 0, done2) {
+	if !c2.SubmitAt(ctx, got, off, false, 0, done2) { // completes inline: finished on return
 		t.Fatal("SubmitAt declined a one-page miss whose buffer the backend does not take")
 	}
 	if err := <-done2; err != nil || !bytes.Equal(got, old) || foreign.declined != 1 {
 		t.Fatalf("staged retry: %v, data right %v, declined %d (want 1)", err, bytes.Equal(got, old), foreign.declined)
+	}
+	if st := c2.cfg.IOPool.Stats(); st.InUseBytes != 0 || !c2.ReadCached(make([]byte, 4096), off) {
+		t.Fatalf("staged retry: %d bytes of staging buffers still out, page installed %v",
+			st.InUseBytes, c2.ReadCached(make([]byte, 4096), off))
+	}
+	checkUnpinned(t, c2, off)
+}
+
+// checkUnpinned fails unless the page at off is cached, unpinned and not being filled.
+func checkUnpinned(t *testing.T, c *Cache, off int64) {
+	t.Helper()
+	pg := off / c.ps
+	sh := c.shard(pg)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s, ok := sh.m[pg]
+	if !ok {
+		t.Fatalf("page %d is not in the index", pg)
+	}
+	if sl := &c.slots[s]; sl.pins != 0 || sl.filling {
+		t.Fatalf("page %d: %d pins, filling %v after its fill ended", pg, sl.pins, sl.filling)
 	}
 }
 

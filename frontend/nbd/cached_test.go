@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/iser-blk/iser-blk/block"
 )
@@ -141,7 +142,7 @@ func TestCachedMissKeepsItsBufferForSubmit(t *testing.T) {
 	}
 	dev := &cachedSubmitDevice{cachedDevice: cachedDevice{Device: mem, hitLimit: 1 << 20}, declineFrom: 3 << 20}
 	pool := &countingPool{heapPool: newHeapPool()}
-	f := startServer(t, dev, Options{Pool: pool})
+	f := startServer(t, dev, Options{Pool: pool, PayloadBudget: 1 << 20})
 	c := f.dial().connect(true)
 	for _, tc := range []struct {
 		off     uint64
@@ -164,5 +165,18 @@ func TestCachedMissKeepsItsBufferForSubmit(t *testing.T) {
 	if dev.cachedReads.Load() != 1 || dev.submits.Load() != 2 || dev.declines.Load() != 1 || dev.deviceReads.Load() != 1 {
 		t.Fatalf("cached %d, submitted %d, declined %d, through ReadAt %d: want 1, 2, 1, 1",
 			dev.cachedReads.Load(), dev.submits.Load(), dev.declines.Load(), dev.deviceReads.Load())
+	}
+	// Every reply has arrived; the server gives a request's budget back once its reply is
+	// written, which may come just after the client read it.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		f.srv.budget.mu.Lock()
+		used := f.srv.budget.used
+		f.srv.budget.mu.Unlock()
+		if used == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes of payload budget still held 10 s after the last reply", used)
+		}
 	}
 }

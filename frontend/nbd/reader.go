@@ -244,8 +244,9 @@ func (c *conn) reserve(r *request) error {
 }
 
 // readCached serves a READ from the device's memory on the reader goroutine when all of it is
-// there (block.CachedReader), saving the hand-off to a worker and back. It reports false, with r
-// as it was, when the caller must queue r for a worker instead.
+// there (block.CachedReader), saving the hand-off to a worker and back. It reports false when it
+// did not: then r holds the budget and buffer of its probe if keepForSubmit says so, and the
+// caller must pass r to submitRead, which uses them or gives them back; otherwise r is as it was.
 func (c *conn) readCached(r *request) bool {
 	if int(r.Length) > c.s.seg || r.Length == 0 {
 		return false // one segment only: larger reads are rarely all cached and worth a worker
@@ -296,8 +297,9 @@ func (c *conn) idle() {
 }
 
 // submitRead starts a one-segment READ on the device without a worker (block.Submitter): the
-// device's completion queues the reply (see Complete). Like readCached it takes budget and buffer
-// only if they are free now; it reports false, with r as it was, when a worker must serve r.
+// device's completion queues the reply (see Complete). It uses the budget and buffer readCached
+// kept, or like readCached takes them only if they are free now; it reports false, with r as it
+// was before readCached (nothing held), when a worker must serve r.
 func (c *conn) submitRead(r *request) bool {
 	if int(r.Length) > c.s.seg || r.Length == 0 {
 		return false
