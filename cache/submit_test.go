@@ -253,21 +253,7 @@ func TestSubmitMissInPlace(t *testing.T) {
 	copy(want[2048:], dirty)
 	got := make([]byte, 4096)
 	staged := c.cfg.IOPool.Stats().Gets
-	var filling, cached bool
-	done := completionFunc(func(err error) {
-		if err != nil {
-			t.Error(err)
-		}
-		filling = c.beingFilled(off / c.ps)
-		cached = c.ReadCached(make([]byte, 4096), off)
-	})
-	if !c.SubmitAt(ctx, got, off, false, 0, done) {
-		t.Fatal("SubmitAt declined a one-page miss")
-	}
-	if !bytes.Equal(got, want) || filling || !cached {
-		t.Fatalf("data right %v, being filled at the completion %v, cached at it %v: want true, false, true",
-			bytes.Equal(got, want), filling, cached)
-	}
+	missInstalledAtCompletion(t, c, got, off, want)
 	if n := c.cfg.IOPool.Stats().Gets - staged; n != 0 {
 		t.Fatalf("a miss read in place took %d staging buffers", n)
 	}
@@ -283,21 +269,7 @@ func TestSubmitMissInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	clear(got)
-	filling, cached = true, false
-	done = completionFunc(func(err error) {
-		if err != nil {
-			t.Error(err)
-		}
-		filling = c.beingFilled(off2 / c.ps)
-		cached = c.ReadCached(make([]byte, 4096), off2)
-	})
-	if !c.SubmitAt(ctx, got, off2, false, 0, done) {
-		t.Fatal("SubmitAt declined a one-page miss")
-	}
-	if !bytes.Equal(got, old) || filling || !cached {
-		t.Fatalf("created page: data right %v, being filled at the completion %v, cached at it %v: want true, false, true",
-			bytes.Equal(got, old), filling, cached)
-	}
+	missInstalledAtCompletion(t, c, got, off2, old)
 	checkUnpinned(t, c, off2)
 
 	// A backend error: reported, nothing installed, the page unpinned and no longer filling.
@@ -338,6 +310,28 @@ func TestSubmitMissInPlace(t *testing.T) {
 			st.InUseBytes, c2.ReadCached(make([]byte, 4096), off))
 	}
 	checkUnpinned(t, c2, off)
+}
+
+// missInstalledAtCompletion starts the one-page miss got at off on c's Submitter (which completes
+// it inline) and fails unless the completion found the page installed and no longer filling, and
+// got holds want.
+func missInstalledAtCompletion(t *testing.T, c *Cache, got []byte, off int64, want []byte) {
+	t.Helper()
+	var filling, cached bool
+	done := completionFunc(func(err error) {
+		if err != nil {
+			t.Error(err)
+		}
+		filling = c.beingFilled(off / c.ps)
+		cached = c.ReadCached(make([]byte, len(got)), off)
+	})
+	if !c.SubmitAt(context.Background(), got, off, false, 0, done) {
+		t.Fatal("SubmitAt declined a one-page miss")
+	}
+	if !bytes.Equal(got, want) || filling || !cached {
+		t.Fatalf("miss at %d: data right %v, being filled at the completion %v, cached at it %v: want true, false, true",
+			off, bytes.Equal(got, want), filling, cached)
+	}
 }
 
 // checkUnpinned fails unless the page at off is cached, unpinned and not being filled.
