@@ -339,14 +339,7 @@ func (c *Cache) copyOutFill(pg int64, fp fillPage, data []byte, p []byte, off in
 	sh := c.shard(pg)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	s := fp.slot // pinned, so still page pg's
-	if s < 0 {
-		cur, ok := sh.m[pg]
-		if !ok {
-			cur = -1
-		}
-		s = cur
-	}
+	s := c.fillSlotLocked(pg, fp)
 	pageOff := pg * c.ps
 	lo, hi := max(off, pageOff), min(off+int64(len(p)), pageOff+c.ps)
 	var valid uint64
@@ -385,17 +378,25 @@ func (c *Cache) fillInPlace(pg int64, fp fillPage, p []byte, install bool) {
 	sh := c.shard(pg)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	s := fp.slot // pinned, so still page pg's
-	if s < 0 {   // not cached when the fill began; a write may have cached it since
-		if cur, ok := sh.m[pg]; ok && c.slots[cur].valid != 0 {
-			c.copyValid(p, pg*c.ps, cur, pg, c.slots[cur].valid)
-		}
-		return
+	if s := c.fillSlotLocked(pg, fp); s >= 0 && c.slots[s].valid != 0 {
+		c.copyValid(p, pg*c.ps, s, pg, c.slots[s].valid)
 	}
-	if valid := c.slots[s].valid; valid != 0 {
-		c.copyValid(p, pg*c.ps, s, pg, valid)
+	if fp.slot >= 0 {
+		c.endFillLocked(fp, p, install)
 	}
-	c.endFillLocked(fp, p, install)
+}
+
+// fillSlotLocked (under page pg's shard lock) is the slot whose valid sectors a fill of pg must
+// copy over the backend's data: the fill's own (pinned, so still pg's), or, for a fill that had
+// none, the slot a write may have cached pg in since; -1 if there is none.
+func (c *Cache) fillSlotLocked(pg int64, fp fillPage) int32 {
+	if fp.slot >= 0 {
+		return fp.slot
+	}
+	if s, ok := c.shard(pg).m[pg]; ok {
+		return s
+	}
+	return -1
 }
 
 // endFillLocked (under the shard lock of the fill's page, fp.slot >= 0) unpins the page, ends its

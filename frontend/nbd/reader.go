@@ -271,8 +271,11 @@ func (c *conn) readCached(r *request) bool {
 // once instead of twice (issue 37's cold QD1 row). A read that submitRead would rather splice
 // gives them back, as does a device without the asynchronous path.
 func (c *conn) keepForSubmit(r *request) bool {
-	return c.sub != nil && (c.psub == nil || r.Length < minSpliceRead)
+	return c.sub != nil && !c.splices(r)
 }
+
+// splices reports whether submitRead tries r's data through a pipe first (submitReadToPipe).
+func (c *conn) splices(r *request) bool { return c.psub != nil && r.Length >= minSpliceRead }
 
 // tryReadBuffer takes, without waiting (the reader must not), the budget and then the pool buffer
 // for a one-segment READ's data, in the budget's order. n is the budget held.
@@ -305,7 +308,7 @@ func (c *conn) submitRead(r *request) bool {
 		return false
 	}
 	if len(r.bufs) == 0 { // else readCached kept them (keepForSubmit)
-		if c.psub != nil && c.submitReadToPipe(r) {
+		if c.splices(r) && c.submitReadToPipe(r) {
 			return true
 		}
 		n, b, ok := c.tryReadBuffer(r)

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ab  # noqa: E402
 import bench  # noqa: E402
 import curves  # noqa: E402
 import default_ab  # noqa: E402
@@ -202,9 +203,9 @@ class ABSectionsTest(unittest.TestCase):
         servers = {n: SimpleNamespace(uri=n, proc=SimpleNamespace(pid=1)) for n in ("a", "b")}
         a = SimpleNamespace(size="512m", lun_mb=1024, default_ab_pairs=2)
         with tempfile.TemporaryDirectory() as d:
-            rows = default_ab.ab.interleave(FakeBench(), a, d, 0, servers, "a", "b",
-                                            [(default_ab.COLD, dict(rw="randread"))], 2, 5, "t",
-                                            region=default_ab.cold_region(a))
+            rows = ab.interleave(FakeBench(), a, d, 0, servers, "a", "b",
+                                 [(default_ab.COLD, dict(rw="randread"))], 2, 5, "t",
+                                 region=default_ab.cold_region(a))
         self.assertEqual(calls, [("a", "512m", "64m"), ("b", "512m", "64m"),
                                  ("b", "576m", "64m"), ("a", "576m", "64m")])
         self.assertEqual(len(rows), 4)
