@@ -19,7 +19,8 @@
 #
 # The systemd tier also gets the Debian package (make deb into the build directory) as
 # ISERBLK_DEB unless that is set.
-# Environment: VM_MEM (2048 here), VM_TIMEOUT (2700 here); VM_GO_RACE=1 builds with -race (slow under TCG); VM_GO_TIMEOUT per-binary timeout
+# Environment: VM_GO_EXCLUDE (an extended regex: found packages, as ./path, that match it are left
+# out; test-vm.sh runs them in a second guest), VM_MEM (2048 here), VM_TIMEOUT (2700 here); VM_GO_RACE=1 builds with -race (slow under TCG); VM_GO_TIMEOUT per-binary timeout
 # (default 25m: frontend/ublk's binary alone runs ~10 min under TCG on a loaded host); TALLY=FILE appends "vm-go PASSED FAILED SKIPPED" (vm-systemd ...) for `make test`'s total line
 # and a "FAILED vm-go pkg.Test" line per failure for its recap;
 # VM_* knobs go to run.sh. Exit status: 0 all passed; 1 a test or build failed; 124/125 as run.sh.
@@ -68,6 +69,9 @@ if [ "${VM_INIT:-bash}" = systemd ]; then tier=vm-systemd; fi
 if [ ${#pkgs[@]} -eq 0 ]; then
 	while read -r d; do
 		d=./${d#./}
+		if [ -n "${VM_GO_EXCLUDE:-}" ] && [[ $d =~ $VM_GO_EXCLUDE ]]; then
+			continue # another guest runs it (test-vm.sh's second lane)
+		fi
 		if [ $tier = vm-systemd ]; then
 			[[ $d =~ $systemd_pkgs ]] && pkgs+=("$d")
 		else

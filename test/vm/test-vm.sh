@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
 # test/vm/test-vm.sh — the whole VM tier, as `make test-vm` runs it: the runner's self-test
-# (host), the smoke suite (one guest boot), every vm-tagged Go test (one more boot), the
-# systemd unit's tests (test/vm/systemd, a third boot with systemd as PID 1) and the power cut
-# under a cache device (powercut.sh: two boots, QEMU killed with SIGKILL between). Every part
-# runs even when an earlier one failed; prints each part's wall time and a closing
-# "vm: N passed, M failed" line; exits non-zero on any failure. TALLY=FILE collects per-part counts
-# for `make test`'s total line, and "FAILED part what" lines for its recap.
+# (host), the smoke suite (one guest boot), every vm-tagged Go test, the systemd unit's tests
+# (test/vm/systemd, a boot with systemd as PID 1) and the power cut under a cache device
+# (powercut.sh: two boots, QEMU killed with SIGKILL between). Every part runs even when an
+# earlier one failed; prints each part's wall time and a closing "vm: N passed, M failed" line;
+# exits non-zero on any failure. TALLY=FILE collects per-part counts for `make test`'s total line,
+# and "FAILED part what" lines for its recap.
+#
+# Two lanes, two guests at once (VM_LANES=2, the default on a host with 2 or more CPUs): a guest
+# spends much of the tier waiting (the kernel's 30 s NBD request timer after each kill -9, fio at
+# QD1, systemd's restart delays: one NBD kill test used 53 % of one host CPU over its wall time),
+# so the second guest runs in that idle time. Lane one is the vm-tagged Go tests but those in
+# VM_LANE2_PKGS (default ./test/vm/cachedev), its output live; lane two is the self-test, the
+# smoke suite, VM_LANE2_PKGS, the systemd tier and the power cut, its output printed after lane
+# one's (and written to a file named at the start while it runs). The guests share nothing but
+# the host: each has its own kernel, LIO target, devices and tmpfs. VM_LANES=1 runs every part
+# one after the other, as before.
 # One { } block: bash reads all of it before running, so an edit to this file while it runs
 # cannot make the running copy execute shifted bytes.
 {
@@ -51,11 +61,50 @@ smoke() {
 	return "$st"
 }
 
-part "runner self-test (host)" env TALLY="$tally" "$here/selftest.sh"
-part "smoke suite (guest)" smoke
-part "Go tests tagged vm (guest)" env TALLY="$tally" "$here/gotest.sh"
-part "Go tests of the systemd unit (guest, systemd as PID 1)" env TALLY="$tally" VM_INIT=systemd "$here/gotest.sh"
-part "power cut under a cache device (two guest boots, QEMU killed between)" env TALLY="$tally" "$here/powercut.sh"
+lane2_pkgs=${VM_LANE2_PKGS-./test/vm/cachedev}
+lanes=${VM_LANES:-}
+if [ -z "$lanes" ]; then lanes=1; [ "$(nproc)" -ge 2 ] && lanes=2; fi
+[ -n "$lane2_pkgs" ] || lanes=1
+lane2_re='^('$(printf '%s\n' $lane2_pkgs | sed 's/[.]/[.]/g' | paste -sd '|')')$'
+
+selftest() { part "runner self-test (host)" env TALLY="$tally" "$here/selftest.sh"; }
+smoke_part() { part "smoke suite (guest)" smoke; }
+systemd_part() { part "Go tests of the systemd unit (guest, systemd as PID 1)" env TALLY="$tally" VM_INIT=systemd "$here/gotest.sh"; }
+powercut() { part "power cut under a cache device (two guest boots, QEMU killed between)" env TALLY="$tally" "$here/powercut.sh"; }
+
+if [ "$lanes" = 1 ]; then
+	selftest
+	smoke_part
+	part "Go tests tagged vm (guest)" env TALLY="$tally" "$here/gotest.sh"
+	systemd_part
+	powercut
+else
+	# lane two: its own tally (part() compares FAILED counts before and after a part, which the
+	# other lane's lines would upset) and its own process group, so that an interrupted tier
+	# takes its guests down too (run.sh kills its QEMU on SIGTERM)
+	lane2_log=$(mktemp "${TMPDIR:-/tmp}/vm-lane2.XXXXXX")
+	lane2_tally=$(mktemp "${TMPDIR:-/tmp}/vm-tally2.XXXXXX")
+	trap 'rm -f "$tally" "$lane2_tally" "$lane2_log"' EXIT
+	echo "=== vm tier: two guests at once; lane two (self-test, smoke, $lane2_pkgs, systemd, power cut) prints after lane one, meanwhile: tail -f $lane2_log"
+	set -m
+	(
+		tally=$lane2_tally rc=0
+		selftest
+		smoke_part
+		part "Go tests tagged vm, lane two (guest): $lane2_pkgs" env TALLY="$tally" "$here/gotest.sh" $lane2_pkgs
+		systemd_part
+		powercut
+		exit $rc
+	) </dev/null >"$lane2_log" 2>&1 &
+	lane2=$!
+	set +m
+	trap 'kill -TERM -- -$lane2 2>/dev/null; rm -f "$tally" "$lane2_tally" "$lane2_log"' EXIT
+	trap 'exit 143' TERM INT
+	part "Go tests tagged vm (guest)" env TALLY="$tally" VM_GO_EXCLUDE="$lane2_re" "$here/gotest.sh"
+	wait "$lane2" || rc=1
+	cat "$lane2_log"
+	cat "$lane2_tally" >>"$tally"
+fi
 
 read -r p f s < <(awk '$1 != "FAILED" {p+=$2; f+=$3; s+=$4} END {print p+0, f+0, s+0}' "$tally")
 if [ -n "${TALLY:-}" ]; then cat "$tally" >>"$TALLY"; fi
