@@ -55,11 +55,12 @@ EARLIER_TIER = "unit 5 0 0"  # a tier that ran before: every writer appends afte
 class VMTierTallyTest(unittest.TestCase):
     """test-vm.sh with stub parts: selftest.sh, gotest.sh and powercut.sh write their own lines to
     $TALLY (as the real ones do), run.sh prints what a smoke guest would. gotest.sh runs twice: for
-    the vm-tagged tests, and with VM_INIT=systemd for the systemd unit's (gotest_systemd)."""
+    the vm-tagged tests, and with VM_INIT=systemd for the systemd unit's (gotest_systemd). These
+    run the parts one after the other (VM_LANES=1); TwoLanesTallyTest runs them in two lanes."""
 
     def run_vm_tier(self, selftest, smoke_output, smoke_status, gotest,
                     gotest_systemd='echo "vm-systemd 6 0 0" >>"$TALLY"\n',
-                    powercut='echo "vm-powercut 2 0 0" >>"$TALLY"\n'):
+                    powercut='echo "vm-powercut 2 0 0" >>"$TALLY"\n', lanes="1"):
         """Runs test-vm.sh with these stubs; its process, the lines it appended to a tally that
         already held EARLIER_TIER (checked to stay first), and the files it left in TMPDIR."""
         with tempfile.TemporaryDirectory() as tmp:
@@ -79,7 +80,7 @@ class VMTierTallyTest(unittest.TestCase):
             with open(tally, "w") as f:
                 f.write(EARLIER_TIER + "\n")
             p = subprocess.run([os.path.join(vm, "test-vm.sh")], capture_output=True, text=True,
-                               env=child_env(TALLY=tally, TMPDIR=tmp))
+                               env=child_env(TALLY=tally, TMPDIR=tmp, VM_LANES=lanes))
             lines = read_lines(tally)
             leftovers = sorted(n for n in os.listdir(tmp) if n.startswith("vm-"))
         self.assertEqual(lines[:1], [EARLIER_TIER], "the tier appends to the tally, never overwrites it")
@@ -88,11 +89,16 @@ class VMTierTallyTest(unittest.TestCase):
     def expect(self, stubs, status, lines, closing):
         """Runs the tier with stubs and checks its exit status, the lines it appended and its
         closing line; returns the lines and the files it left."""
+        got, leftovers, _ = self.expect_output(stubs, status, lines, closing)
+        return got, leftovers
+
+    def expect_output(self, stubs, status, lines, closing):
+        """expect, returning its standard output too."""
         p, got, leftovers = self.run_vm_tier(**stubs)
         self.assertEqual(p.returncode, status, p.stdout + p.stderr)
         self.assertEqual(got, lines)
         self.assertEqual(p.stdout.splitlines()[-1], closing)
-        return got, leftovers
+        return got, leftovers, p.stdout
 
     def test_every_part_passing(self):
         lines, leftovers = self.expect(
@@ -165,6 +171,67 @@ class VMTierTallyTest(unittest.TestCase):
                 "PASS [  2.0s] detach|booting the kernel|Kernel panic - not syncing|run.sh: stub stderr|",
                 "vm-go 338 0 0", "vm-systemd 6 0 0", "vm-powercut 2 0 0"],
             "vm: 354 passed, 1 failed, 0 skipped")
+
+
+class TwoLanesTallyTest(VMTierTallyTest):
+    """test-vm.sh with VM_LANES=2: lane one runs the vm-tagged packages but VM_LANE2_PKGS (gotest.sh
+    with VM_GO_EXCLUDE), lane two the self-test, smoke suite, those packages (gotest.sh with them as
+    arguments), the systemd tier and the power cut. The stub gotest.sh says which lane called it."""
+
+    # lane one: every package but test/vm/cachedev; lane two: that package alone
+    GOTEST = ('if [ "${1:-}" = ./test/vm/cachedev ]; then echo "vm-go 20 0 0" >>"$TALLY"; exit 0; fi\n'
+              '[ "$VM_GO_EXCLUDE" = "^([.]/test/vm/cachedev)$" ] || { echo "vm-go 0 1 0 no exclusion" >>"$TALLY"; exit 1; }\n')
+
+    def run_vm_tier(self, **stubs):
+        stubs.setdefault("lanes", "2")
+        return super().run_vm_tier(**stubs)
+
+    def test_every_part_passing(self):
+        lines, leftovers, out = self.expect_output(
+            dict(selftest='echo "vm-self 8 0 0" >>"$TALLY"\n',
+                 smoke_output="PASS [  1.2s] serve and read\n14 passed, 0 failed\n", smoke_status=0,
+                 gotest=self.GOTEST + 'echo "vm-go 318 0 2" >>"$TALLY"\n'),
+            0, ["vm-go 318 0 2", "vm-self 8 0 0", "vm-smoke 14 0 0", "vm-go 20 0 0", "vm-systemd 6 0 0",
+                "vm-powercut 2 0 0"],
+            "vm: 368 passed, 0 failed, 2 skipped")
+        self.assertEqual(make_tally([EARLIER_TIER] + lines), ["total: 373 passed, 0 failed, 2 skipped"])
+        self.assertEqual(leftovers, [], "the lanes' tallies and lane two's log are removed")
+        parts = [l for l in out.splitlines() if l.startswith("=== vm tier: ") and l.endswith(" s wall")]
+        self.assertEqual([p.split(":")[1].strip() for p in parts], [
+            "Go tests tagged vm (guest)", "runner self-test (host)", "smoke suite (guest)",
+            "Go tests tagged vm, lane two (guest)", "Go tests of the systemd unit (guest, systemd as PID 1)",
+            "power cut under a cache device (two guest boots, QEMU killed between)"],
+            "lane one's output, then lane two's")
+
+    def test_failures_are_counted_once_and_named(self):
+        gotest_failure = "FAILED vm Go tests tagged vm (guest): exit 2 without a counted failure (see its output)"
+        lines, _ = self.expect(
+            dict(selftest='echo "vm-self 7 1 0" >>"$TALLY"\necho "FAILED vm-self hung guest not killed" >>"$TALLY"\n'
+                          'exit 1\n',
+                 smoke_output="PASS [  1.0s] serve and read\nFAIL [ 12.5s] attach, mkfs, fsck\n13 passed, 1 failed\n",
+                 smoke_status=1, gotest=self.GOTEST + "exit 2\n"),
+            1, ["vm 0 1 0", gotest_failure, "vm-self 7 1 0", "FAILED vm-self hung guest not killed", "vm-smoke 13 1 0",
+                "FAILED vm-smoke attach, mkfs, fsck", "vm-go 20 0 0", "vm-systemd 6 0 0", "vm-powercut 2 0 0"],
+            "vm: 48 passed, 3 failed, 0 skipped")
+        self.assertEqual(make_tally([EARLIER_TIER] + lines), [
+            "FAILED: " + gotest_failure[len("FAILED "):], "FAILED: vm-self hung guest not killed",
+            "FAILED: vm-smoke attach, mkfs, fsck", "total: 53 passed, 3 failed, 0 skipped"])
+
+    def test_a_failure_in_lane_two_alone_fails_the_tier(self):
+        self.expect(
+            dict(selftest='echo "vm-self 8 0 0" >>"$TALLY"\n', smoke_output="14 passed, 0 failed\n",
+                 smoke_status=0, gotest=self.GOTEST + 'echo "vm-go 318 0 0" >>"$TALLY"\n',
+                 powercut='echo "vm-powercut 1 1 0" >>"$TALLY"\n'
+                          'echo "FAILED vm-powercut nbd: durable records lost" >>"$TALLY"\nexit 1\n'),
+            1, ["vm-go 318 0 0", "vm-self 8 0 0", "vm-smoke 14 0 0", "vm-go 20 0 0", "vm-systemd 6 0 0",
+                "vm-powercut 1 1 0", "FAILED vm-powercut nbd: durable records lost"],
+            "vm: 367 passed, 1 failed, 0 skipped")
+
+    # The inherited tests below check the sequential order; their two-lane versions are above.
+    test_a_part_that_counted_no_failure_but_failed = None
+    test_the_systemd_part_counts_and_fails_on_its_own = None
+    test_the_power_cut_part_counts_and_fails_on_its_own = None
+    test_a_smoke_guest_that_dies_before_its_closing_line = None
 
 
 class FuzzTallyTest(unittest.TestCase):
