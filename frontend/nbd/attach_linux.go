@@ -78,6 +78,8 @@ type Attachment struct {
 
 	conns     sync.WaitGroup
 	done      chan struct{} // closed when every connection has ended
+	servedMu  sync.Mutex    // guards served
+	served    []*conn       // the connections, for a planned restart's pause (handover_linux.go)
 	detached  atomic.Bool
 	connected atomic.Bool // the kernel took the sockets (a failed connect closes ours itself)
 
@@ -118,6 +120,7 @@ func Attach(srv *Server, opts AttachOptions) (*Attachment, error) {
 	if err != nil {
 		return nil, err
 	}
+	dropInheritedSockets(opts.Logger)
 	a := &Attachment{srv: srv, index: index, log: opts.Logger, done: make(chan struct{})}
 	if err := a.start(opts.Connections, func(remotes []*os.File) error { return a.connect(remotes, opts) }); err != nil {
 		return nil, err
@@ -203,7 +206,7 @@ func (a *Attachment) serve(locals []net.Conn) {
 		a.conns.Add(1)
 		go func() {
 			defer a.conns.Done()
-			a.srv.serveTransmission(l)
+			a.srv.serveTransmission(l, a.track)
 			left := live.Add(-1)
 			if left > 0 && a.connected.Load() && !a.detached.Load() && !a.srv.shutting.Load() {
 				a.log.Warn("the kernel closed one of the device's nbd connections (a request outlived the kernel's request timer, or the device is being disconnected); the device serves on the others",

@@ -41,7 +41,7 @@ func benchConn(b testing.TB, structured bool, devSize int64) (net.Conn, *Server)
 		if structured {
 			srv.startConn(local, func(c *conn) { c.exp = srv.export(true); c.transmit(); close(done) })
 		} else {
-			srv.serveTransmission(local)
+			srv.serveTransmission(local, func(*conn) {})
 			close(done)
 		}
 	}()

@@ -76,6 +76,7 @@ type conn struct {
 
 	inflight sync.WaitGroup // requests handed to a worker or the reply queue and not yet released
 	shutting atomic.Bool
+	intake   intake // a planned restart's pause of the reader (intake.go)
 
 	// Replies: whoever answers a request (a worker, or the reader) appends it to replies; if no
 	// one is writing, it becomes the writer and sends the queue in vectored writes until it is
@@ -107,7 +108,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		_ = wb.SetWriteBuffer(replySocketBuffer)
 	}
 	raw := rawio.New(nc)
-	return &conn{
+	c := &conn{
 		s:      s,
 		nc:     nc,
 		stream: nc,
@@ -115,6 +116,8 @@ func newConn(s *Server, nc net.Conn) *conn {
 		br:     bufio.NewReaderSize(raw, readBufferSize),
 		log:    s.log.With(zap.String("remote", remoteName(nc))),
 	}
+	c.intake.ended = make(chan struct{})
+	return c
 }
 
 func remoteName(nc net.Conn) string {
@@ -133,6 +136,7 @@ func remoteName(nc net.Conn) string {
 func (c *conn) beginShutdown() {
 	c.shutting.Store(true)
 	_ = c.nc.SetReadDeadline(time.Now())
+	c.resumeIntake() // a paused reader goes on, into the shutdown
 }
 
 // runNegotiated runs the handshake and then the transmission phase.
@@ -203,6 +207,7 @@ func (c *conn) transmit() {
 	}
 
 	reason := c.readLoop()
+	defer close(c.intake.ended)
 	c.inflight.Wait()
 	close(c.work)
 	workers.Wait()

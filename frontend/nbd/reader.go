@@ -13,9 +13,16 @@ import (
 func (c *conn) readLoop() error {
 	defer c.idle()
 	for {
+		if c.paused() {
+			c.park() // a planned restart's pause (intake.go)
+			continue
+		}
 		r := c.takeSlot()
-		if end, err := c.readHeader(r); end {
+		if end, err := c.readHeader(r); end || err != nil {
 			c.free <- r
+			if errors.Is(err, errPaused) {
+				continue
+			}
 			return err
 		}
 		if err := c.dispatch(r); err != nil {
@@ -43,10 +50,14 @@ func (c *conn) takeSlot() *request {
 }
 
 // readHeader reads and decodes the next request header into r. end reports that reading stops
-// (with err nil for a clean end: EOF between requests, shutdown, DISC); r is then unused.
+// (with err nil for a clean end: EOF between requests, shutdown, DISC); r is then unused, as it
+// is after errPaused (end false: a pause stopped the reader before the header).
 func (c *conn) readHeader(r *request) (end bool, err error) {
 	c.stampRead()
-	if _, err := io.ReadFull(c.br, r.raw[:]); err != nil {
+	if err := c.readHeaderBytes(r.raw[:]); err != nil {
+		if errors.Is(err, errPaused) {
+			return false, err
+		}
 		if errors.Is(err, io.EOF) || c.shutting.Load() {
 			return true, nil
 		}
@@ -96,7 +107,7 @@ func (c *conn) dispatch(r *request) error {
 // answerUnserved answers r with errno without serving it, consuming its payload.
 func (c *conn) answerUnserved(r *request, errno uint32) error {
 	if hasPayload(&r.header) {
-		if _, err := io.CopyN(io.Discard, c.br, int64(r.Length)); err != nil {
+		if _, err := io.CopyN(io.Discard, requestReader{c}, int64(r.Length)); err != nil {
 			c.countDropped(r)
 			c.free <- r
 			return c.readErr(err)
@@ -196,7 +207,7 @@ func (c *conn) readPayload(r *request) error {
 			}
 		}
 		r.bufs = append(r.bufs, b)
-		if _, err := io.ReadFull(c.br, b); err != nil {
+		if err := c.readFull(b); err != nil {
 			return err
 		}
 		left -= l

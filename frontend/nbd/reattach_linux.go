@@ -36,7 +36,8 @@ func backendID(srv *Server, opts AttachOptions) string {
 }
 
 // Reattach gives opts.Device, whose server died, fresh connections to srv: the same checks and
-// socket handling as Attach, NBD_CMD_RECONFIGURE in place of NBD_CMD_CONNECT.
+// socket handling as Attach, NBD_CMD_RECONFIGURE in place of NBD_CMD_CONNECT. After a planned
+// restart it serves the connections the previous image handed down instead (handover_linux.go).
 func Reattach(srv *Server, opts AttachOptions) (*Attachment, error) {
 	opts, err := checkAttachOptions(srv, opts)
 	if err != nil {
@@ -50,6 +51,14 @@ func Reattach(srv *Server, opts AttachOptions) (*Attachment, error) {
 		return nil, err
 	}
 	a := &Attachment{srv: srv, index: index, viaNetlink: true, log: opts.Logger, done: make(chan struct{})}
+	if locals := inheritedSockets(index, opts.Connections, a.log); locals != nil {
+		// A planned restart kept the connections (handover_linux.go): the kernel never saw
+		// them die, and what it sent meanwhile waits in them.
+		a.serve(locals)
+		a.connected.Store(true)
+		a.log.Info("nbd device reattached: the previous image's connections go on", zap.String("device", a.Path()), zap.Int("connections", opts.Connections))
+		return a, nil
+	}
 	if err := a.start(opts.Connections, func(remotes []*os.File) error { return netlinkReconfigure(srv, index, remotes, opts) }); err != nil {
 		return nil, err
 	}

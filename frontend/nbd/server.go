@@ -243,11 +243,12 @@ func (s *Server) serve(l net.Listener, t *TLS) error {
 
 // serveTransmission serves a connection that is already in the transmission phase with the
 // server's flags and simple replies: the kernel's end of an NBD socket, which never negotiates
-// (the flags travel in NBD_ATTR_SERVER_FLAGS or NBD_SET_FLAGS instead). It returns when the
-// connection ends.
-func (s *Server) serveTransmission(nc net.Conn) {
+// (the flags travel in NBD_ATTR_SERVER_FLAGS or NBD_SET_FLAGS instead). started gets the
+// connection before it serves. It returns when the connection ends.
+func (s *Server) serveTransmission(nc net.Conn, started func(*conn)) {
 	done := make(chan struct{})
 	if !s.startConn(nc, func(c *conn) {
+		started(c)
 		c.exp = s.export(false)
 		c.transmit()
 		close(done)
@@ -324,6 +325,7 @@ func (s *Server) Close() error {
 	}
 	for c := range s.conns {
 		c.nc.Close()
+		c.resumeIntake() // a paused reader goes on and meets the closed socket
 	}
 	s.mu.Unlock()
 	s.ioCancel()

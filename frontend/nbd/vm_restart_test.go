@@ -19,6 +19,8 @@ import (
 // connections): ext4 on /dev/nbdX with the write-back cache under fio verify, `iser-blk restart
 // NAME` three times: the same device and PID throughout, the log says how much was written back
 // before each re-exec, fio ends without a verify or I/O error, no kernel I/O error, fsck clean.
+// Each new image serves the sockets the old one handed down, and the kernel logs no connection
+// timing out or dying.
 func TestVMPlannedRestart(t *testing.T) {
 	requireNBD(t)
 	bin := os.Getenv("ISERBLK_BIN")
@@ -30,6 +32,7 @@ func TestVMPlannedRestart(t *testing.T) {
 	pid := g.Cmd.Process.Pid
 	mnt, fioDone, fioOut, firstWrite := mountAndVerify(t, g.Device)
 	base := filepath.Base(g.Device)
+	dmesgBefore := kernelLines(t, base)
 	for i := range 3 {
 		vmtest.WaitWrites(t, base, vmtest.KillAt(firstWrite, i), nil)
 		t0 := time.Now()
@@ -48,6 +51,16 @@ func TestVMPlannedRestart(t *testing.T) {
 	}
 	if n := strings.Count(g.Stderr.String(), "re-executing for a planned restart"); n != 3 {
 		t.Fatalf("%d re-exec lines in the log, want 3", n)
+	}
+	// Each new image served the connections the old one handed down: the kernel never saw one
+	// die, so nothing it sent waited for its request timer (30 s a restart before).
+	if n := strings.Count(g.Stderr.String(), "the previous image's connections go on"); n != 3 {
+		t.Fatalf("%d of 3 restarts kept the device's connections:\n%s", n, g.Stderr.String())
+	}
+	for _, l := range kernelLines(t, base)[len(dmesgBefore):] {
+		if strings.Contains(l, "timed out") || strings.Contains(l, "Dead connection") || strings.Contains(l, "Receive control failed") {
+			t.Fatalf("the kernel saw a connection of %s fail during the restarts: %s", base, l)
+		}
 	}
 	finishVerify(t, fioDone, fioOut, g.Device, mnt)
 	t.Logf("fio: %s", lastLine(fioOut.String(), "err="))
@@ -92,4 +105,20 @@ func lastLine(s, sub string) string {
 		}
 	}
 	return last
+}
+
+// kernelLines is the kernel log's lines that mention dev.
+func kernelLines(t *testing.T, dev string) []string {
+	t.Helper()
+	out, err := exec.Command("dmesg").Output()
+	if err != nil {
+		t.Fatalf("dmesg: %v", err)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, dev+":") || strings.Contains(l, dev+" ") {
+			lines = append(lines, l)
+		}
+	}
+	return lines
 }

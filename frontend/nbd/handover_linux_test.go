@@ -1,0 +1,219 @@
+//go:build linux
+
+package nbd
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+// handedDown makes n socket pairs and returns their server ends duplicated as an exec would pass
+// them (dupForExec), and the client ends.
+func handedDown(t *testing.T, n int) (fds []int, clients []net.Conn) {
+	t.Helper()
+	for range n {
+		local, client := connectedPair(t)
+		fd, err := dupForExec(local)
+		local.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil || flags&unix.FD_CLOEXEC != 0 {
+			t.Fatalf("descriptor %d: flags %#x, %v; want close-on-exec clear", fd, flags, err)
+		}
+		fds = append(fds, fd)
+		clients = append(clients, client)
+		t.Cleanup(func() { client.Close() })
+	}
+	return fds, clients
+}
+
+func inode(t *testing.T, fd int) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+// execSurvivors counts this process's descriptors of the socket with inode ino that an exec
+// would keep (close-on-exec clear).
+func execSurvivors(t *testing.T, ino uint64) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) != nil || st.Ino != ino {
+			continue
+		}
+		if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && flags&unix.FD_CLOEXEC == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+func isOpen(fd int) bool {
+	_, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+	return err == nil
+}
+
+func TestInheritedSocketsAreServedOnlyForTheirDevice(t *testing.T) {
+	t.Run("ours, this device", func(t *testing.T) {
+		fds, clients := handedDown(t, 2)
+		inodes := []uint64{inode(t, fds[0]), inode(t, fds[1])}
+		t.Setenv(InheritedSocketsEnv, fmt.Sprintf("5:%d,%d", fds[0], fds[1]))
+		conns := inheritedSockets(5, 2, zap.NewNop())
+		if len(conns) != 2 {
+			t.Fatalf("%d connections, want 2", len(conns))
+		}
+		if _, ok := os.LookupEnv(InheritedSocketsEnv); ok {
+			t.Fatal("the entry is still in the environment")
+		}
+		for i, c := range conns {
+			defer c.Close()
+			if n := execSurvivors(t, inodes[i]); n != 0 {
+				t.Fatalf("socket %d: %d descriptors without close-on-exec left: the handed-down one was not closed", i, n)
+			}
+			if _, err := clients[i].Write([]byte{byte(i)}); err != nil {
+				t.Fatal(err)
+			}
+			var b [1]byte
+			if _, err := io.ReadFull(c, b[:]); err != nil || b[0] != byte(i) {
+				t.Fatalf("connection %d: read %v, %v; want the byte its client wrote", i, b, err)
+			}
+		}
+	})
+	for _, tc := range []struct {
+		name  string
+		entry func(fds []int) string
+	}{
+		{"another device", func(fds []int) string { return fmt.Sprintf("6:%d,%d", fds[0], fds[1]) }},
+		{"fewer than the connections", func(fds []int) string { return fmt.Sprintf("5:%d", fds[0]) }},
+		{"malformed", func(fds []int) string { return fmt.Sprintf("5:%d,x", fds[0]) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fds, _ := handedDown(t, 2)
+			defer unix.Close(fds[1])
+			t.Setenv(InheritedSocketsEnv, tc.entry(fds))
+			if conns := inheritedSockets(5, 2, zap.NewNop()); conns != nil {
+				t.Fatalf("%d connections served from %q", len(conns), tc.entry(fds))
+			}
+			if isOpen(fds[0]) {
+				t.Fatalf("our descriptor %d stays open: the kernel would never see that connection die", fds[0])
+			}
+		})
+	}
+	t.Run("the kernel closed one", func(t *testing.T) {
+		fds, clients := handedDown(t, 2)
+		clients[1].Close() // as nbd_xmit_timeout's shutdown of the kernel's end
+		t.Setenv(InheritedSocketsEnv, fmt.Sprintf("5:%d,%d", fds[0], fds[1]))
+		if conns := inheritedSockets(5, 2, zap.NewNop()); conns != nil {
+			t.Fatal("a connection the kernel closed was served: it would end at once, and the device with it")
+		}
+		if isOpen(fds[0]) || isOpen(fds[1]) {
+			t.Fatal("our descriptors stay open: the kernel would not see the live one die and take new sockets")
+		}
+	})
+	t.Run("not ours", func(t *testing.T) {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		defer w.Close()
+		t.Setenv(InheritedSocketsEnv, fmt.Sprintf("5:%d", r.Fd()))
+		if conns := inheritedSockets(5, 1, zap.NewNop()); conns != nil {
+			t.Fatal("a pipe was served as a connection")
+		}
+		if !isOpen(int(r.Fd())) {
+			t.Fatal("a descriptor that is not ours was closed")
+		}
+	})
+}
+
+// A new device (Attach) closes the sockets a previous image handed down: their device then sees
+// its connections die instead of waiting for sockets nobody reads.
+func TestDropInheritedSocketsClosesOurs(t *testing.T) {
+	fds, clients := handedDown(t, 1)
+	t.Setenv(InheritedSocketsEnv, fmt.Sprintf("2:%d", fds[0]))
+	dropInheritedSockets(zap.NewNop())
+	if isOpen(fds[0]) {
+		t.Fatal("the handed-down socket is still open")
+	}
+	if _, err := clients[0].Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("the peer reads %v, want EOF", err)
+	}
+}
+
+// A restart's pause and hand-down on an attachment whose kernel closed one connection: the pause
+// does not wait for the closed one, and only the live socket is handed down (the next image,
+// finding fewer sockets than connections, gives the device new ones).
+func TestAttachmentPauseAndHandDown(t *testing.T) {
+	_, srv, _ := intakeConn(t) // a server to attach; its own connection is not the attachment's
+	a := &Attachment{srv: srv, index: 3, viaNetlink: true, log: zap.NewNop(), done: make(chan struct{})}
+	local0, client0 := connectedPair(t)
+	local1, client1 := connectedPair(t)
+	defer client0.Close()
+	a.serve([]net.Conn{local0, local1})
+	a.connected.Store(true)
+	for deadline := time.Now().Add(10 * time.Second); len(a.connections()) < 2; runtime.Gosched() {
+		if time.Now().After(deadline) { // serve starts the connections on their own goroutines
+			t.Fatal("the attachment's connections did not start within 10 s")
+		}
+	}
+	ended := a.connections()[1].intake.ended
+	if a.connections()[0].nc != local0 {
+		ended = a.connections()[0].intake.ended
+	}
+	client1.Close() // the kernel closes connection 1
+	<-ended
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.PauseIntake(ctx); err != nil {
+		t.Fatalf("pause with one connection closed: %v", err)
+	}
+	entry, err := a.ExecSockets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, value, _ := strings.Cut(entry, "=")
+	if name != InheritedSocketsEnv || !strings.HasPrefix(value, "3:") || strings.Contains(value, ",") {
+		t.Fatalf("handed down %q; want device 3's one live socket", entry)
+	}
+	t.Setenv(InheritedSocketsEnv, value)
+	conns := inheritedSockets(3, 1, zap.NewNop())
+	if len(conns) != 1 {
+		t.Fatalf("%d connections taken from %q, want 1", len(conns), value)
+	}
+	defer conns[0].Close()
+	// the handed-down socket is connection 0's: what its client sends now reaches it
+	if _, err := client0.Write([]byte{42}); err != nil {
+		t.Fatal(err)
+	}
+	var b [1]byte
+	if _, err := io.ReadFull(conns[0], b[:]); err != nil || b[0] != 42 {
+		t.Fatalf("read %v, %v through the handed-down socket; want 42", b, err)
+	}
+	a.ResumeIntake()
+}

@@ -1,0 +1,230 @@
+package nbd
+
+import (
+	"context"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/iser-blk/iser-blk/pool"
+)
+
+// intakeConn serves a memory device on one end of a socket pair in the transmission phase, as a
+// kernel device's connection, and returns the server's conn for it and the client's end.
+func intakeConn(t *testing.T) (*conn, *Server, net.Conn) {
+	t.Helper()
+	p, err := pool.New(pool.Config{MaxBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	srv, err := NewServer(newMem(t, 16<<20, ""), Options{Pool: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	local, client := connectedPair(t)
+	started := make(chan *conn, 1)
+	done := make(chan struct{})
+	go func() {
+		srv.serveTransmission(local, func(c *conn) { started <- c })
+		close(done)
+	}()
+	t.Cleanup(func() {
+		client.Close()
+		srv.Close()
+		<-done
+	})
+	return <-started, srv, client
+}
+
+// intakeRequest is request i of the stream the pause tests send: WRITEs of 4 KiB and of 68 KiB
+// (more than the reader's 64 KiB buffer, so payloads straddle its refills), READs, FLUSHes;
+// handles 1, 2, 3, ... in order, a WRITE's payload filled with its handle's low byte.
+func intakeRequest(i int) (h header, payload []byte) {
+	h = header{Handle: uint64(i + 1), Offset: uint64(i%64) * 128 << 10}
+	switch i % 5 {
+	case 0, 3:
+		h.Type, h.Length = cmdWrite, 4<<10
+	case 1:
+		h.Type, h.Length = cmdWrite, 68<<10
+	case 2:
+		h.Type, h.Length = cmdRead, 8<<10
+	case 4:
+		h.Type, h.Offset = cmdFlush, 0
+	}
+	if h.Type == cmdWrite {
+		payload = make([]byte, h.Length)
+		for j := range payload {
+			payload[j] = byte(h.Handle)
+		}
+	}
+	return h, payload
+}
+
+func intakeLength(handle uint64) int {
+	if h, _ := intakeRequest(int(handle) - 1); h.Type == cmdRead {
+		return int(h.Length)
+	}
+	return 0
+}
+
+// TestPauseIntakeStopsAtARequestBoundary: requests stream in; the pause stops the reader with
+// every request it read answered and nothing of the next one read. What is left in the socket
+// is the rest of the stream, whole: the next header is the next handle, each payload its own.
+func TestPauseIntakeStopsAtARequestBoundary(t *testing.T) {
+	const total = 3000
+	c, srv, client := intakeConn(t)
+	sent := make(chan error, 1)
+	go func() {
+		for i := range total {
+			h, payload := intakeRequest(i)
+			b := make([]byte, requestHeaderLen+len(payload))
+			putRequest(b, h)
+			copy(b[requestHeaderLen:], payload)
+			if _, err := client.Write(b); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	var replied atomic.Int64
+	var mu sync.Mutex
+	handles := map[uint64]bool{}
+	some := make(chan struct{})
+	repliesEnded := make(chan struct{})
+	go func() {
+		defer close(repliesEnded)
+		tc := newTestClient(t, client)
+		for {
+			r, err := tc.readReply(intakeLength)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			handles[r.handle] = true
+			mu.Unlock()
+			if replied.Add(1) == 200 {
+				close(some)
+			}
+			if r.errno != 0 {
+				t.Errorf("request %d: errno %d", r.handle, r.errno)
+			}
+		}
+	}()
+	select {
+	case <-some:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no 200 replies within 30 s")
+	}
+	select {
+	case <-c.pauseIntake():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the reader did not stop within 30 s")
+	}
+
+	// Every request the server read is answered: the replies are on their way. The rest of the
+	// stream is in the socket: read it where the server would have.
+	_ = c.nc.SetReadDeadline(time.Time{})
+	if c.br.Buffered() != 0 {
+		t.Fatalf("%d bytes buffered at the pause", c.br.Buffered())
+	}
+	next, first := uint64(0), uint64(0)
+	var raw [requestHeaderLen]byte
+	for left := 0; ; left++ {
+		if _, err := io.ReadFull(c.nc, raw[:]); err != nil {
+			t.Fatalf("reading what the pause left, after %d requests: %v", left, err)
+		}
+		h, err := parseRequest(&raw)
+		if err != nil {
+			t.Fatalf("what the pause left does not start at a request (%d requests in): %v", left, err)
+		}
+		if next == 0 {
+			next, first = h.Handle, h.Handle
+			t.Logf("paused after %d requests; the socket holds %d..%d", first-1, first, total)
+		}
+		want, payload := intakeRequest(int(next) - 1)
+		if h != want {
+			t.Fatalf("request %d left in the socket is %+v, want %+v", next, h, want)
+		}
+		got := make([]byte, len(payload))
+		if _, err := io.ReadFull(c.nc, got); err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(payload) {
+			t.Fatalf("request %d's payload differs", next)
+		}
+		if next == total {
+			break
+		}
+		next++
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	// The server ends (its reader, resumed by Close, meets the closed socket); the client then
+	// reads every reply there is, up to EOF.
+	srv.Close()
+	select {
+	case <-repliesEnded:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the replies did not end within 30 s of the server's close")
+	}
+	read := first - 1
+	if len(handles) != int(read) || int64(read) != replied.Load() {
+		t.Fatalf("%d replies for %d distinct handles; the server read %d requests", replied.Load(), len(handles), read)
+	}
+	for h := uint64(1); h <= read; h++ {
+		if !handles[h] {
+			t.Fatalf("request %d was read but not answered", h)
+		}
+	}
+}
+
+// TestPauseIntakeWakesAnIdleReader: a reader waiting for a header is woken by the pause; resumed,
+// it serves the next request (the pause's deadline is gone).
+func TestPauseIntakeWakesAnIdleReader(t *testing.T) {
+	c, _, client := intakeConn(t)
+	tc := newTestClient(t, client)
+	tc.do(cmdWrite, 0, 0, 4096, make([]byte, 4096)) // the reader is past its first read
+	select {
+	case <-c.pauseIntake():
+	case <-time.After(10 * time.Second):
+		t.Fatal("an idle reader did not stop within 10 s")
+	}
+	c.resumeIntake()
+	if r := tc.do(cmdRead, 0, 0, 4096, nil); r.errno != 0 {
+		t.Fatalf("read after the resume: errno %d", r.errno)
+	}
+	// paused again and resumed again: the pause can be retried (a restart that failed, then another)
+	select {
+	case <-c.pauseIntake():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reader did not stop again within 10 s")
+	}
+	c.resumeIntake()
+	if r := tc.do(cmdFlush, 0, 0, 0, nil); r.errno != 0 {
+		t.Fatalf("flush after the second resume: errno %d", r.errno)
+	}
+}
+
+// TestShutdownEndsAPausedReader: a shutdown during a pause (a stop signal during a restart)
+// ends the connection instead of leaving its reader parked.
+func TestShutdownEndsAPausedReader(t *testing.T) {
+	c, srv, client := intakeConn(t)
+	tc := newTestClient(t, client)
+	tc.do(cmdWrite, 0, 0, 4096, make([]byte, 4096))
+	select {
+	case <-c.pauseIntake():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reader did not stop within 10 s")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown of a paused connection: %v", err)
+	}
+}
