@@ -31,6 +31,7 @@ type fakeProcess struct {
 	executable string
 	mu         sync.Mutex
 	execs      []string
+	envs       [][]string // each exec's environment
 	exits      []int
 	ignored    atomic.Bool
 	execErr    error
@@ -45,10 +46,11 @@ func (p *fakeProcess) process(t *testing.T) Process {
 	p.executable = self
 	return Process{
 		Executable: self,
-		Exec: func(path string) error {
+		Exec: func(path string, env []string) error {
 			p.mu.Lock()
 			defer p.mu.Unlock()
 			p.execs = append(p.execs, path)
+			p.envs = append(p.envs, env)
 			return p.execErr
 		},
 		Exit: func(code int) {

@@ -42,9 +42,9 @@ type Process struct {
 	// ExecutableErr why it could not be found.
 	Executable    string
 	ExecutableErr error
-	// Exec replaces the process image (default: syscall.Exec with os.Args and os.Environ); it
+	// Exec replaces the process image with path, os.Args and env (default: syscall.Exec); it
 	// returns only on failure.
-	Exec func(path string) error
+	Exec func(path string, env []string) error
 	// Exit ends the process (default: os.Exit).
 	Exit func(code int)
 	// IgnoreStopSignals keeps SIGINT and SIGTERM from reaching the process from a hand-over's
@@ -57,7 +57,7 @@ func (p *Process) defaults() {
 		p.Executable, p.ExecutableErr = Executable(os.Args[0])
 	}
 	if p.Exec == nil {
-		p.Exec = func(path string) error { return syscall.Exec(path, os.Args, os.Environ()) }
+		p.Exec = func(path string, env []string) error { return syscall.Exec(path, os.Args, env) }
 	}
 	if p.Exit == nil {
 		p.Exit = os.Exit

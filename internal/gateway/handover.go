@@ -14,6 +14,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 
 	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
@@ -106,15 +108,25 @@ func (g *Gateway) handOverDevice(ctx context.Context, kind handOverKind) (func()
 		g.commitTo(lifecycle.Stopped, "stopped; the device is kept for a successor")
 		return g.exitKept, nil
 	}
-	return g.reexec, nil
+	return func() error { return g.reexec(t.Intake()) }, nil
 }
 
-// reexec is a committed restart's last step.
-func (g *Gateway) reexec() error {
+// reexec is a committed restart's last step. The frontend's connections, when it keeps them
+// across the exec (in, paused by transfer), go to the new image in its environment.
+func (g *Gateway) reexec(in takeover.Intake) error {
 	defer close(g.handOverEnded)
 	path := g.opts.Process.Executable
+	env := os.Environ()
+	if in != nil {
+		entry, err := in.ExecSockets()
+		if err != nil {
+			g.log.Warn("the device's connections end with this image: the kernel requeues the requests it sent meanwhile when their timer fires", zap.Error(err))
+		} else {
+			env = withEnv(env, entry)
+		}
+	}
 	_ = g.log.Sync()
-	err := g.opts.Process.Exec(path)
+	err := g.opts.Process.Exec(path, env)
 	g.log.Error("RE-EXEC FAILED: the device is flushed and waits for a server; run the same attach command again",
 		zap.String("binary", path), zap.Error(err))
 	_ = g.log.Sync()
@@ -186,6 +198,25 @@ type writeBack struct {
 func (g *Gateway) transfer(ctx context.Context, t *takeover.Takeover, dev block.Device, kind handOverKind) (writeBack, error) {
 	var wb writeBack
 	gate := t.Gate()
+	// A frontend that keeps its connections across the exec stops reading requests before the
+	// gate shuts: what the kernel sends from then on waits in the sockets for the next image,
+	// instead of at the gate for the kernel's request timer (frontend/nbd/handover_linux.go).
+	// The kernel's timer runs for those requests all the same (30 s by default; it closes a
+	// connection whose request outlives it), so the dirty data is written back first, while
+	// the device still serves: the pause then lasts the rest of the write-back, the exec and
+	// the next image's start.
+	var early writeBack
+	if in := t.Intake(); in != nil && kind == reexec {
+		before := writtenBack(dev)
+		early.dirtyBefore = dirtyBytes(dev)
+		if err := flushWithProgress(ctx, dev, g.log, g.svc.Lifecycle); err != nil {
+			return wb, fmt.Errorf("write-back: %w", err)
+		}
+		early.bytes = writtenBack(dev) - before
+		if err := in.PauseIntake(ctx); err != nil {
+			return wb, fmt.Errorf("pausing the device's requests: %w", err)
+		}
+	}
 	if n := gate.Inflight(); n > 0 {
 		g.log.Info(kind.String()+": waiting for the requests in flight", zap.Int64("in_flight", n))
 	}
@@ -201,6 +232,8 @@ func (g *Gateway) transfer(ctx context.Context, t *takeover.Takeover, dev block.
 		return wb, fmt.Errorf("write-back: %w", err)
 	}
 	wb.bytes = writtenBack(dev) - before
+	wb.dirtyBefore += early.dirtyBefore
+	wb.bytes += early.bytes
 	clean, err := gate.MarkClean() // nothing passes the shut gate: nothing can be dirty now
 	switch {
 	case err != nil:
@@ -229,6 +262,9 @@ func (g *Gateway) commitHandOver() bool {
 // belongs unless a shutdown drives it now. It returns the control error to answer with.
 func (g *Gateway) undoHandOver(t *takeover.Takeover, kind handOverKind, err error) error {
 	t.Gate().Reopen()
+	if in := t.Intake(); in != nil {
+		in.ResumeIntake() // after the gate: what the readers take next must pass it
+	}
 	g.stopMu.Lock()
 	g.endOpLocked()
 	if g.phase == serving {
@@ -248,4 +284,16 @@ func dirtyBytes(dev block.Device) int64 {
 		return max(dr.DirtyBytes(), 0)
 	}
 	return 0
+}
+
+// withEnv is env with entry ("NAME=VALUE") in place of any entry of that name.
+func withEnv(env []string, entry string) []string {
+	name, _, _ := strings.Cut(entry, "=")
+	out := make([]string, 0, len(env)+1)
+	for _, e := range env {
+		if !strings.HasPrefix(e, name+"=") {
+			out = append(out, e)
+		}
+	}
+	return append(out, entry)
 }

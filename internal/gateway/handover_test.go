@@ -11,6 +11,7 @@ import (
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/control"
+	"github.com/iser-blk/iser-blk/internal/gate"
 	"github.com/iser-blk/iser-blk/internal/lifecycle"
 	"github.com/iser-blk/iser-blk/internal/modes"
 	"github.com/iser-blk/iser-blk/internal/statefile"
@@ -280,4 +281,90 @@ func (d *signalAfterFlush) Flush(ctx context.Context) error {
 	go d.g.StopForSignal()
 	<-ctx.Done() // the shutdown cancels the hand-over's context before it stops the frontend
 	return err
+}
+
+// fakeIntake records what a hand-over does with a frontend that keeps its connections.
+type fakeIntake struct {
+	gateShutAtPause bool // whether the gate was already shut when the pause came
+	tk              interface{ Gate() *gate.Gate }
+	pauses, resumes int
+	pauseErr        error
+	execErr         error
+}
+
+func (in *fakeIntake) PauseIntake(context.Context) error {
+	in.pauses++
+	in.gateShutAtPause = in.tk.Gate().IsShut()
+	return in.pauseErr
+}
+func (in *fakeIntake) ResumeIntake() { in.resumes++ }
+func (in *fakeIntake) ExecSockets() (string, error) {
+	return "ISERBLK_NBD_SOCKETS=3:7,8", in.execErr
+}
+
+// A restart pauses the frontend's intake before the gate shuts (nothing may wait at the gate for
+// an image that will not answer it) and hands its sockets to the new image's environment.
+func TestRestartPausesIntakeAndHandsItsSocketsDown(t *testing.T) {
+	f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{handOver: true})
+	in := &fakeIntake{tk: f.tk}
+	f.tk.SetIntake(in)
+	t.Setenv("ISERBLK_NBD_SOCKETS", "stale")
+	step, err := f.g.Restart(context.Background(), control.Request{})
+	if err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	if in.pauses != 1 || in.gateShutAtPause || in.resumes != 0 {
+		t.Fatalf("pauses %d (gate shut then: %v), resumes %d; want one pause before the gate shut, no resume", in.pauses, in.gateShutAtPause, in.resumes)
+	}
+	f.proc.execErr = errors.New("exec format error")
+	_ = step()
+	env := f.proc.envs[0]
+	var got []string
+	for _, e := range env {
+		if strings.HasPrefix(e, "ISERBLK_NBD_SOCKETS=") {
+			got = append(got, e)
+		}
+	}
+	if len(got) != 1 || got[0] != "ISERBLK_NBD_SOCKETS=3:7,8" {
+		t.Fatalf("the new image's environment has %q; want the intake's entry alone", got)
+	}
+	if len(env) < len(os.Environ()) {
+		t.Fatalf("the new image's environment lost entries: %d of %d", len(env), len(os.Environ()))
+	}
+}
+
+// A restart that fails resumes the intake after the gate reopens, whatever step failed.
+func TestFailedRestartResumesIntake(t *testing.T) {
+	t.Run("write-back fails", func(t *testing.T) {
+		f := newFixture(t, flushHook{Device: memDevice(t, 1<<20), hook: func(context.Context) error { return block.ErrIO }}, fixtureOptions{handOver: true})
+		in := &fakeIntake{tk: f.tk}
+		f.tk.SetIntake(in)
+		_, err := f.g.Restart(context.Background(), control.Request{})
+		wantControlError(t, err, control.CodeFailed, "keeps serving")
+		// the write-back runs before the pause, while the device serves: it failed first
+		if in.pauses != 0 || in.resumes != 1 || f.tk.Gate().IsShut() {
+			t.Fatalf("pauses %d, resumes %d, gate shut %v; want 0, 1, open", in.pauses, in.resumes, f.tk.Gate().IsShut())
+		}
+	})
+	t.Run("pause fails", func(t *testing.T) {
+		f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{handOver: true})
+		in := &fakeIntake{tk: f.tk, pauseErr: context.DeadlineExceeded}
+		f.tk.SetIntake(in)
+		_, err := f.g.Restart(context.Background(), control.Request{})
+		wantControlError(t, err, control.CodeTimeout, "keeps serving")
+		if in.resumes != 1 || f.tk.Gate().IsShut() {
+			t.Fatalf("resumes %d, gate shut %v; want 1, open", in.resumes, f.tk.Gate().IsShut())
+		}
+	})
+	t.Run("stop --keep does not pause", func(t *testing.T) {
+		f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{handOver: true})
+		in := &fakeIntake{tk: f.tk}
+		f.tk.SetIntake(in)
+		if _, err := f.g.Stop(context.Background(), control.Request{Keep: true}); err != nil {
+			t.Fatal(err)
+		}
+		if in.pauses != 0 {
+			t.Fatalf("stop --keep paused the intake %d times: its sockets end with the process", in.pauses)
+		}
+	})
 }

@@ -59,6 +59,7 @@ func (t *Takeover) AttachNBD(k NBDKernel, srv *nbd.Server, opts nbd.AttachOption
 		return nil, err
 	}
 	t.SetCanWait(nbdCanWait(a, opts))
+	t.SetIntake(a)
 	return a, nil
 }
 
@@ -77,6 +78,7 @@ func (t *Takeover) reattachNBD(k NBDKernel, srv *nbd.Server, opts nbd.AttachOpti
 	switch {
 	case err == nil:
 		t.SetCanWait(nbdCanWait(a, opts))
+		t.SetIntake(a)
 		return a, nil
 	case errors.Is(err, nbd.ErrNoDevice):
 		t.log.Warn("the device the state file names is not configured any more; attaching afresh", zap.Error(err))

@@ -17,6 +17,7 @@
 package takeover
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -68,7 +69,18 @@ type Takeover struct {
 	dirty     bool // what the file says now (this gateway's dirty mark)
 	forgotten bool // the device is gone and the file with it
 	canWait   func() error
+	intake    Intake // nil: the frontend's connections do not outlive an exec
 	gate      *gate.Gate
+}
+
+// Intake is what a frontend whose connections can outlive an exec (kernel NBD through netlink)
+// offers a planned restart (internal/gateway): stop taking requests at a boundary once those
+// read are answered, take them again if the restart fails, and hand the connections to the
+// next image as an environment entry ("NAME=VALUE").
+type Intake interface {
+	PauseIntake(ctx context.Context) error
+	ResumeIntake()
+	ExecSockets() (string, error)
 }
 
 // Prepare reads NAME.json. A missing file means a fresh device; an unreadable, corrupt or
@@ -234,6 +246,20 @@ func (t *Takeover) SetCanWait(check func() error) {
 	t.mu.Lock()
 	t.canWait = check
 	t.mu.Unlock()
+}
+
+// SetIntake installs the frontend's Intake.
+func (t *Takeover) SetIntake(in Intake) {
+	t.mu.Lock()
+	t.intake = in
+	t.mu.Unlock()
+}
+
+// Intake is the frontend's, nil when it offers none.
+func (t *Takeover) Intake() Intake {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.intake
 }
 
 // CheckCanWait is that check's answer (an error if none was installed: the device is not up).
