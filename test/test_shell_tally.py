@@ -52,6 +52,15 @@ def child_env(**extra):
 EARLIER_TIER = "unit 5 0 0"  # a tier that ran before: every writer appends after it
 
 
+def failing_stubs(gotest):
+    """Stubs of a tier whose self-test and smoke suite count a failure each, and whose gotest.sh
+    runs gotest (which should fail without counting one)."""
+    return dict(selftest='echo "vm-self 7 1 0" >>"$TALLY"\necho "FAILED vm-self hung guest not killed" >>"$TALLY"\n'
+                         'exit 1\n',
+                smoke_output="PASS [  1.0s] serve and read\nFAIL [ 12.5s] attach, mkfs, fsck\n13 passed, 1 failed\n",
+                smoke_status=1, gotest=gotest)
+
+
 class VMTierTallyTest(unittest.TestCase):
     """test-vm.sh with stub parts: selftest.sh, gotest.sh and powercut.sh write their own lines to
     $TALLY (as the real ones do), run.sh prints what a smoke guest would. gotest.sh runs twice: for
@@ -115,10 +124,7 @@ class VMTierTallyTest(unittest.TestCase):
         lines, _ = self.expect(
             # the self-test counts its own failure: no second one from the runner; gotest.sh fails
             # without writing anything (a build error before any test ran)
-            dict(selftest='echo "vm-self 7 1 0" >>"$TALLY"\necho "FAILED vm-self hung guest not killed" >>"$TALLY"\n'
-                          'exit 1\n',
-                 smoke_output="PASS [  1.0s] serve and read\nFAIL [ 12.5s] attach, mkfs, fsck\n13 passed, 1 failed\n",
-                 smoke_status=1, gotest="exit 2\n"),
+            failing_stubs(gotest="exit 2\n"),
             1, ["vm-self 7 1 0", "FAILED vm-self hung guest not killed", "vm-smoke 13 1 0",
                 "FAILED vm-smoke attach, mkfs, fsck", "vm 0 1 0", gotest_failure, "vm-systemd 6 0 0", "vm-powercut 2 0 0"],
             "vm: 28 passed, 3 failed, 0 skipped")
@@ -206,10 +212,7 @@ class TwoLanesTallyTest(VMTierTallyTest):
     def test_failures_are_counted_once_and_named(self):
         gotest_failure = "FAILED vm Go tests tagged vm (guest): exit 2 without a counted failure (see its output)"
         lines, _ = self.expect(
-            dict(selftest='echo "vm-self 7 1 0" >>"$TALLY"\necho "FAILED vm-self hung guest not killed" >>"$TALLY"\n'
-                          'exit 1\n',
-                 smoke_output="PASS [  1.0s] serve and read\nFAIL [ 12.5s] attach, mkfs, fsck\n13 passed, 1 failed\n",
-                 smoke_status=1, gotest=self.GOTEST + "exit 2\n"),
+            failing_stubs(gotest=self.GOTEST + "exit 2\n"),
             1, ["vm 0 1 0", gotest_failure, "vm-self 7 1 0", "FAILED vm-self hung guest not killed", "vm-smoke 13 1 0",
                 "FAILED vm-smoke attach, mkfs, fsck", "vm-go 20 0 0", "vm-systemd 6 0 0", "vm-powercut 2 0 0"],
             "vm: 48 passed, 3 failed, 0 skipped")

@@ -120,11 +120,7 @@ func TestPauseIntakeStopsAtARequestBoundary(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no 200 replies within 30 s")
 	}
-	select {
-	case <-c.pauseIntake():
-	case <-time.After(30 * time.Second):
-		t.Fatal("the reader did not stop within 30 s")
-	}
+	pauseWithin(t, c, 30*time.Second)
 
 	// Every request the server read is answered: the replies are on their way. The rest of the
 	// stream is in the socket: read it where the server would have.
@@ -190,24 +186,27 @@ func TestPauseIntakeWakesAnIdleReader(t *testing.T) {
 	c, _, client := intakeConn(t)
 	tc := newTestClient(t, client)
 	tc.do(cmdWrite, 0, 0, 4096, make([]byte, 4096)) // the reader is past its first read
+	// paused and resumed twice: the pause can be retried (a restart that failed, then another)
+	for _, cmd := range []uint16{cmdRead, cmdFlush} {
+		pauseWithin(t, c, 10*time.Second)
+		c.resumeIntake()
+		length := uint32(4096)
+		if cmd == cmdFlush {
+			length = 0
+		}
+		if r := tc.do(cmd, 0, 0, length, nil); r.errno != 0 {
+			t.Fatalf("command %d after the resume: errno %d", cmd, r.errno)
+		}
+	}
+}
+
+// pauseWithin pauses c's reader and waits for it to stop.
+func pauseWithin(t *testing.T, c *conn, d time.Duration) {
+	t.Helper()
 	select {
 	case <-c.pauseIntake():
-	case <-time.After(10 * time.Second):
-		t.Fatal("an idle reader did not stop within 10 s")
-	}
-	c.resumeIntake()
-	if r := tc.do(cmdRead, 0, 0, 4096, nil); r.errno != 0 {
-		t.Fatalf("read after the resume: errno %d", r.errno)
-	}
-	// paused again and resumed again: the pause can be retried (a restart that failed, then another)
-	select {
-	case <-c.pauseIntake():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the reader did not stop again within 10 s")
-	}
-	c.resumeIntake()
-	if r := tc.do(cmdFlush, 0, 0, 0, nil); r.errno != 0 {
-		t.Fatalf("flush after the second resume: errno %d", r.errno)
+	case <-time.After(d):
+		t.Fatalf("the reader did not stop within %v", d)
 	}
 }
 
@@ -217,11 +216,7 @@ func TestShutdownEndsAPausedReader(t *testing.T) {
 	c, srv, client := intakeConn(t)
 	tc := newTestClient(t, client)
 	tc.do(cmdWrite, 0, 0, 4096, make([]byte, 4096))
-	select {
-	case <-c.pauseIntake():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the reader did not stop within 10 s")
-	}
+	pauseWithin(t, c, 10*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(ctx); err != nil {
