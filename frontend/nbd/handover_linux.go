@@ -5,11 +5,12 @@ package nbd
 // A planned restart of a kernel device's server keeps the device's sockets: the old image stops
 // reading requests at a boundary (PauseIntake, intake.go), answers what it read, and hands the
 // server's ends of the socket pairs to the next image across exec (ExecSockets: descriptors
-// without close-on-exec, named in InheritedSocketsEnv). The kernel never sees a connection die,
-// so nothing it sent waits for its request timer: the next image reads the requests queued in
-// the sockets meanwhile. Reattach takes the inherited sockets when they are this device's;
+// without close-on-exec, named in InheritedSocketsEnv). When every connection is alive and the
+// hand-down succeeds, the kernel never sees one die, so nothing it sent waits for its request
+// timer: the next image reads the requests queued in the sockets meanwhile. Reattach takes the inherited sockets when they are this device's;
 // otherwise (a crash, a stop --keep, an exec that lost them) it gives the kernel new sockets
-// with NBD_CMD_RECONFIGURE as before.
+// with NBD_CMD_RECONFIGURE as before (the requests in the sockets it closes then wait for the
+// kernel's timer, as they all did before).
 
 import (
 	"context"
@@ -82,22 +83,37 @@ func (a *Attachment) ResumeIntake() {
 // fails the process exits, and the descriptors with it.
 func (a *Attachment) ExecSockets() (string, error) {
 	conns := a.connections()
-	fds := make([]string, 0, len(conns))
+	var fds []int
+	fail := func(err error) (string, error) {
+		for _, fd := range fds {
+			unix.Close(fd) // not one left open for an image that does not know it
+		}
+		return "", fmt.Errorf("nbd: keeping %s's sockets across exec: %w", a.Path(), err)
+	}
 	for _, c := range conns {
 		select {
 		case <-c.intake.ended:
-			// Fewer sockets than connections: the next image gives the device new ones
-			// (NBD_CMD_RECONFIGURE), which replace the closed one.
+			// The kernel closed it. The next image, given fewer sockets than connections,
+			// closes the others too and gives the device new sockets for all of them
+			// (NBD_CMD_RECONFIGURE replaces dead connections only): their requests then wait
+			// for the kernel's timer, as before the hand-down existed.
 			continue
 		default:
 		}
 		fd, err := dupForExec(c.nc)
 		if err != nil {
-			return "", fmt.Errorf("nbd: keeping %s's sockets across exec: %w", a.Path(), err)
+			return fail(err)
 		}
-		fds = append(fds, strconv.Itoa(fd))
+		fds = append(fds, fd)
 	}
-	return fmt.Sprintf("%s=%d:%s", InheritedSocketsEnv, a.index, strings.Join(fds, ",")), nil
+	if len(fds) == 0 {
+		return fail(errors.New("no connection is left"))
+	}
+	list := make([]string, len(fds))
+	for i, fd := range fds {
+		list[i] = strconv.Itoa(fd)
+	}
+	return fmt.Sprintf("%s=%d:%s", InheritedSocketsEnv, a.index, strings.Join(list, ",")), nil
 }
 
 // dupForExec duplicates nc's descriptor; dup(2) leaves close-on-exec clear on the copy.
@@ -210,23 +226,22 @@ func checkKernelKept(fds []int) error {
 	return nil
 }
 
-// parseInherited parses "INDEX:FD,FD,...".
+// parseInherited parses "INDEX:FD,FD,...". It returns every well-formed descriptor even when
+// something else is malformed, so that the caller can close ours among them.
 func parseInherited(v string) (index int, fds []int, err error) {
 	dev, list, ok := strings.Cut(v, ":")
-	if !ok {
-		return 0, nil, fmt.Errorf("malformed %q", v)
-	}
-	if index, err = strconv.Atoi(dev); err != nil || index < 0 {
-		return 0, nil, fmt.Errorf("malformed device index %q", dev)
+	if index, err = strconv.Atoi(dev); !ok || err != nil || index < 0 {
+		index, err = -1, fmt.Errorf("malformed device index in %q", v)
 	}
 	for _, f := range strings.Split(list, ",") {
-		fd, err := strconv.Atoi(f)
-		if err != nil || fd < 3 {
-			return index, fds, fmt.Errorf("malformed descriptor %q", f)
+		fd, ferr := strconv.Atoi(f)
+		if ferr != nil || fd < 3 {
+			err = errors.Join(err, fmt.Errorf("malformed descriptor %q", f))
+			continue
 		}
 		fds = append(fds, fd)
 	}
-	return index, fds, nil
+	return index, fds, err
 }
 
 // checkInherited requires fd to be a unix stream socket whose peer is this process.

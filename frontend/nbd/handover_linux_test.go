@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -109,18 +108,22 @@ func TestInheritedSocketsAreServedOnlyForTheirDevice(t *testing.T) {
 		entry func(fds []int) string
 	}{
 		{"another device", func(fds []int) string { return fmt.Sprintf("6:%d,%d", fds[0], fds[1]) }},
-		{"fewer than the connections", func(fds []int) string { return fmt.Sprintf("5:%d", fds[0]) }},
-		{"malformed", func(fds []int) string { return fmt.Sprintf("5:%d,x", fds[0]) }},
+		{"fewer than the connections", func(fds []int) string { return fmt.Sprintf("5:%d", fds[1]) }},
+		{"malformed", func(fds []int) string { return fmt.Sprintf("5:x,%d", fds[1]) }},
+		{"malformed device", func(fds []int) string { return fmt.Sprintf("five:%d", fds[1]) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fds, _ := handedDown(t, 2)
-			defer unix.Close(fds[1])
-			t.Setenv(InheritedSocketsEnv, tc.entry(fds))
-			if conns := inheritedSockets(5, 2, zap.NewNop()); conns != nil {
-				t.Fatalf("%d connections served from %q", len(conns), tc.entry(fds))
+			entry := tc.entry(fds)
+			if !strings.Contains(entry, strconv.Itoa(fds[0])) {
+				unix.Close(fds[0]) // not listed: the test's to close
 			}
-			if isOpen(fds[0]) {
-				t.Fatalf("our descriptor %d stays open: the kernel would never see that connection die", fds[0])
+			t.Setenv(InheritedSocketsEnv, entry)
+			if conns := inheritedSockets(5, 2, zap.NewNop()); conns != nil {
+				t.Fatalf("%d connections served from %q", len(conns), entry)
+			}
+			if isOpen(fds[1]) {
+				t.Fatalf("our descriptor %d (listed after what was wrong) stays open: the kernel would never see that connection die", fds[1])
 			}
 		})
 	}
@@ -175,17 +178,22 @@ func TestAttachmentPauseAndHandDown(t *testing.T) {
 	local0, client0 := connectedPair(t)
 	local1, client1 := connectedPair(t)
 	defer client0.Close()
-	a.serve([]net.Conn{local0, local1})
+	// what serve does, with the connections known as they start
+	started := make(chan *conn, 2)
+	for _, l := range []net.Conn{local0, local1} {
+		a.conns.Add(1)
+		go func() {
+			defer a.conns.Done()
+			srv.serveTransmission(l, func(c *conn) { a.track(c); started <- c })
+		}()
+	}
+	go func() { a.conns.Wait(); close(a.done) }()
 	a.connected.Store(true)
-	for deadline := time.Now().Add(10 * time.Second); len(a.connections()) < 2; runtime.Gosched() {
-		if time.Now().After(deadline) { // serve starts the connections on their own goroutines
-			t.Fatal("the attachment's connections did not start within 10 s")
-		}
+	c0, c1 := <-started, <-started
+	if c0.nc != local0 {
+		c0, c1 = c1, c0
 	}
-	ended := a.connections()[1].intake.ended
-	if a.connections()[0].nc != local0 {
-		ended = a.connections()[0].intake.ended
-	}
+	ended := c1.intake.ended
 	client1.Close() // the kernel closes connection 1
 	<-ended
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

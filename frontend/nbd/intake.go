@@ -52,8 +52,8 @@ func (c *conn) pauseIntake() <-chan struct{} {
 		in.parked, in.resume = make(chan struct{}), make(chan struct{})
 	}
 	parked := in.parked
+	in.pausing.Store(true) // under mu: a resume in between would leave it set with no one parked
 	in.mu.Unlock()
-	in.pausing.Store(true)
 	if in.waiting.Load() {
 		_ = c.nc.SetReadDeadline(time.Now())
 	}
@@ -70,9 +70,7 @@ func (c *conn) resumeIntake() {
 		return
 	}
 	in.pausing.Store(false)
-	if !c.shutting.Load() {
-		_ = c.nc.SetReadDeadline(time.Time{}) // a deadline the pause set and no read took
-	}
+	c.clearPauseDeadline() // one the pause set that no read took
 	close(in.resume)
 	in.parked, in.resume = nil, nil
 }
@@ -115,11 +113,14 @@ func (c *conn) readHeaderBytes(raw []byte) error {
 	}
 	n, err := io.ReadFull(c.source(), raw)
 	in.waiting.Store(false)
-	if err == nil || !c.pauseWoke(err) {
+	if err == nil || !c.deadlineWoke(err) {
 		return err
 	}
 	if n == 0 {
-		return errPaused
+		if in.pausing.Load() {
+			return errPaused
+		}
+		return c.readHeaderBytes(raw) // a pause that was resumed before its deadline was seen
 	}
 	if err := c.readFull(raw[n:]); err != nil {
 		if errors.Is(err, io.EOF) {
@@ -144,7 +145,7 @@ type requestReader struct{ c *conn }
 func (r requestReader) Read(p []byte) (int, error) {
 	for {
 		n, err := r.c.source().Read(p)
-		if err == nil || !r.c.pauseWoke(err) {
+		if err == nil || !r.c.deadlineWoke(err) {
 			return n, err
 		}
 		if n > 0 {
@@ -153,13 +154,29 @@ func (r requestReader) Read(p []byte) (int, error) {
 	}
 }
 
-// pauseWoke reports whether err is a pause's read deadline (and not a shutdown's), clearing it
-// so that the read can go on.
-func (c *conn) pauseWoke(err error) bool {
-	if !errors.Is(err, os.ErrDeadlineExceeded) || c.shutting.Load() || !c.intake.pausing.Load() {
+// deadlineWoke reports whether err is a read deadline that was not a shutdown's, clearing it so
+// that the read can go on. In the transmission phase only a pause and a shutdown set read
+// deadlines, and a pause's may be seen after the pause was resumed: it is cleared all the same,
+// never taken for the end of the connection.
+func (c *conn) deadlineWoke(err error) bool {
+	if !errors.Is(err, os.ErrDeadlineExceeded) || c.shutting.Load() {
+		return false
+	}
+	return c.clearPauseDeadline()
+}
+
+// clearPauseDeadline clears the read deadline unless a shutdown set it, and reports whether it
+// did. A shutdown that begins meanwhile gets its deadline back: it stores shutting before it
+// sets the deadline, so either its deadline comes after the clear or shutting is seen after it.
+func (c *conn) clearPauseDeadline() bool {
+	if c.shutting.Load() {
 		return false
 	}
 	_ = c.nc.SetReadDeadline(time.Time{})
+	if c.shutting.Load() {
+		_ = c.nc.SetReadDeadline(time.Now())
+		return false
+	}
 	return true
 }
 

@@ -4,11 +4,13 @@ import (
 	"context"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/pool"
 )
 
@@ -16,12 +18,18 @@ import (
 // kernel device's connection, and returns the server's conn for it and the client's end.
 func intakeConn(t *testing.T) (*conn, *Server, net.Conn) {
 	t.Helper()
+	return intakeConnOn(t, newMem(t, 16<<20, ""))
+}
+
+// intakeConnOn is intakeConn serving dev.
+func intakeConnOn(t *testing.T, dev block.Device) (*conn, *Server, net.Conn) {
+	t.Helper()
 	p, err := pool.New(pool.Config{MaxBytes: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	srv, err := NewServer(newMem(t, 16<<20, ""), Options{Pool: p})
+	srv, err := NewServer(dev, Options{Pool: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +132,7 @@ func TestPauseIntakeStopsAtARequestBoundary(t *testing.T) {
 
 	// Every request the server read is answered: the replies are on their way. The rest of the
 	// stream is in the socket: read it where the server would have.
-	_ = c.nc.SetReadDeadline(time.Time{})
+	_ = c.nc.SetReadDeadline(time.Now().Add(30 * time.Second)) // a hang here is a failure
 	if c.br.Buffered() != 0 {
 		t.Fatalf("%d bytes buffered at the pause", c.br.Buffered())
 	}
@@ -221,5 +229,106 @@ func TestShutdownEndsAPausedReader(t *testing.T) {
 	defer cancel()
 	if err := srv.Shutdown(ctx); err != nil {
 		t.Fatalf("shutdown of a paused connection: %v", err)
+	}
+}
+
+// heldWrites is a device whose WRITEs wait until release is closed.
+type heldWrites struct {
+	block.Device
+	started chan struct{} // one value per write that began
+	release chan struct{}
+}
+
+func (d *heldWrites) WriteAt(ctx context.Context, p []byte, off int64, f block.WriteFlags) error {
+	d.started <- struct{}{}
+	<-d.release
+	return d.Device.WriteAt(ctx, p, off, f)
+}
+
+// notParkedFor requires the reader to stay running for d: a bounded negative check.
+func notParkedFor(t *testing.T, parked <-chan struct{}, d time.Duration, why string) {
+	t.Helper()
+	select {
+	case <-parked:
+		t.Fatalf("the reader reported parked %s", why)
+	case <-time.After(d):
+	}
+}
+
+// TestPauseWaitsForTheRequestsRead: the reader reports parked only once every request it read is
+// answered; a WRITE still on the device holds the pause.
+func TestPauseWaitsForTheRequestsRead(t *testing.T) {
+	dev := &heldWrites{Device: newMem(t, 16<<20, ""), started: make(chan struct{}, 1), release: make(chan struct{})}
+	c, _, client := intakeConnOn(t, dev)
+	tc := newTestClient(t, client)
+	if err := tc.send(cmdWrite, 0, 1, 0, 4096, make([]byte, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	<-dev.started
+	parked := c.pauseIntake()
+	notParkedFor(t, parked, 300*time.Millisecond, "with a WRITE still on the device")
+	close(dev.release)
+	parkedAfterReply(t, parked, tc, 1)
+}
+
+// TestPauseMidRequestFinishesIt: a pause that comes while half a WRITE's payload has arrived
+// lets the reader read the rest and serve it; the stop comes after it.
+func TestPauseMidRequestFinishesIt(t *testing.T) {
+	c, _, client := intakeConn(t)
+	tc := newTestClient(t, client)
+	tc.do(cmdFlush, 0, 0, 0, nil)
+	waitWaiting(t, c, true) // the reader waits for the next header
+	b := make([]byte, requestHeaderLen+8192)
+	putRequest(b, header{Type: cmdWrite, Handle: 9, Length: 8192})
+	if _, err := client.Write(b[:requestHeaderLen+4096]); err != nil {
+		t.Fatal(err)
+	}
+	waitWaiting(t, c, false) // it has the header, and waits for the payload's second half
+	// The pause sets no deadline (the reader is not waiting for a header); one that a pause's
+	// race could leave is set by hand.
+	parked := c.pauseIntake()
+	_ = c.nc.SetReadDeadline(time.Now())
+	notParkedFor(t, parked, 300*time.Millisecond, "in the middle of a WRITE")
+	if _, err := client.Write(b[requestHeaderLen+4096:]); err != nil {
+		t.Fatal(err)
+	}
+	parkedAfterReply(t, parked, tc, 9)
+}
+
+// TestStaleDeadlineAfterResume: a pause's deadline that a reader sees only after the resume is
+// cleared, not taken for the end of the connection.
+func TestStaleDeadlineAfterResume(t *testing.T) {
+	c, _, client := intakeConn(t)
+	tc := newTestClient(t, client)
+	tc.do(cmdWrite, 0, 0, 4096, make([]byte, 4096))
+	pauseWithin(t, c, 10*time.Second)
+	c.resumeIntake()
+	_ = c.nc.SetReadDeadline(time.Now()) // as if the pause's deadline landed after the resume
+	if r := tc.do(cmdRead, 0, 0, 4096, nil); r.errno != 0 {
+		t.Fatalf("read after a stale deadline: errno %d", r.errno)
+	}
+}
+
+// waitWaiting waits until the reader is (or is no longer) waiting for a header with nothing
+// buffered: intake.waiting changes only on the reader's own steps.
+func waitWaiting(t *testing.T, c *conn, want bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); c.intake.waiting.Load() != want; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the reader's header wait is not %v within 10 s", want)
+		}
+	}
+}
+
+// parkedAfterReply requires the reader to stop within 10 s, with the WRITE handle answered.
+func parkedAfterReply(t *testing.T, parked <-chan struct{}, tc *testClient, handle uint64) {
+	t.Helper()
+	select {
+	case <-parked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reader did not stop within 10 s of the WRITE's end")
+	}
+	if r, err := tc.readReply(nil); err != nil || r.handle != handle || r.errno != 0 {
+		t.Fatalf("the WRITE's reply: %+v, %v; want handle %d answered", r, err, handle)
 	}
 }

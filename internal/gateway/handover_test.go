@@ -283,49 +283,66 @@ func (d *signalAfterFlush) Flush(ctx context.Context) error {
 	return err
 }
 
-// fakeIntake records what a hand-over does with a frontend that keeps its connections.
+// fakeIntake records what a hand-over does with a frontend that keeps its connections, in
+// events (shared with a flushHook's), with whether the gate was shut at each call.
 type fakeIntake struct {
-	gateShutAtPause bool // whether the gate was already shut when the pause came
-	tk              interface{ Gate() *gate.Gate }
-	pauses, resumes int
-	pauseErr        error
-	execErr         error
+	tk       interface{ Gate() *gate.Gate }
+	events   *[]string
+	pauseErr error
+	execErr  error
+}
+
+func (in *fakeIntake) note(what string) {
+	if in.tk.Gate().IsShut() {
+		what += " (gate shut)"
+	}
+	*in.events = append(*in.events, what)
 }
 
 func (in *fakeIntake) PauseIntake(context.Context) error {
-	in.pauses++
-	in.gateShutAtPause = in.tk.Gate().IsShut()
+	in.note("pause")
 	return in.pauseErr
 }
-func (in *fakeIntake) ResumeIntake() { in.resumes++ }
+func (in *fakeIntake) ResumeIntake() { in.note("resume") }
 func (in *fakeIntake) ExecSockets() (string, error) {
+	in.note("exec sockets")
 	return "ISERBLK_NBD_SOCKETS=3:7,8", in.execErr
 }
 
-// A restart pauses the frontend's intake before the gate shuts (nothing may wait at the gate for
-// an image that will not answer it) and hands its sockets to the new image's environment.
-func TestRestartPausesIntakeAndHandsItsSocketsDown(t *testing.T) {
-	f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{handOver: true})
-	in := &fakeIntake{tk: f.tk}
-	f.tk.SetIntake(in)
-	t.Setenv("ISERBLK_NBD_SOCKETS", "stale")
-	step, err := f.g.Restart(context.Background(), control.Request{})
-	if err != nil {
-		t.Fatalf("restart: %v", err)
-	}
-	if in.pauses != 1 || in.gateShutAtPause || in.resumes != 0 {
-		t.Fatalf("pauses %d (gate shut then: %v), resumes %d; want one pause before the gate shut, no resume", in.pauses, in.gateShutAtPause, in.resumes)
-	}
-	f.proc.execErr = errors.New("exec format error")
-	_ = step()
-	env := f.proc.envs[0]
-	var got []string
-	for _, e := range env {
-		if strings.HasPrefix(e, "ISERBLK_NBD_SOCKETS=") {
-			got = append(got, e)
+// intakeFixture is a hand-over fixture whose frontend keeps its connections (fakeIntake) and
+// whose device's flushes are events too: flush number failAt fails (0: none).
+func intakeFixture(t *testing.T, failAt int) (*fixture, *fakeIntake) {
+	in := &fakeIntake{events: &[]string{}}
+	flushes := 0
+	dev := flushHook{Device: memDevice(t, 1<<20), hook: func(context.Context) error {
+		flushes++
+		in.note("flush")
+		if flushes == failAt {
+			return block.ErrIO
 		}
+		return nil
+	}}
+	f := newFixture(t, dev, fixtureOptions{handOver: true})
+	in.tk = f.tk
+	f.tk.SetIntake(in)
+	return f, in
+}
+
+func wantEvents(t *testing.T, in *fakeIntake, want ...string) {
+	t.Helper()
+	if strings.Join(*in.events, ", ") != strings.Join(want, ", ") {
+		t.Fatalf("events %q, want %q", *in.events, want)
 	}
-	if len(got) != 1 || got[0] != "ISERBLK_NBD_SOCKETS=3:7,8" {
+}
+
+// A restart writes back while the device serves, pauses the intake before the gate shuts
+// (nothing may wait at the gate for an image that will not answer it), writes back the rest, and
+// hands the sockets to the new image's environment.
+func TestRestartPausesIntakeAndHandsItsSocketsDown(t *testing.T) {
+	f, in := intakeFixture(t, 0)
+	env := restartEnv(t, f)
+	wantEvents(t, in, "flush", "pause", "flush (gate shut)", "exec sockets (gate shut)")
+	if got := envEntries(env, "ISERBLK_NBD_SOCKETS"); len(got) != 1 || got[0] != "ISERBLK_NBD_SOCKETS=3:7,8" {
 		t.Fatalf("the new image's environment has %q; want the intake's entry alone", got)
 	}
 	if len(env) < len(os.Environ()) {
@@ -333,38 +350,69 @@ func TestRestartPausesIntakeAndHandsItsSocketsDown(t *testing.T) {
 	}
 }
 
+// restartEnv restarts f's gateway, with ISERBLK_NBD_SOCKETS=stale in this process's
+// environment, and returns the environment its exec was given (the fake exec fails).
+func restartEnv(t *testing.T, f *fixture) []string {
+	t.Helper()
+	t.Setenv("ISERBLK_NBD_SOCKETS", "stale")
+	step, err := f.g.Restart(context.Background(), control.Request{})
+	if err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	f.proc.execErr = errors.New("exec format error")
+	_ = step()
+	return f.proc.envs[0]
+}
+
+func envEntries(env []string, name string) []string {
+	var got []string
+	for _, e := range env {
+		if strings.HasPrefix(e, name+"=") {
+			got = append(got, e)
+		}
+	}
+	return got
+}
+
+// Sockets that cannot be handed down leave the new image's environment without an entry: it
+// then gives the device new sockets, as after a crash.
+func TestRestartWithoutSocketsToHandDown(t *testing.T) {
+	f, in := intakeFixture(t, 0)
+	in.execErr = errors.New("dup: too many open files")
+	if got := envEntries(restartEnv(t, f), "ISERBLK_NBD_SOCKETS"); len(got) != 1 || got[0] != "ISERBLK_NBD_SOCKETS=stale" {
+		t.Fatalf("the new image's environment has %q; want what this process had, untouched", got)
+	}
+}
+
 // A restart that fails resumes the intake after the gate reopens, whatever step failed.
 func TestFailedRestartResumesIntake(t *testing.T) {
-	t.Run("write-back fails", func(t *testing.T) {
-		f := newFixture(t, flushHook{Device: memDevice(t, 1<<20), hook: func(context.Context) error { return block.ErrIO }}, fixtureOptions{handOver: true})
-		in := &fakeIntake{tk: f.tk}
-		f.tk.SetIntake(in)
+	t.Run("the write-back while serving fails", func(t *testing.T) {
+		f, in := intakeFixture(t, 1)
 		_, err := f.g.Restart(context.Background(), control.Request{})
 		wantControlError(t, err, control.CodeFailed, "keeps serving")
-		// the write-back runs before the pause, while the device serves: it failed first
-		if in.pauses != 0 || in.resumes != 1 || f.tk.Gate().IsShut() {
-			t.Fatalf("pauses %d, resumes %d, gate shut %v; want 0, 1, open", in.pauses, in.resumes, f.tk.Gate().IsShut())
-		}
+		wantEvents(t, in, "flush", "resume")
 	})
-	t.Run("pause fails", func(t *testing.T) {
-		f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{handOver: true})
-		in := &fakeIntake{tk: f.tk, pauseErr: context.DeadlineExceeded}
-		f.tk.SetIntake(in)
+	t.Run("the pause fails", func(t *testing.T) {
+		f, in := intakeFixture(t, 0)
+		in.pauseErr = context.DeadlineExceeded
 		_, err := f.g.Restart(context.Background(), control.Request{})
 		wantControlError(t, err, control.CodeTimeout, "keeps serving")
-		if in.resumes != 1 || f.tk.Gate().IsShut() {
-			t.Fatalf("resumes %d, gate shut %v; want 1, open", in.resumes, f.tk.Gate().IsShut())
+		wantEvents(t, in, "flush", "pause", "resume")
+	})
+	t.Run("the write-back after the pause fails", func(t *testing.T) {
+		f, in := intakeFixture(t, 2)
+		_, err := f.g.Restart(context.Background(), control.Request{})
+		wantControlError(t, err, control.CodeFailed, "keeps serving")
+		wantEvents(t, in, "flush", "pause", "flush (gate shut)", "resume")
+		if f.tk.Gate().IsShut() {
+			t.Fatal("the gate stayed shut")
 		}
 	})
 	t.Run("stop --keep does not pause", func(t *testing.T) {
-		f := newFixture(t, memDevice(t, 1<<20), fixtureOptions{handOver: true})
-		in := &fakeIntake{tk: f.tk}
-		f.tk.SetIntake(in)
+		f, in := intakeFixture(t, 0)
 		if _, err := f.g.Stop(context.Background(), control.Request{Keep: true}); err != nil {
 			t.Fatal(err)
 		}
-		if in.pauses != 0 {
-			t.Fatalf("stop --keep paused the intake %d times: its sockets end with the process", in.pauses)
-		}
+		wantEvents(t, in, "flush (gate shut)")
 	})
 }

@@ -73,8 +73,8 @@ type Takeover struct {
 	gate      *gate.Gate
 }
 
-// Intake is what a frontend whose connections can outlive an exec (kernel NBD through netlink)
-// offers a planned restart (internal/gateway): stop taking requests at a boundary once those
+// Intake is what a frontend whose connections can outlive an exec (kernel NBD; only one
+// configured through netlink passes CheckCanWait, and so reaches a restart) offers a planned restart (internal/gateway): stop taking requests at a boundary once those
 // read are answered, take them again if the restart fails, and hand the connections to the
 // next image as an environment entry ("NAME=VALUE").
 type Intake interface {
