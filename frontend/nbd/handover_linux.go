@@ -7,10 +7,10 @@ package nbd
 // server's ends of the socket pairs to the next image across exec (ExecSockets: descriptors
 // without close-on-exec, named in InheritedSocketsEnv). When every connection is alive and the
 // hand-down succeeds, the kernel never sees one die, so nothing it sent waits for its request
-// timer: the next image reads the requests queued in the sockets meanwhile. Reattach takes the inherited sockets when they are this device's;
-// otherwise (a crash, a stop --keep, an exec that lost them) it gives the kernel new sockets
-// with NBD_CMD_RECONFIGURE as before (the requests in the sockets it closes then wait for the
-// kernel's timer, as they all did before).
+// timer: the next image reads the requests queued in the sockets meanwhile. Reattach takes the
+// inherited sockets when they are this device's; otherwise (a crash, a stop --keep, an exec
+// that lost them) it gives the kernel new sockets with NBD_CMD_RECONFIGURE as before (the
+// requests in the sockets it closes then wait for the kernel's timer, as they all did before).
 
 import (
 	"context"
