@@ -26,6 +26,7 @@ import (
 	"github.com/iser-blk/iser-blk/internal/gateway"
 	"github.com/iser-blk/iser-blk/internal/logging"
 	"github.com/iser-blk/iser-blk/internal/modes"
+	"github.com/iser-blk/iser-blk/internal/sdnotify"
 	"github.com/iser-blk/iser-blk/internal/statefile"
 	"github.com/iser-blk/iser-blk/internal/status"
 	"github.com/iser-blk/iser-blk/internal/takeover"
@@ -184,7 +185,7 @@ func prepareTakeover(at *gateway.Attachment, sf *serviceFlags, kind modes.Fronte
 		return err
 	}
 	return at.PrepareTakeover(takeover.Options{Kind: kind, CacheMode: mode, CacheDev: cacheDev, Log: log,
-		LUN: statefile.Identity{Target: iser.RedactURL(ef.target)}})
+		LUN: statefile.Identity{Target: iser.RedactURL(ef.target)}, FDStore: sdnotify.FDStore{}})
 }
 
 // earlyName is the gateway name known before the device exists: --name, or nbdN for --nbd

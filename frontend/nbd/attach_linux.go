@@ -66,7 +66,12 @@ type AttachOptions struct {
 	BackendID string
 	// ForceIoctl skips netlink (tests of the fallback path).
 	ForceIoctl bool
-	Logger     *zap.Logger
+	// Stored are the device's sockets a previous server process left in a supervisor's
+	// descriptor store (systemd's, by a stop --keep: StoreSockets), as the store passed them to
+	// this one. Reattach serves them when they are Connections live unix stream sockets;
+	// Attach and Reattach close every one of them in any case.
+	Stored []*os.File
+	Logger *zap.Logger
 }
 
 // Attachment is a kernel nbd device bound to a Server.
@@ -112,6 +117,7 @@ func parseDeviceIndex(dev string) (int, error) {
 // per connection, the server serving its ends before the kernel gets the others (through netlink,
 // or the ioctl path when the kernel has no nbd netlink family or opts.ForceIoctl says so).
 func Attach(srv *Server, opts AttachOptions) (*Attachment, error) {
+	closeStored(opts.Stored, opts.Logger)
 	opts, err := checkAttachOptions(srv, opts)
 	if err != nil {
 		return nil, err

@@ -4,12 +4,15 @@ package nbd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -70,6 +73,40 @@ func execSurvivors(t *testing.T, ino uint64) int {
 		}
 	}
 	return n
+}
+
+// descriptorsOf counts this process's descriptors of the socket with inode ino.
+func descriptorsOf(t *testing.T, ino uint64) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) == nil && st.Ino == ino {
+			n++
+		}
+	}
+	return n
+}
+
+func fdOf(t *testing.T, c net.Conn) uintptr {
+	t.Helper()
+	rc, err := c.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fd uintptr
+	if err := rc.Control(func(s uintptr) { fd = s }); err != nil {
+		t.Fatal(err)
+	}
+	return fd
 }
 
 func isOpen(fd int) bool {
@@ -223,5 +260,143 @@ func TestAttachmentPauseAndHandDown(t *testing.T) {
 	if _, err := io.ReadFull(conns[0], b[:]); err != nil || b[0] != 42 {
 		t.Fatalf("read %v, %v through the handed-down socket; want 42", b, err)
 	}
+	// the same sockets for a descriptor store: named after the device and this process, the
+	// live one only, this process's copies closed once the store has its own
+	var storedName string
+	var storedInodes []uint64
+	err = a.StoreSockets(func(name string, fds []int) error {
+		storedName = name
+		for _, fd := range fds {
+			storedInodes = append(storedInodes, inode(t, fd))
+		}
+		return nil
+	})
+	ino0 := inode(t, int(fdOf(t, local0)))
+	if err != nil || storedName != StoredSocketsName(3, os.Getpid()) || !slices.Equal(storedInodes, []uint64{ino0}) {
+		t.Fatalf("stored %q %v, %v; want %q with connection 0's socket (inode %d)", storedName, storedInodes, err, StoredSocketsName(3, os.Getpid()), ino0)
+	}
+	if n := descriptorsOf(t, ino0); n != 2 {
+		t.Fatalf("%d descriptors of connection 0's socket in this process, want 2 (the connection's, the one handed down above): the copy made for the store stays open", n)
+	}
 	a.ResumeIntake()
+}
+
+// Sockets a descriptor store passed are served when they are as many live unix stream sockets as
+// connections; otherwise every one is closed, so that the kernel sees its connections die and
+// takes the new sockets NBD_CMD_RECONFIGURE gives it.
+func TestStoredSocketsAreServedOnlyWhenLive(t *testing.T) {
+	stored := func(t *testing.T, n int) ([]*os.File, []net.Conn) {
+		fds, clients := handedDown(t, n)
+		files := make([]*os.File, n)
+		for i, fd := range fds {
+			files[i] = os.NewFile(uintptr(fd), "nbd5-pid1")
+		}
+		return files, clients
+	}
+	allClosed := func(t *testing.T, files []*os.File) {
+		t.Helper()
+		for i, f := range files {
+			if !errors.Is(f.Close(), os.ErrClosed) {
+				t.Fatalf("stored file %d left open", i)
+			}
+		}
+	}
+	wantEOF := func(t *testing.T, c net.Conn) {
+		t.Helper()
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("the kernel's end reads %v, want EOF: a socket not served stays open", err)
+		}
+	}
+	t.Run("live", func(t *testing.T) {
+		files, clients := stored(t, 2)
+		conns := storedSockets(files, 2, zap.NewNop())
+		if len(conns) != 2 {
+			t.Fatalf("%d connections, want 2", len(conns))
+		}
+		allClosed(t, files)
+		for i, c := range conns {
+			defer c.Close()
+			if _, err := clients[i].Write([]byte{byte(i + 7)}); err != nil {
+				t.Fatal(err)
+			}
+			var b [1]byte
+			if _, err := io.ReadFull(c, b[:]); err != nil || b[0] != byte(i+7) {
+				t.Fatalf("connection %d: read %v, %v", i, b, err)
+			}
+		}
+	})
+	t.Run("fewer than the connections", func(t *testing.T) {
+		files, clients := stored(t, 1)
+		if conns := storedSockets(files, 2, zap.NewNop()); conns != nil {
+			t.Fatalf("%d connections served for 2", len(conns))
+		}
+		allClosed(t, files)
+		wantEOF(t, clients[0])
+	})
+	t.Run("the kernel closed one", func(t *testing.T) {
+		files, clients := stored(t, 2)
+		clients[1].Close()
+		if conns := storedSockets(files, 2, zap.NewNop()); conns != nil {
+			t.Fatal("a connection the kernel closed was served")
+		}
+		allClosed(t, files)
+		wantEOF(t, clients[0])
+	})
+	t.Run("not a socket", func(t *testing.T) {
+		files, clients := stored(t, 1)
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		files = append(files, r)
+		if conns := storedSockets(files, 2, zap.NewNop()); conns != nil {
+			t.Fatal("a pipe was served as a connection")
+		}
+		allClosed(t, files)
+		wantEOF(t, clients[0])
+	})
+	t.Run("none", func(t *testing.T) {
+		if conns := storedSockets(nil, 1, zap.NewNop()); conns != nil {
+			t.Fatal("connections from nothing")
+		}
+	})
+}
+
+// The hand-down across exec names the process that made the sockets: sockets made by another
+// than the one named are not served (nor closed: not known to be ours).
+func TestInheritedSocketsNameTheirMaker(t *testing.T) {
+	t.Run("this process, named", func(t *testing.T) {
+		fds, _ := handedDown(t, 1)
+		t.Setenv(InheritedSocketsEnv, fmt.Sprintf("5:%d:%d", fds[0], os.Getpid()))
+		conns := inheritedSockets(5, 1, zap.NewNop())
+		if len(conns) != 1 {
+			t.Fatalf("%d connections, want 1", len(conns))
+		}
+		conns[0].Close()
+	})
+	t.Run("another process", func(t *testing.T) {
+		fds, _ := handedDown(t, 1)
+		t.Setenv(InheritedSocketsEnv, fmt.Sprintf("5:%d:1", fds[0]))
+		if conns := inheritedSockets(5, 1, zap.NewNop()); conns != nil {
+			t.Fatal("served sockets whose maker is not process 1")
+		}
+		if !isOpen(fds[0]) {
+			t.Fatal("closed a descriptor not known to be ours")
+		}
+		unix.Close(fds[0])
+	})
+	for _, maker := range []string{"x", "0"} {
+		t.Run("malformed "+maker, func(t *testing.T) {
+			fds, _ := handedDown(t, 1)
+			t.Setenv(InheritedSocketsEnv, fmt.Sprintf("5:%d:%s", fds[0], maker))
+			if conns := inheritedSockets(5, 1, zap.NewNop()); conns != nil {
+				t.Fatalf("served sockets from a malformed entry (maker %q)", maker)
+			}
+			if isOpen(fds[0]) {
+				t.Fatal("our descriptor stays open after a malformed entry")
+			}
+		})
+	}
 }

@@ -11,6 +11,7 @@ package nbd
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"syscall"
@@ -39,6 +40,7 @@ func backendID(srv *Server, opts AttachOptions) string {
 // socket handling as Attach, NBD_CMD_RECONFIGURE in place of NBD_CMD_CONNECT. After a planned
 // restart it serves the connections the previous image handed down instead (handover_linux.go).
 func Reattach(srv *Server, opts AttachOptions) (*Attachment, error) {
+	defer closeStored(opts.Stored, nil) // those takeHandedDown did not take (a second Close is a no-op)
 	opts, err := checkAttachOptions(srv, opts)
 	if err != nil {
 		return nil, err
@@ -51,15 +53,17 @@ func Reattach(srv *Server, opts AttachOptions) (*Attachment, error) {
 		return nil, err
 	}
 	a := &Attachment{srv: srv, index: index, viaNetlink: true, log: opts.Logger, done: make(chan struct{})}
-	if locals := inheritedSockets(index, opts.Connections, a.log); locals != nil {
-		// A planned restart kept the connections (handover_linux.go): the kernel never saw
-		// them die, and what it sent meanwhile waits in them.
+	if locals, from := takeHandedDown(index, opts, a.log); locals != nil {
+		// A planned restart or a stop --keep under systemd kept the connections
+		// (handover_linux.go): the kernel never saw them die, and what it sent meanwhile
+		// waits in them.
 		a.serve(locals)
 		a.connected.Store(true)
-		a.log.Info("nbd device reattached: the previous image's connections go on", zap.String("device", a.Path()), zap.Int("connections", opts.Connections))
+		a.log.Info("nbd device reattached: the previous gateway's connections go on", zap.String("device", a.Path()),
+			zap.Int("connections", opts.Connections), zap.String("handed_down_by", from))
 		return a, nil
 	}
-	if err := a.start(opts.Connections, func(remotes []*os.File) error { return netlinkReconfigure(srv, index, remotes, opts) }); err != nil {
+	if err := a.reconnect(opts.Connections, func(remotes []*os.File) error { return netlinkReconfigure(srv, index, remotes, opts) }); err != nil {
 		return nil, err
 	}
 	a.log.Info("nbd device reattached: the kernel has new connections", zap.String("device", a.Path()), zap.Int("connections", opts.Connections))
@@ -81,9 +85,84 @@ func checkBackend(index int, want string) error {
 	return nil
 }
 
-// netlinkReconfigure sends NBD_CMD_RECONFIGURE with the kernel's ends of the socket pairs. The
-// kernel answers ENOSPC while no connection is dead yet (the old server's sockets may close a
-// moment after it died), so that is retried briefly.
+// reconnectFor bounds reconnect's rounds (a variable for tests).
+var reconnectFor = 5 * time.Second
+
+// reconnect gives the kernel n new sockets in place of the device's dead connections, and serves
+// those it took. NBD_CMD_RECONFIGURE places a socket only while a connection is dead, and a
+// kernel that finds none answers success without taking it (drivers/block/nbd.c:
+// nbd_genl_reconfigure turns nbd_reconnect_socket's -ENOSPC into 0; some kernels return
+// ENOSPC). A connection is dead only once the kernel's receive worker saw its socket end, which
+// can come a moment after the last copy of the predecessor's end closed (and systemd's copy in
+// its descriptor store goes when systemd reads our FDSTOREREMOVE=1). So each round hands the
+// kernel the sockets still to place and tells from our ends which it took: the kernel holds a
+// reference to the ones it took; one it did not is gone as soon as our copy of its end is
+// closed, and our end then reads end of stream at once (no waiting involved). Rounds repeat,
+// 50 ms apart, for up to 5 s.
+func (a *Attachment) reconnect(n int, reconfigure func(remotes []*os.File) error) error {
+	deadline := time.Now().Add(reconnectFor)
+	var taken []net.Conn
+	fail := func(err error) error {
+		closeConns(taken)
+		return err
+	}
+	for {
+		locals, remotes, err := socketPairs(n - len(taken))
+		if err != nil {
+			return fail(err)
+		}
+		err = reconfigure(remotes)
+		for _, f := range remotes {
+			f.Close()
+		}
+		if err != nil {
+			closeConns(locals)
+			return fail(err)
+		}
+		for _, c := range locals {
+			if kernelHolds(c) {
+				taken = append(taken, c)
+			} else {
+				c.Close()
+			}
+		}
+		if len(taken) == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fail(fmt.Errorf("%w: /dev/nbd%d took %d of %d sockets: it has no dead connection to replace (is another gateway serving it?)", ErrNotWaiting, a.index, len(taken), n))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	a.serve(taken)
+	a.connected.Store(true)
+	return nil
+}
+
+// kernelHolds reports whether the other end of c's socket pair is still open: the kernel took it.
+func kernelHolds(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	held := false
+	_ = rc.Control(func(fd uintptr) { held = checkKernelKept([]int{int(fd)}) == nil })
+	return held
+}
+
+func closeConns(cs []net.Conn) {
+	for _, c := range cs {
+		c.Close()
+	}
+}
+
+// netlinkReconfigure sends NBD_CMD_RECONFIGURE with the kernel's ends of the socket pairs (see
+// reconnect for which it takes). ENOSPC, no dead connection on kernels that say so, is not an
+// error here: reconnect finds those sockets not taken.
 func netlinkReconfigure(srv *Server, index int, remotes []*os.File, opts AttachOptions) error {
 	g, fam, err := openNBDFamily()
 	if err != nil {
@@ -95,23 +174,15 @@ func netlinkReconfigure(srv *Server, index int, remotes []*os.File, opts AttachO
 		fds[i] = int(f.Fd())
 	}
 	e := reconfigureAttrs(srv, index, fds, opts)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, err = g.request(fam, nbdCmdReconfigure, nbdGenlVersion, e.b)
-		if !errors.Is(err, syscall.ENOSPC) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	_, err = g.request(fam, nbdCmdReconfigure, nbdGenlVersion, e.b)
 	switch {
-	case errors.Is(err, syscall.ENOSPC):
-		return fmt.Errorf("%w: /dev/nbd%d has no dead connection to replace (is another gateway serving it?)", ErrNotWaiting, index)
+	case err == nil, errors.Is(err, syscall.ENOSPC):
+		return nil
 	case errors.Is(err, syscall.EINVAL):
 		return fmt.Errorf("%w: the kernel refused NBD_CMD_RECONFIGURE for /dev/nbd%d (not configured, or another backend)", ErrNotWaiting, index)
-	case err != nil:
+	default:
 		return fmt.Errorf("nbd: NBD_CMD_RECONFIGURE: %w", err)
 	}
-	return nil
 }
 
 // reconfigureAttrs builds the NBD_CMD_RECONFIGURE attributes: the device and what a connect

@@ -56,7 +56,7 @@ func TestVMPlannedRestart(t *testing.T) {
 	}
 	// Each new image served the connections the old one handed down: the kernel never saw one
 	// die, so nothing it sent waited for its request timer (30 s a restart before).
-	if n := strings.Count(g.Stderr.String(), "the previous image's connections go on"); n != 3 {
+	if n := strings.Count(g.Stderr.String(), "the previous gateway's connections go on"); n != 3 {
 		t.Fatalf("%d of 3 restarts kept the device's connections:\n%s", n, g.Stderr.String())
 	}
 	for _, l := range kernelLines(t, base) {

@@ -12,6 +12,7 @@ import (
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/internal/control"
 	"github.com/iser-blk/iser-blk/internal/lifecycle"
+	"github.com/iser-blk/iser-blk/internal/sdnotify"
 	"github.com/iser-blk/iser-blk/internal/service"
 	"github.com/iser-blk/iser-blk/internal/status"
 	"github.com/iser-blk/iser-blk/internal/takeover"
@@ -50,6 +51,10 @@ type Process struct {
 	// IgnoreStopSignals keeps SIGINT and SIGTERM from reaching the process from a hand-over's
 	// commit on (default: signal.Ignore; the new image installs its own handlers).
 	IgnoreStopSignals func()
+	// StoreFDs gives descriptors to the supervisor's store under name, for the successor a
+	// stop --keep leaves the device to (default: systemd's, sdnotify.FDStore, when the process
+	// runs under a unit that may have one; nil: no store, the connections end with the process).
+	StoreFDs func(name string, fds []int) error
 }
 
 func (p *Process) defaults() {
@@ -64,6 +69,9 @@ func (p *Process) defaults() {
 	}
 	if p.IgnoreStopSignals == nil {
 		p.IgnoreStopSignals = func() { signal.Ignore(os.Interrupt, syscall.SIGTERM) }
+	}
+	if p.StoreFDs == nil && (sdnotify.FDStore{}).Available() {
+		p.StoreFDs = sdnotify.FDStore{}.Store
 	}
 }
 

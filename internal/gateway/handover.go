@@ -106,7 +106,7 @@ func (g *Gateway) handOverDevice(ctx context.Context, kind handOverKind) (func()
 	}
 	if kind == exitKept {
 		g.commitTo(lifecycle.Stopped, "stopped; the device is kept for a successor")
-		return g.exitKept, nil
+		return func() error { return g.exitKept(g.keptIntake(t, kind)) }, nil
 	}
 	return func() error { return g.reexec(t.Intake()) }, nil
 }
@@ -134,9 +134,17 @@ func (g *Gateway) reexec(in takeover.Intake) error {
 	return err
 }
 
-// exitKept is a committed stop --keep's last step.
-func (g *Gateway) exitKept() error {
+// exitKept is a committed stop --keep's last step. The frontend's connections, when it keeps
+// them (in, paused by transfer), go to the supervisor's descriptor store for the successor.
+func (g *Gateway) exitKept(in takeover.Intake) error {
 	defer close(g.handOverEnded)
+	if in != nil {
+		if err := in.StoreSockets(g.opts.Process.StoreFDs); err != nil {
+			g.log.Warn("the device's connections end with this process: the kernel requeues the requests it sent meanwhile when their timer fires", zap.Error(err))
+		} else {
+			g.log.Info("sent the device's connections to the service manager's descriptor store for the successor (the unit's FileDescriptorStoreMax= must allow them)")
+		}
+	}
 	_ = g.log.Sync()
 	g.opts.Process.Exit(ExitOK)
 	return nil
@@ -198,15 +206,16 @@ type writeBack struct {
 func (g *Gateway) transfer(ctx context.Context, t *takeover.Takeover, dev block.Device, kind handOverKind) (writeBack, error) {
 	var wb writeBack
 	gate := t.Gate()
-	// A frontend that keeps its connections across the exec stops reading requests before the
-	// gate shuts: what the kernel sends from then on waits in the sockets for the next image,
-	// instead of at the gate for the kernel's request timer (frontend/nbd/handover_linux.go).
-	// The kernel's timer runs for those requests all the same (30 s by default; it closes a
-	// connection whose request outlives it), so the dirty data is written back first, while
-	// the device still serves: the pause then lasts the rest of the write-back, the exec and
-	// the next image's start.
+	// A frontend that keeps its connections (across the exec, or in a descriptor store) stops
+	// reading requests before the gate shuts: what the kernel sends from then on waits in the
+	// sockets for the next image, instead of at the gate for the kernel's request timer
+	// (frontend/nbd/handover_linux.go). The kernel's timer runs for those requests all the
+	// same (30 s by default; it closes a connection whose request outlives it), so the dirty
+	// data is written back first, while the device still serves: the pause then lasts the rest
+	// of the write-back, the exec (or the exit and the successor's start) and the next image's
+	// start.
 	var early writeBack
-	if in := t.Intake(); in != nil && kind == reexec {
+	if in := g.keptIntake(t, kind); in != nil {
 		before := writtenBack(dev)
 		early.dirtyBefore = dirtyBytes(dev)
 		if err := flushWithProgress(ctx, dev, g.log, g.svc.Lifecycle); err != nil {
@@ -242,6 +251,17 @@ func (g *Gateway) transfer(ctx context.Context, t *takeover.Takeover, dev block.
 		return wb, fmt.Errorf("%s still dirty after the write-back", humanize.IBytes(uint64(dirtyBytes(dev))))
 	}
 	return wb, nil
+}
+
+// keptIntake is the frontend's Intake when its connections outlive this process image in a
+// hand-over of kind: across the exec of a restart, or in the supervisor's descriptor store
+// after a stop --keep. Nil when they end with it.
+func (g *Gateway) keptIntake(t *takeover.Takeover, kind handOverKind) takeover.Intake {
+	in := t.Intake()
+	if in == nil || (kind == exitKept && g.opts.Process.StoreFDs == nil) {
+		return nil
+	}
+	return in
 }
 
 // commitHandOver marks the hand-over committed, unless a shutdown began first (false: the

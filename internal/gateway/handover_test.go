@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -308,6 +309,10 @@ func (in *fakeIntake) ExecSockets() (string, error) {
 	in.note("exec sockets")
 	return "ISERBLK_NBD_SOCKETS=3:7,8", in.execErr
 }
+func (in *fakeIntake) StoreSockets(store func(name string, fds []int) error) error {
+	in.note("store sockets")
+	return store("nbd3-pid1", []int{7, 8})
+}
 
 // intakeFixture is a hand-over fixture whose frontend keeps its connections (fakeIntake) and
 // whose device's flushes are events too: flush number failAt fails (0: none).
@@ -408,11 +413,60 @@ func TestFailedRestartResumesIntake(t *testing.T) {
 			t.Fatal("the gate stayed shut")
 		}
 	})
-	t.Run("stop --keep does not pause", func(t *testing.T) {
+	t.Run("stop --keep without a descriptor store does not pause", func(t *testing.T) {
+		t.Setenv("NOTIFY_SOCKET", "") // not under systemd: no store
 		f, in := intakeFixture(t, 0)
-		if _, err := f.g.Stop(context.Background(), control.Request{Keep: true}); err != nil {
+		step, err := f.g.Stop(context.Background(), control.Request{Keep: true})
+		if err != nil {
 			t.Fatal(err)
 		}
+		_ = step()
 		wantEvents(t, in, "flush (gate shut)")
+	})
+}
+
+// Under a supervisor with a descriptor store (systemd's FDSTORE), stop --keep does what a
+// restart does up to the exec (write back while serving, pause, shut, write back the rest) and
+// leaves the sockets in the store before it exits; a store that fails does not keep the
+// process from exiting with the device handed over.
+func TestStopKeepLeavesSocketsInTheDescriptorStore(t *testing.T) {
+	for _, storeErr := range []error{nil, errors.New("sd_notify: connection refused")} {
+		t.Run(fmt.Sprint("store error ", storeErr), func(t *testing.T) {
+			f, in := intakeFixture(t, 0)
+			var stored []string
+			f.g.opts.Process.StoreFDs = func(name string, fds []int) error {
+				in.note("store")
+				stored = append(stored, fmt.Sprint(name, " ", fds))
+				return storeErr
+			}
+			step, err := f.g.Stop(context.Background(), control.Request{Keep: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := step(); err != nil {
+				t.Fatal(err)
+			}
+			wantEvents(t, in, "flush", "pause", "flush (gate shut)", "store sockets (gate shut)", "store (gate shut)")
+			if len(stored) != 1 || stored[0] != "nbd3-pid1 [7 8]" {
+				t.Fatalf("stored %q; want the intake's sockets once", stored)
+			}
+			if len(f.proc.exits) != 1 || f.proc.exits[0] != ExitOK || len(f.proc.execs) != 0 {
+				t.Fatalf("exits %v, execs %v; want one exit 0 and no exec", f.proc.exits, f.proc.execs)
+			}
+			if st := f.state(t); st.Dirty {
+				t.Fatalf("state at the exit: %+v, want clean", st)
+			}
+		})
+	}
+	t.Run("a failed pause keeps serving", func(t *testing.T) {
+		f, in := intakeFixture(t, 0)
+		f.g.opts.Process.StoreFDs = func(string, []int) error { t.Fatal("stored after a failed pause"); return nil }
+		in.pauseErr = context.DeadlineExceeded
+		_, err := f.g.Stop(context.Background(), control.Request{Keep: true})
+		wantControlError(t, err, control.CodeTimeout, "keeps serving")
+		wantEvents(t, in, "flush", "pause", "resume")
+		if len(f.proc.exits) != 0 {
+			t.Fatalf("exits %v after a failed stop --keep", f.proc.exits)
+		}
 	})
 }

@@ -3,7 +3,8 @@
 // that failed), STATUS= on every state change, RELOADING=1 with MONOTONIC_USEC when a planned
 // restart begins, STOPPING=1 only on the transition that commits a shutdown, EXTEND_TIMEOUT_USEC while a shutdown write-back makes progress, and
 // WATCHDOG=1 pings when the unit sets WatchdogSec. It uses github.com/coreos/go-systemd/v22's
-// daemon package for the socket protocol.
+// daemon package for the socket protocol. FDStore (fdstore.go) is the unit's file descriptor
+// store, which keeps a kernel NBD device's sockets across a stop --keep.
 //
 // Why STOPPING=1 waits for the commit: systemd (src/core/service.c) remembers it, and once the
 // reload or detach that sent it ends, it puts the unit in stop-sigterm, ignores a later READY=1

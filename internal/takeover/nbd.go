@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +41,8 @@ var ErrUnfenced = errors.New("the fenced device is gone: a new one is served unf
 // next successor with the predecessor's state put back.
 func (t *Takeover) AttachNBD(k NBDKernel, srv *nbd.Server, opts nbd.AttachOptions) (*nbd.Attachment, error) {
 	opts.BackendID = udevname.BackendID(t.name, t.lun.Target) // udev names the device by it too
+	opts.Stored = t.takeStored()
+	defer closeFiles(opts.Stored) // Attach and Reattach close them, but a failure before them must too
 	if t.Previous() != nil && !opts.ForceIoctl {
 		a, err := t.reattachNBD(k, srv, opts)
 		if a != nil || err != nil {
@@ -100,6 +103,43 @@ func (t *Takeover) reattachNBD(k NBDKernel, srv *nbd.Server, opts nbd.AttachOpti
 		return nil, fmt.Errorf("%w: %w", ErrNoResume, err)
 	}
 	return nil, err
+}
+
+// takeStored takes what the descriptor store passed this process: the sockets the previous
+// gateway left for the device its state names, under that gateway's name
+// (nbd.StoredSocketsName: an entry from any other process is stale, its streams possibly
+// stopped mid-request). Everything else it closes. It removes every entry from the store first,
+// so that no later start is given them again, and so that sockets Reattach does not serve die
+// with this process's copies: the kernel takes new sockets only for dead connections.
+func (t *Takeover) takeStored() []*os.File {
+	if t.fdStore == nil {
+		return nil
+	}
+	want := ""
+	if prev := t.Previous(); prev != nil && prev.Kind == modes.NBD {
+		want = nbd.StoredSocketsName(prev.DevID, prev.PID)
+	}
+	var keep []*os.File
+	for name, files := range t.fdStore.Take() {
+		if err := t.fdStore.Remove(name); err != nil {
+			t.log.Warn("could not remove descriptors from the store", zap.String("name", name), zap.Error(err))
+		}
+		if name == want {
+			keep = files
+			continue
+		}
+		closeFiles(files)
+		t.log.Warn("closed descriptors the store kept for another gateway process or device",
+			zap.String("name", name), zap.Int("descriptors", len(files)), zap.String("want", want))
+	}
+	return keep
+}
+
+// closeFiles closes fs; a file closed already is left as it is (os.File knows).
+func closeFiles(fs []*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
 }
 
 // nbdCanWait refuses a hand-over of a device the kernel would not keep for a successor: one

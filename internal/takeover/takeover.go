@@ -50,7 +50,18 @@ type Options struct {
 	// every acknowledged write across a crash of the process, so Prepare records such a gateway
 	// as write-through whatever CacheMode says: its death never fences.
 	CacheDev string
-	Log      *zap.Logger
+	// FDStore is the supervisor's descriptor store (sdnotify.FDStore under systemd; nil: none):
+	// a kernel NBD device's predecessor that stopped with --keep may have left its sockets there.
+	FDStore FDStore
+	Log     *zap.Logger
+}
+
+// FDStore is a supervisor's store of descriptors kept across a stop and the next start.
+type FDStore interface {
+	// Take returns what the store passed this process at start, by name.
+	Take() map[string][]*os.File
+	// Remove drops what the store keeps under name.
+	Remove(name string) error
 }
 
 // Takeover is what one gateway knows about its predecessor and records for its successor.
@@ -60,6 +71,7 @@ type Takeover struct {
 	lun       statefile.Identity
 	cacheMode modes.Cache
 	cacheDev  string
+	fdStore   FDStore
 	log       *zap.Logger
 
 	mu        sync.Mutex // guards everything below
@@ -73,14 +85,17 @@ type Takeover struct {
 	gate      *gate.Gate
 }
 
-// Intake is what a frontend whose connections can outlive an exec (kernel NBD; only one
-// configured through netlink passes CheckCanWait, and so reaches a restart) offers a planned restart (internal/gateway): stop taking requests at a boundary once those
-// read are answered, take them again if the restart fails, and hand the connections to the
-// next image as an environment entry ("NAME=VALUE").
+// Intake is what a frontend whose connections can outlive its process image (kernel NBD; only
+// one configured through netlink passes CheckCanWait, and so reaches a hand-over) offers a
+// hand-over (internal/gateway): stop taking requests at a boundary once those read are
+// answered, take them again if the hand-over fails, and hand the connections on: to the next
+// image as an environment entry ("NAME=VALUE"), or to a descriptor store for a successor
+// (store: FDStore-like, sending fds under name).
 type Intake interface {
 	PauseIntake(ctx context.Context) error
 	ResumeIntake()
 	ExecSockets() (string, error)
+	StoreSockets(store func(name string, fds []int) error) error
 }
 
 // Prepare reads NAME.json. A missing file means a fresh device; an unreadable, corrupt or
@@ -94,7 +109,7 @@ func Prepare(opts Options) (*Takeover, error) {
 	}
 	path := statefile.Path(opts.Dir, opts.Name)
 	t := &Takeover{path: path, name: opts.Name, cacheMode: opts.CacheMode, cacheDev: opts.CacheDev, lun: opts.LUN,
-		log: opts.Log.With(zap.String("state_file", path))}
+		fdStore: opts.FDStore, log: opts.Log.With(zap.String("state_file", path))}
 	prev, err := statefile.Read(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Socket is a NOTIFY_SOCKET the test reads.
@@ -38,4 +40,30 @@ func (s *Socket) Receive() string {
 		s.t.Fatalf("no sd_notify message: %v", err)
 	}
 	return string(buf[:n])
+}
+
+// ReceiveFDs returns the next message and the descriptors it carried (SCM_RIGHTS), failing the
+// test if none arrives within 10 s. The descriptors are the test's to close.
+func (s *Socket) ReceiveFDs() (string, []int) {
+	s.t.Helper()
+	buf := make([]byte, 4096)
+	oob := make([]byte, unix.CmsgSpace(64*4))
+	_ = s.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, oobn, _, _, err := s.conn.ReadMsgUnix(buf, oob)
+	if err != nil {
+		s.t.Fatalf("no sd_notify message: %v", err)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil {
+		s.t.Fatalf("sd_notify control message: %v", err)
+	}
+	var fds []int
+	for _, m := range msgs {
+		got, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			s.t.Fatalf("sd_notify control message: %v", err)
+		}
+		fds = append(fds, got...)
+	}
+	return string(buf[:n]), fds
 }

@@ -136,6 +136,22 @@ func TestRestartKeepsMountedFS(t *testing.T) {
 	if got := g.device(t); got != dev {
 		t.Fatalf("after restart the gateway serves %s, want the same %s", got, dev)
 	}
+	// The sockets waited in systemd's descriptor store: the successor served the very
+	// connections the kernel kept sending on, so none waited for its request timer (30 s by
+	// default), and the store holds nothing any more.
+	out, _ = run("journalctl", "-u", g.unit, "-o", "cat", "--no-pager")
+	if !strings.Contains(out, "descriptor store for the successor") || !strings.Contains(out, "the previous gateway's connections go on") {
+		t.Errorf("the connections did not go through the descriptor store:\n%s", lastLines(out, 40))
+	}
+	if p := g.show(t, "NFileDescriptorStore"); p["NFileDescriptorStore"] != "0" {
+		t.Errorf("the descriptor store still holds %s descriptors after the successor took them", p["NFileDescriptorStore"])
+	}
+	dm, _ := run("dmesg")
+	for _, l := range strings.Split(dm, "\n") {
+		if strings.Contains(l, filepath.Base(dev)) && (strings.Contains(l, "timed out") || strings.Contains(l, "Dead connection") || strings.Contains(l, "Receive control failed")) {
+			t.Errorf("the kernel saw a connection of %s fail during the restart: %s", dev, l)
+		}
+	}
 	fio.wait(t, 5*time.Minute)
 	noKernelIOErrors(t, dev)
 	must(t, "umount", mnt)
