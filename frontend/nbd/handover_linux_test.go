@@ -54,20 +54,8 @@ func inode(t *testing.T, fd int) uint64 {
 // would keep (close-on-exec clear).
 func execSurvivors(t *testing.T, ino uint64) int {
 	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for _, e := range ents {
-		fd, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		var st unix.Stat_t
-		if unix.Fstat(fd, &st) != nil || st.Ino != ino {
-			continue
-		}
+	for _, fd := range descriptorsOf(t, ino) {
 		if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && flags&unix.FD_CLOEXEC == 0 {
 			n++
 		}
@@ -75,14 +63,14 @@ func execSurvivors(t *testing.T, ino uint64) int {
 	return n
 }
 
-// descriptorsOf counts this process's descriptors of the socket with inode ino.
-func descriptorsOf(t *testing.T, ino uint64) int {
+// descriptorsOf lists this process's descriptors of the socket with inode ino.
+func descriptorsOf(t *testing.T, ino uint64) []int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	var fds []int
 	for _, e := range ents {
 		fd, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -90,10 +78,10 @@ func descriptorsOf(t *testing.T, ino uint64) int {
 		}
 		var st unix.Stat_t
 		if unix.Fstat(fd, &st) == nil && st.Ino == ino {
-			n++
+			fds = append(fds, fd)
 		}
 	}
-	return n
+	return fds
 }
 
 func fdOf(t *testing.T, c net.Conn) uintptr {
@@ -275,7 +263,7 @@ func TestAttachmentPauseAndHandDown(t *testing.T) {
 	if err != nil || storedName != StoredSocketsName(3, os.Getpid()) || !slices.Equal(storedInodes, []uint64{ino0}) {
 		t.Fatalf("stored %q %v, %v; want %q with connection 0's socket (inode %d)", storedName, storedInodes, err, StoredSocketsName(3, os.Getpid()), ino0)
 	}
-	if n := descriptorsOf(t, ino0); n != 2 {
+	if n := len(descriptorsOf(t, ino0)); n != 2 {
 		t.Fatalf("%d descriptors of connection 0's socket in this process, want 2 (the connection's, the one handed down above): the copy made for the store stays open", n)
 	}
 	a.ResumeIntake()
