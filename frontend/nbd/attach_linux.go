@@ -154,6 +154,10 @@ func checkAttachOptions(srv *Server, opts AttachOptions) (AttachOptions, error) 
 // start makes n socket pairs, serves the server's ends and hands the kernel's ends to connect;
 // the kernel keeps its own references, so ours are closed either way. If connect fails the
 // server's ends are closed and their connections have ended when start returns.
+//
+// It is not one round of Reattach's reconnect: NBD_CMD_CONNECT and NBD_DO_IT start the device,
+// and the kernel may read the partition table before they return, so our ends are served
+// first; and CONNECT takes every socket or fails, so there is nothing to sort out afterwards.
 func (a *Attachment) start(n int, connect func(remotes []*os.File) error) error {
 	locals, remotes, err := socketPairs(n)
 	if err != nil {

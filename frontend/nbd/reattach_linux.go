@@ -57,8 +57,7 @@ func Reattach(srv *Server, opts AttachOptions) (*Attachment, error) {
 		// A planned restart or a stop --keep under systemd kept the connections
 		// (handover_linux.go): the kernel never saw them die, and what it sent meanwhile
 		// waits in them.
-		a.serve(locals)
-		a.connected.Store(true)
+		a.serveHeld(locals)
 		a.log.Info("nbd device reattached: the previous gateway's connections go on", zap.String("device", a.Path()),
 			zap.Int("connections", opts.Connections), zap.String("handed_down_by", from))
 		return a, nil
@@ -134,9 +133,16 @@ func (a *Attachment) reconnect(n int, reconfigure func(remotes []*os.File) error
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	a.serve(taken)
-	a.connected.Store(true)
+	a.serveHeld(taken)
 	return nil
+}
+
+// serveHeld serves connections whose other ends the kernel already holds. Unlike start, which
+// must serve before NBD_CMD_CONNECT returns, nothing here waits on our ends: what the kernel sends
+// meanwhile waits in the sockets.
+func (a *Attachment) serveHeld(locals []net.Conn) {
+	a.serve(locals)
+	a.connected.Store(true)
 }
 
 // kernelHolds reports whether the other end of c's socket pair is still open: the kernel took it.
