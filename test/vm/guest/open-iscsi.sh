@@ -14,7 +14,11 @@
 #
 # --initiator logs in under another initiator name (an open-iscsi iface with iface.initiatorname),
 # so ACL tests need not touch /etc/iscsi. --chap / --mutual-chap set the node's CHAP settings
-# (node.session.auth.*). A refused login exits 1 with iscsiadm's message on stderr.
+# (node.session.auth.*). A login the target refuses (iscsiadm's exit status 24: an authentication
+# or authorization failure) exits 3; one whose login request got no answer (iscsiadm's 11, "iSCSI
+# PDU timed out": LIO over iSER may drop the connection instead of sending its refusal) exits 4;
+# any other failure exits 1. All put iscsiadm's message on stderr. iscsiadm --login is bounded (--timeout, default 60 s): one that does not return (iscsid
+# not answering) fails with iscsid's state and the kernel's last lines on stderr, not a hang.
 # One { } block: bash reads all of it before running, so an edit to this file while it runs
 # cannot make the running copy execute shifted bytes.
 {
@@ -63,6 +67,21 @@ start_iscsid() {
 		[ $rc = 0 ] || [ $rc = 21 ]
 	}
 	wait_until 20 "iscsid to answer" iscsid_up
+}
+
+# diagnose_iscsid logs what iscsid is doing when it does not answer: where it waits in the kernel,
+# and the kernel's last lines (an iSCSI or iSER connection teardown that does not finish shows there).
+diagnose_iscsid() {
+	local pid
+	pid=$(pgrep -x iscsid | head -n 1) || true
+	if [ -z "$pid" ]; then
+		log "iscsid is not running"
+	else
+		log "iscsid pid $pid: state $(ps -o stat=,wchan:40= -p "$pid" 2>/dev/null)"
+		log "iscsid kernel stack: $(tr '\n' ';' <"/proc/$pid/stack" 2>/dev/null)"
+	fi
+	log "sessions: $(timeout 5 iscsiadm -m session 2>&1 | tr '\n' ';')"
+	log "kernel: $(dmesg | tail -n 25 | tr '\n' ';')"
 }
 
 iface_name() {
@@ -131,10 +150,17 @@ login)
 	# fail fast in tests instead of open-iscsi's 120 s of retries
 	set_node node.session.initial_login_retry_max 1
 	set_node node.conn[0].timeo.login_timeout 15
-	if ! out=$(iscsiadm -m node -T "$iqn" -p "$portal" -I "$ifc" --login 2>&1); then
-		log "login to $iqn at $portal over $transport failed: $out"
-		iscsiadm -m node -T "$iqn" -p "$portal" -I "$ifc" -o delete >/dev/null 2>&1 || true
-		exit 1
+	rc=0
+	out=$(timeout -k 5 "$timeout" iscsiadm -m node -T "$iqn" -p "$portal" -I "$ifc" --login 2>&1) || rc=$?
+	if [ $rc != 0 ]; then
+		case $rc in
+		24) log "login to $iqn at $portal over $transport refused: $out" ;;
+		11) log "login to $iqn at $portal over $transport got no answer: $out" ;;
+		124 | 137) log "iscsiadm --login to $iqn at $portal did not return within ${timeout}s: $out"; diagnose_iscsid ;;
+		*) log "login to $iqn at $portal over $transport failed (iscsiadm exit $rc): $out" ;;
+		esac
+		timeout -k 5 30 iscsiadm -m node -T "$iqn" -p "$portal" -I "$ifc" -o delete >/dev/null 2>&1 || true
+		case $rc in 24) exit 3 ;; 11) exit 4 ;; *) exit 1 ;; esac
 	fi
 	attached() {
 		info=$(session_info "$ifc")

@@ -15,12 +15,13 @@ require_vm
 removed=0
 
 # iSCSI sessions of the kernel initiator, then every node record
-if sessions=$(iscsiadm -m session 2>/dev/null) && [ -n "$sessions" ]; then
+# (every iscsiadm call is bounded: a wedged iscsid must not keep the guest from its next package)
+if sessions=$(timeout -k 5 20 iscsiadm -m session 2>/dev/null) && [ -n "$sessions" ]; then
 	while read -r line; do log "logging out: $line"; removed=$((removed + 1)); done <<<"$sessions"
 	timeout 60 iscsiadm -m node --logoutall=all >/dev/null 2>&1 || log "warning: logout failed"
 fi
 if command -v iscsiadm >/dev/null && [ -d /etc/iscsi/nodes ]; then
-	iscsiadm -m node -o delete >/dev/null 2>&1 || true
+	timeout -k 5 30 iscsiadm -m node -o delete >/dev/null 2>&1 || true
 fi
 
 # kernel nbd devices still connected (a pid attribute exists while a client is attached)

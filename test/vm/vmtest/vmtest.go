@@ -422,17 +422,39 @@ type OpenISCSISession struct {
 	Transport string
 }
 
-// ErrLoginRefused wraps a login that open-iscsi reports as failed.
-var ErrLoginRefused = errors.New("open-iscsi login failed")
+// ErrLoginRefused wraps a login the target refused (open-iscsi's authentication or authorization
+// failure).
+var ErrLoginRefused = errors.New("open-iscsi login refused")
+
+// ErrLoginUnanswered wraps a login whose request got no answer before open-iscsi's login timeout
+// (LIO over iSER may drop a connection it refuses instead of sending the refusal).
+var ErrLoginUnanswered = errors.New("open-iscsi login got no answer")
+
+// open-iscsi.sh's exit statuses for a refused and an unanswered login.
+const (
+	loginRefusedStatus    = 3
+	loginUnansweredStatus = 4
+)
 
 // OpenISCSILogin logs in with Linux's own initiator and logs out when the test ends. It returns
-// an error wrapping ErrLoginRefused when the login fails, for tests that expect a refusal.
+// an error wrapping ErrLoginRefused when the target refuses the login, for tests that expect a
+// refusal, or ErrLoginUnanswered when the login request got no answer; any other failure (iscsiadm
+// itself not returning, a session without a disk) is a plain error, so that a hang is never taken
+// for a refusal.
 func OpenISCSILogin(t testing.TB, o LoginOptions) (OpenISCSISession, error) {
 	t.Helper()
 	const s = "open-iscsi.sh"
 	kv, _, err := RunScript(context.Background(), GuestDir(t), s, append([]string{"login"}, o.args()...)...)
 	if err != nil {
-		return OpenISCSISession{}, fmt.Errorf("%w: %w", ErrLoginRefused, err)
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+			switch ee.ExitCode() {
+			case loginRefusedStatus:
+				return OpenISCSISession{}, fmt.Errorf("%w: %w", ErrLoginRefused, err)
+			case loginUnansweredStatus:
+				return OpenISCSISession{}, fmt.Errorf("%w: %w", ErrLoginUnanswered, err)
+			}
+		}
+		return OpenISCSISession{}, err // a hang or a broken setup is not a refusal
 	}
 	sess := OpenISCSISession{
 		Dev:       need(t, s, kv, "ISCSI_DEV"),
