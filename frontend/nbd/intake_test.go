@@ -1,6 +1,7 @@
 package nbd
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net"
@@ -9,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/iser-blk/iser-blk/block"
 	"github.com/iser-blk/iser-blk/pool"
@@ -330,5 +333,50 @@ func parkedAfterReply(t *testing.T, parked <-chan struct{}, tc *testClient, hand
 	}
 	if r, err := tc.readReply(nil); err != nil || r.handle != handle || r.errno != 0 {
 		t.Fatalf("the WRITE's reply: %+v, %v; want handle %d answered", r, err, handle)
+	}
+}
+
+// TestExactReaderNeverReadsAhead: exactReader serves what the buffered reader holds first, never
+// more than asked, and then asks the socket for no more than asked either, so that what the
+// caller did not ask for stays in the socket for whoever reads it next.
+func TestExactReaderNeverReadsAhead(t *testing.T) {
+	local, client := connectedPair(t)
+	defer client.Close()
+	c := newConn(&Server{log: zap.NewNop()}, local)
+	defer local.Close()
+	stream := make([]byte, 64)
+	for i := range stream {
+		stream[i] = byte(i)
+	}
+	if _, err := client.Write(stream[:16]); err != nil {
+		t.Fatal(err)
+	}
+	// buffer the first 16 bytes the way the reader does outside a pause
+	if _, err := c.br.Peek(16); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Write(stream[16:]); err != nil {
+		t.Fatal(err)
+	}
+	e := exactReader{c}
+	read := func(n, want int, from int) {
+		t.Helper()
+		p := make([]byte, n)
+		got, err := e.Read(p)
+		if err != nil || got != want || !bytes.Equal(p[:got], stream[from:from+want]) {
+			t.Fatalf("Read(%d) = %d, %v (% x); want %d bytes from offset %d", n, got, err, p[:got], want, from)
+		}
+	}
+	read(10, 10, 0) // from the buffer, no more than asked
+	read(20, 6, 10) // the buffer's rest only: the socket is not touched while bytes are buffered
+	read(8, 8, 16)  // the socket, no more than asked
+	if n := c.br.Buffered(); n != 0 {
+		t.Fatalf("%d bytes buffered after reading the socket directly", n)
+	}
+	// the other 40 bytes are still in the socket, in order
+	_ = local.SetReadDeadline(time.Now().Add(10 * time.Second)) // a hang here is a failure
+	rest, err := io.ReadAll(io.LimitReader(local, 40))
+	if err != nil || !bytes.Equal(rest, stream[24:]) {
+		t.Fatalf("socket holds % x, %v; want the stream's last 40 bytes", rest, err)
 	}
 }
