@@ -76,7 +76,8 @@ type conn struct {
 
 	inflight sync.WaitGroup // requests handed to a worker or the reply queue and not yet released
 	shutting atomic.Bool
-	intake   intake // a planned restart's pause of the reader (intake.go)
+	intake   intake        // a planned restart's pause of the reader (intake.go)
+	ended    chan struct{} // closed when transmit returns: the transmission phase is over
 
 	// Replies: whoever answers a request (a worker, or the reader) appends it to replies; if no
 	// one is writing, it becomes the writer and sends the queue in vectored writes until it is
@@ -116,7 +117,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		br:     bufio.NewReaderSize(raw, readBufferSize),
 		log:    s.log.With(zap.String("remote", remoteName(nc))),
 	}
-	c.intake.ended = make(chan struct{})
+	c.ended = make(chan struct{})
 	return c
 }
 
@@ -207,7 +208,7 @@ func (c *conn) transmit() {
 	}
 
 	reason := c.readLoop()
-	defer close(c.intake.ended)
+	defer close(c.ended)
 	c.inflight.Wait()
 	close(c.work)
 	workers.Wait()

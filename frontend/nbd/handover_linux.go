@@ -63,7 +63,7 @@ func (a *Attachment) PauseIntake(ctx context.Context) error {
 	for i, p := range parked {
 		select {
 		case <-p:
-		case <-conns[i].intake.ended: // the kernel closed it: nothing to pause, nothing to hand down
+		case <-conns[i].ended: // the kernel closed it: nothing to pause, nothing to hand down
 		case <-a.done:
 			return fmt.Errorf("nbd: %s: the kernel dropped its connections during the pause", a.Path())
 		case <-ctx.Done():
@@ -130,7 +130,7 @@ func (a *Attachment) handDownFDs(dup func(net.Conn) (int, error)) (fds []int, ma
 	}
 	for _, c := range a.connections() {
 		select {
-		case <-c.intake.ended:
+		case <-c.ended:
 			// The kernel closed it. The next image, given fewer sockets than connections,
 			// closes the others too and gives the device new sockets for all of them
 			// (NBD_CMD_RECONFIGURE replaces dead connections only): their requests then wait

@@ -218,7 +218,7 @@ func TestAttachmentPauseAndHandDown(t *testing.T) {
 	if c0.nc != local0 {
 		c0, c1 = c1, c0
 	}
-	ended := c1.intake.ended
+	ended := c1.ended
 	client1.Close() // the kernel closes connection 1
 	<-ended
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

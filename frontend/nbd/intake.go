@@ -35,8 +35,6 @@ type intake struct {
 	mu     sync.Mutex    // guards parked and resume
 	parked chan struct{} // closed by the reader once it stopped at a boundary
 	resume chan struct{} // closed by resumeIntake (or a shutdown) to let it go on
-
-	ended chan struct{} // closed when the connection's transmission phase is over
 }
 
 // errPaused is readHeader's report that the reader stopped at a boundary for a pause.
