@@ -78,4 +78,17 @@ func TestVMTargetOutageLongerThanTheKernelTimer(t *testing.T) {
 	if err := exec.Command("dd", "if="+g.Device, "of=/dev/null", "bs=1M", "count=4", "iflag=direct", "status=none").Run(); err != nil {
 		t.Fatalf("read after the outage: %v\n%s", err, g.Stderr.String())
 	}
+	// with one connection left, the device still disconnects cleanly
+	detachGateway(t, g, "detach after the outage")
+	// the kernel removes the pid attribute once its last reference to the configuration goes,
+	// which may come a moment after the gateway's connections ended
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		pid, err := os.ReadFile("/sys/block/" + base + "/pid")
+		if err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still has a client (pid %s) 10 s after the detach", base, bytes.TrimSpace(pid))
+		}
+	}
 }

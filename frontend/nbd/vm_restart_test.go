@@ -66,11 +66,7 @@ func TestVMPlannedRestart(t *testing.T) {
 	}
 	finishVerify(t, fioDone, fioOut, g.Device, mnt)
 	t.Logf("fio: %s", lastLine(fioOut.String(), "err="))
-	g.Cmd.Process.Signal(os.Interrupt)
-	<-g.Exited
-	if g.Err != nil {
-		t.Fatalf("detach: %v\n%s", g.Err, g.Stderr)
-	}
+	detachGateway(t, g, "detach")
 }
 
 // waitLogCount waits until msg is in the gateway's log n times.
