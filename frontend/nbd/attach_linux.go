@@ -156,7 +156,7 @@ func checkAttachOptions(srv *Server, opts AttachOptions) (AttachOptions, error) 
 // server's ends are closed and their connections have ended when start returns.
 //
 // It is not one round of Reattach's reconnect: NBD_CMD_CONNECT and NBD_DO_IT start the device,
-// and the kernel may read the partition table before they return, so our ends are served
+// and the kernel may read the partition table before connect returns, so our ends are served
 // first; and CONNECT takes every socket or fails, so there is nothing to sort out afterwards.
 func (a *Attachment) start(n int, connect func(remotes []*os.File) error) error {
 	locals, remotes, err := socketPairs(n)

@@ -116,8 +116,8 @@ func newConn(s *Server, nc net.Conn) *conn {
 		raw:    raw,
 		br:     bufio.NewReaderSize(raw, readBufferSize),
 		log:    s.log.With(zap.String("remote", remoteName(nc))),
+		ended:  make(chan struct{}),
 	}
-	c.ended = make(chan struct{})
 	return c
 }
 

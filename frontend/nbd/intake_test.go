@@ -359,7 +359,7 @@ func TestExactReaderNeverReadsAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := exactReader{c}
-	read := func(n, want int, from int) {
+	read := func(n, want, from int) {
 		t.Helper()
 		p := make([]byte, n)
 		got, err := e.Read(p)
