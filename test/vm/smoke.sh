@@ -110,12 +110,18 @@ chap_good() {
 }
 check "CHAP: the right secrets log in (and out)" chap_good
 chap_bad() {
-	if "$G/open-iscsi.sh" login --portal "$CPORTAL" --iqn "$CIQN" --initiator "$INI" \
-		--chap smokeuser:wrong-secret-000 --timeout 20; then
+	local rc=0
+	"$G/open-iscsi.sh" login --portal "$CPORTAL" --iqn "$CIQN" --initiator "$INI" \
+		--chap smokeuser:wrong-secret-000 --timeout 20 || rc=$?
+	case $rc in
+	3) ;; # refused by the target
+	0)
 		echo "login with a wrong secret succeeded"
 		"$G/open-iscsi.sh" logout --portal "$CPORTAL" --iqn "$CIQN" --initiator "$INI"
 		return 1
-	fi
+		;;
+	*) echo "login with a wrong secret failed with status $rc, not refused (3)"; return 1 ;;
+	esac
 }
 check "CHAP: a wrong secret is refused" chap_bad
 "$G/lio-target.sh" --teardown --iqn "$CIQN" || echo "warning: CHAP target teardown failed"

@@ -35,7 +35,7 @@ while IFS=$'\t' read -r name bin dir pkg; do
 		pkill -KILL -s "$sid"
 	fi
 	# the next package starts from a clean guest (targets, sessions, devices); bounded, so that a
-	# teardown stuck in the kernel costs this package's result, not the guest's whole budget
+	# teardown stuck in the kernel costs 300 s and a warning, not the guest's whole budget
 	timeout -k 10 300 "$ISERBLK_VM_GUEST_DIR/reset.sh" >/dev/null 2>"$results/$name.reset" ||
 		echo "vm: warning: reset after $pkg failed (exit $?)"
 	if [ -s "$results/$name.reset" ]; then

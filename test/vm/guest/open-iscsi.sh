@@ -17,12 +17,16 @@
 # (node.session.auth.*). A login the target refuses (iscsiadm's exit status 24: an authentication
 # or authorization failure) exits 3; one whose login request got no answer (iscsiadm's 11, "iSCSI
 # PDU timed out": LIO over iSER may drop the connection instead of sending its refusal) exits 4;
-# any other failure exits 1. All put iscsiadm's message on stderr. iscsiadm --login is bounded (--timeout, default 60 s): one that does not return (iscsid
-# not answering) fails with iscsid's state and the kernel's last lines on stderr, not a hang.
+# any other failure exits 1. All put iscsiadm's message on stderr. Every iscsiadm call that needs
+# iscsid is bounded (--login by --timeout, default 60 s): one that does not return (iscsid not
+# answering) fails with iscsid's state and the kernel's last lines on stderr, not a hang.
 # One { } block: bash reads all of it before running, so an edit to this file while it runs
 # cannot make the running copy execute shifted bytes.
 {
-set -euo pipefail
+# a failing command exits 1, never with its own status (-E: in functions too): iscsiadm's 3 and 4
+# (NOMEM, TRANS) would read as our refused and unanswered
+set -Eeuo pipefail
+trap 'exit 1' ERR
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 cmd=${1:-}
@@ -71,15 +75,14 @@ start_iscsid() {
 
 # diagnose_iscsid logs what iscsid is doing when it does not answer: where it waits in the kernel,
 # and the kernel's last lines (an iSCSI or iSER connection teardown that does not finish shows there).
+# (iscsid runs as two processes, its logger and the daemon: both are shown.)
 diagnose_iscsid() {
-	local pid
-	pid=$(pgrep -x iscsid | head -n 1) || true
-	if [ -z "$pid" ]; then
-		log "iscsid is not running"
-	else
+	local pids pid
+	pids=$(pgrep -x iscsid) || log "iscsid is not running"
+	for pid in $pids; do
 		log "iscsid pid $pid: state $(ps -o stat=,wchan:40= -p "$pid" 2>/dev/null)"
-		log "iscsid kernel stack: $(tr '\n' ';' <"/proc/$pid/stack" 2>/dev/null)"
-	fi
+		log "iscsid pid $pid kernel stack: $(tr '\n' ';' <"/proc/$pid/stack" 2>/dev/null)"
+	done
 	log "sessions: $(timeout 5 iscsiadm -m session 2>&1 | tr '\n' ';')"
 	log "kernel: $(dmesg | tail -n 25 | tr '\n' ';')"
 }
@@ -156,7 +159,12 @@ login)
 		case $rc in
 		24) log "login to $iqn at $portal over $transport refused: $out" ;;
 		11) log "login to $iqn at $portal over $transport got no answer: $out" ;;
-		124 | 137) log "iscsiadm --login to $iqn at $portal did not return within ${timeout}s: $out"; diagnose_iscsid ;;
+		124 | 137)
+			log "iscsiadm --login to $iqn at $portal did not return within ${timeout}s: $out"
+			diagnose_iscsid
+			# iscsid may still finish the login it was asked for: undo it (bounded too)
+			timeout -k 5 30 iscsiadm -m node -T "$iqn" -p "$portal" -I "$ifc" --logout >/dev/null 2>&1 || true
+			;;
 		*) log "login to $iqn at $portal over $transport failed (iscsiadm exit $rc): $out" ;;
 		esac
 		timeout -k 5 30 iscsiadm -m node -T "$iqn" -p "$portal" -I "$ifc" -o delete >/dev/null 2>&1 || true
@@ -177,8 +185,8 @@ logout)
 	[ -n "$portal" ] && [ -n "$iqn" ] || die "logout needs --portal and --iqn"
 	case "$portal" in *:*) ;; *) portal=$portal:3260 ;; esac
 	ifc=$(iface_name)
-	iscsiadm -m node -T "$iqn" -p "$portal" -I "$ifc" --logout >/dev/null 2>&1 || true
-	iscsiadm -m node -T "$iqn" -p "$portal" -I "$ifc" -o delete >/dev/null 2>&1 || true
+	timeout -k 5 60 iscsiadm -m node -T "$iqn" -p "$portal" -I "$ifc" --logout >/dev/null 2>&1 || true
+	timeout -k 5 30 iscsiadm -m node -T "$iqn" -p "$portal" -I "$ifc" -o delete >/dev/null 2>&1 || true
 	gone() { [ -z "$(session_sid "$ifc")" ]; }
 	wait_until 30 "the session to $iqn to end" gone
 	;;

@@ -16,9 +16,15 @@ removed=0
 
 # iSCSI sessions of the kernel initiator, then every node record
 # (every iscsiadm call is bounded: a wedged iscsid must not keep the guest from its next package)
-if sessions=$(timeout -k 5 20 iscsiadm -m session 2>/dev/null) && [ -n "$sessions" ]; then
+rc=0
+sessions=$(timeout -k 5 20 iscsiadm -m session 2>/dev/null) || rc=$?
+case $rc in
+0 | 21) ;; # 21: no active sessions
+124 | 137) log "warning: iscsiadm -m session did not return within 20 s: sessions not logged out" ;;
+esac
+if [ "$rc" = 0 ] && [ -n "$sessions" ]; then
 	while read -r line; do log "logging out: $line"; removed=$((removed + 1)); done <<<"$sessions"
-	timeout 60 iscsiadm -m node --logoutall=all >/dev/null 2>&1 || log "warning: logout failed"
+	timeout -k 5 60 iscsiadm -m node --logoutall=all >/dev/null 2>&1 || log "warning: logout failed"
 fi
 if command -v iscsiadm >/dev/null && [ -d /etc/iscsi/nodes ]; then
 	timeout -k 5 30 iscsiadm -m node -o delete >/dev/null 2>&1 || true

@@ -446,7 +446,8 @@ func OpenISCSILogin(t testing.TB, o LoginOptions) (OpenISCSISession, error) {
 	const s = "open-iscsi.sh"
 	kv, _, err := RunScript(context.Background(), GuestDir(t), s, append([]string{"login"}, o.args()...)...)
 	if err != nil {
-		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
 			switch ee.ExitCode() {
 			case loginRefusedStatus:
 				return OpenISCSISession{}, fmt.Errorf("%w: %w", ErrLoginRefused, err)
