@@ -27,22 +27,6 @@ func startGateway(t *testing.T, args ...string) *vmtest.Gateway {
 	return vmtest.StartGateway(t, exec.Command(bin, append([]string{"attach"}, args...)...), vmtest.GatewayOptions{})
 }
 
-// detachGateway stops g the way an operator does (SIGINT: write back, disconnect the device) and
-// fails the test if that fails or takes more than 2 minutes. A test that leaves its gateway to
-// StartGateway's cleanup (kill -9) leaves the kernel device configured for a successor.
-func detachGateway(t *testing.T, g *vmtest.Gateway, what string) {
-	t.Helper()
-	g.Cmd.Process.Signal(os.Interrupt)
-	select {
-	case <-g.Exited:
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("%s: the gateway still runs 2 min after SIGINT\n%s", what, g.Stderr)
-	}
-	if g.Err != nil {
-		t.Fatalf("%s: %v\n%s", what, g.Err, g.Stderr)
-	}
-}
-
 // TestVMReattachKill9 is acceptance 2 (kernel NBD, cache off, 4 connections): ext4 under fio
 // verify, the gateway killed with -9 three times and started again at once: the same /dev/nbdX
 // gets fresh sockets (NBD_CMD_RECONFIGURE), fio ends without an error, fsck is clean.
@@ -70,7 +54,7 @@ func TestVMReattachKill9(t *testing.T) {
 		g = next
 	}
 	finishVerify(t, fioDone, fioOut, g.Device, mnt)
-	detachGateway(t, g, "detach")
+	g.Detach(t, "detach")
 }
 
 // fioSize is what mountAndVerify's fio writes: 4,096 writes of 4 KiB, then a read of each to
@@ -155,5 +139,5 @@ func TestVMReattachWriteBackDirty(t *testing.T) {
 	took := vmtest.ExpectEIO(t, next.Device, 1<<20, 2*time.Second)
 	t.Logf("read failed with EIO %v after the successor announced the device", took)
 	waitLogCount(t, next, "NOT resuming the device", 1, 10*time.Second)
-	detachGateway(t, next, "detach of the fenced device")
+	next.Detach(t, "detach of the fenced device")
 }

@@ -66,7 +66,7 @@ func TestVMPlannedRestart(t *testing.T) {
 	}
 	finishVerify(t, fioDone, fioOut, g.Device, mnt)
 	t.Logf("fio: %s", lastLine(fioOut.String(), "err="))
-	detachGateway(t, g, "detach")
+	g.Detach(t, "detach")
 }
 
 // waitLogCount waits until msg is in the gateway's log n times.

@@ -106,7 +106,7 @@ func TestNBDClientTLSKernel(t *testing.T) {
 func freeNBD(t *testing.T) string {
 	t.Helper()
 	for i := range 16 {
-		if _, err := os.Stat(fmt.Sprintf("/sys/block/nbd%d/pid", i)); os.IsNotExist(err) {
+		if !vmtest.NBDServed(fmt.Sprintf("/dev/nbd%d", i)) {
 			if _, err := os.Stat(fmt.Sprintf("/dev/nbd%d", i)); err == nil {
 				return fmt.Sprintf("/dev/nbd%d", i)
 			}

@@ -107,10 +107,7 @@ func TestAttachServiceNBD(t *testing.T) {
 	vmtest.LoadModules(t, "nbd")
 	runDir := filepath.Join(t.TempDir(), "run")
 	g := attach(t, runDir, "--nbd", "/dev/nbd3", "--connections", "2", "--name", "vmnbd")
-	checkLifecycle(t, runDir, "vmnbd", g, "nbd", func() bool {
-		_, err := os.Stat("/sys/block/nbd3/pid") // present only while a server is connected
-		return errors.Is(err, os.ErrNotExist)
-	})
+	checkLifecycle(t, runDir, "vmnbd", g, "nbd", func() bool { return !vmtest.NBDServed("/dev/nbd3") })
 }
 
 func TestAttachServiceUblk(t *testing.T) {

@@ -50,8 +50,7 @@ func TestStartActiveStopDetaches(t *testing.T) {
 			}
 			gone := func() bool {
 				if strings.HasPrefix(dev, "/dev/nbd") {
-					_, err := os.Stat("/sys/block/" + filepath.Base(dev) + "/pid") // only while served
-					return errors.Is(err, os.ErrNotExist)
+					return !vmtest.NBDServed(dev)
 				}
 				_, err := os.Stat(dev)
 				return errors.Is(err, os.ErrNotExist)

@@ -4,6 +4,7 @@ package vmtest
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -85,6 +86,29 @@ func StartGateway(t testing.TB, cmd *exec.Cmd, opts GatewayOptions) *Gateway {
 		t.Fatalf("%s printed no device within %v: %s", filepath.Base(cmd.Path), opts.Announce, g.Stderr)
 	}
 	return g
+}
+
+// Detach stops the gateway the way an operator does (SIGINT: write back, disconnect the device)
+// and fails the test, saying what, if that fails or takes more than 2 minutes. A gateway left to
+// StartGateway's cleanup (Stop, kill -9) leaves a kernel NBD device configured for a successor.
+func (g *Gateway) Detach(t testing.TB, what string) {
+	t.Helper()
+	g.Cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-g.Exited:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("%s: the gateway still runs 2 min after SIGINT\n%s", what, g.Stderr)
+	}
+	if g.Err != nil {
+		t.Fatalf("%s: %v\n%s", what, g.Err, g.Stderr)
+	}
+}
+
+// NBDServed reports whether a server is connected to the kernel NBD device dev (/dev/nbdN): the
+// kernel shows the pid attribute only while one is.
+func NBDServed(dev string) bool {
+	_, err := os.Stat("/sys/block/" + filepath.Base(dev) + "/pid")
+	return !errors.Is(err, os.ErrNotExist)
 }
 
 // Stop kills the process unless it has exited, and waits until it has. It may be called more
