@@ -163,8 +163,7 @@ func testKill9Loop(t *testing.T, fe frontend) {
 		t.Fatalf("the LUN read through --cache off differs from what the cache-dev gateway served before detach (%x vs %x)", got, sum)
 	}
 	run(t, "fsck.ext4", "-fn", p.Device)
-	p.Cmd.Process.Signal(os.Interrupt)
-	<-p.Exited
+	p.Detach(t, "detach of the --cache off gateway")
 	t.Logf("%s: %d kills, fio %d writes verified, %d batches recovered in all, the target alone matches, %v",
 		fe.name, kills, fioOps, recoveredTotal, time.Since(t0).Round(time.Second))
 }
@@ -487,8 +486,7 @@ func testPlannedHandOver(t *testing.T, fe frontend, how string) {
 	if !bytes.Equal(readHead(t, p.Device, len(data)), data) {
 		t.Fatalf("after detach the target alone does not hold the data written before the %s", how)
 	}
-	p.Cmd.Process.Signal(os.Interrupt)
-	<-p.Exited
+	p.Detach(t, "detach of the --cache off gateway")
 }
 
 // readHead reads the first n bytes of dev, bypassing the page cache.
